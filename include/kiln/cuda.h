@@ -1,0 +1,54 @@
+#pragma once
+// CUDA streams and events. Kernels launch on the current stream of their device (per thread,
+// as in PyTorch). Built without CUDA, these throw kiln::Error when used.
+#include <memory>
+
+#include "kiln/device.h"
+
+namespace kiln::cuda {
+
+// A CUDA stream (opaque: cudaStream_t). The default-constructed handle is the legacy default stream.
+class Stream {
+ public:
+  Stream() = default;
+  static Stream create(int device = 0);  // a new non-blocking stream, destroyed with its last copy
+  void* handle() const { return handle_ ? handle_.get() : nullptr; }
+  int device() const { return device_; }
+  void synchronize() const;
+
+ private:
+  std::shared_ptr<void> handle_;
+  int device_ = 0;
+};
+
+Stream current_stream(int device = -1);  // -1: the current device
+void set_current_stream(const Stream& stream);
+int current_device();
+void set_device(int device);
+void synchronize(int device = -1);  // waits for all work on the device
+
+// Makes `stream` current for the scope, restoring the previous one on exit.
+class StreamGuard {
+ public:
+  explicit StreamGuard(const Stream& stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Stream previous_;
+};
+
+// Timing events (cudaEvent_t with timing enabled).
+class Event {
+ public:
+  Event();
+  void record(const Stream& stream = current_stream());
+  void synchronize() const;
+  float elapsed_ms(const Event& later) const;  // from this event to `later`
+
+ private:
+  std::shared_ptr<void> handle_;
+};
+
+}  // namespace kiln::cuda

@@ -1,0 +1,10 @@
+#pragma once
+// Everything a kiln user needs.
+#include "kiln/autograd.h"
+#include "kiln/cuda.h"
+#include "kiln/device.h"
+#include "kiln/dtype.h"
+#include "kiln/error.h"
+#include "kiln/memory.h"
+#include "kiln/ops.h"
+#include "kiln/tensor.h"

@@ -1,0 +1,7 @@
+#pragma once
+// Every op family.
+#include "kiln/ops/elementwise.h"
+#include "kiln/ops/indexing.h"
+#include "kiln/ops/linalg.h"
+#include "kiln/ops/nn_functional.h"
+#include "kiln/ops/reduce.h"

@@ -1,0 +1,67 @@
+// CPU copies with dtype conversion, fills, arange and Philox random fills.
+#include <cstring>
+
+#include "core/cpu/loop.h"
+#include "core/dispatch.h"
+#include "core/kernels.h"
+
+namespace kiln::cpu {
+
+void copy(const Tensor& dst, const Tensor& src) {
+  StridedOperands<2> ops({&dst, &src});
+  if (dst.dtype() == src.dtype() && ops.inner_contiguous(0) && ops.inner_contiguous(1)) {
+    const int64_t eb = static_cast<int64_t>(dst.element_size());
+    ops.for_each_row([&](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>&) {
+      std::memcpy(p[0], p[1], static_cast<size_t>(n * eb));
+    });
+    return;
+  }
+  dispatch_all(dst.dtype(), "copy_", [&](auto dst_tag) {
+    using D = typename decltype(dst_tag)::type;
+    dispatch_all(src.dtype(), "copy_", [&](auto src_tag) {
+      using S = typename decltype(src_tag)::type;
+      ops.for_each_row([&](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>& s) {
+        char* d = p[0];
+        const char* x = p[1];
+        for (int64_t i = 0; i < n; ++i, d += s[0], x += s[1])
+          *reinterpret_cast<D*>(d) = cast_value<D>(*reinterpret_cast<const S*>(x));
+      });
+    });
+  });
+}
+
+void fill(const Tensor& dst, double value) {
+  dispatch_all(dst.dtype(), "fill_", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T v = cast_value<T>(value);
+    StridedOperands<1> ops({&dst});
+    ops.for_each_row([&](const std::array<char*, 1>& p, int64_t n, const std::array<int64_t, 1>& s) {
+      char* d = p[0];
+      for (int64_t i = 0; i < n; ++i, d += s[0]) *reinterpret_cast<T*>(d) = v;
+    });
+  });
+}
+
+void arange(const Tensor& dst, double start, double step) {
+  dispatch_all(dst.dtype(), "arange", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* d = dst.data_ptr<T>();
+    const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) d[i] = cast_value<T>(start + static_cast<double>(i) * step);
+  });
+}
+
+void random(const Tensor& dst, philox::Distribution dist, uint64_t seed, uint64_t offset, int64_t low,
+            int64_t high) {
+  dispatch_all(dst.dtype(), "random", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* d = dst.data_ptr<T>();
+    const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static) if (n > 16384)
+    for (int64_t i = 0; i < n; ++i)
+      d[i] = cast_value<T>(philox::sample(seed, offset, static_cast<uint64_t>(i), dist, low, high));
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,39 @@
+#pragma once
+// What a Tensor handle points to. Internal: ops and kernels include it, users do not.
+#include <memory>
+
+#include "core/storage.h"
+#include "kiln/autograd.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;
+  uint32_t output_nr = 0;
+  std::weak_ptr<Node> grad_accumulator;  // leaves: the node that adds into .grad
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape sizes;
+  Shape strides;
+  int64_t offset = 0;  // elements
+  DType dtype = kFloat32;
+  std::unique_ptr<AutogradMeta> autograd;
+
+  AutogradMeta& meta() {
+    if (!autograd) autograd = std::make_unique<AutogradMeta>();
+    return *autograd;
+  }
+};
+
+Shape contiguous_strides(const Shape& sizes);
+// A new handle over `base`'s storage with the given geometry and no autograd history.
+Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset);
+// A fresh tensor with no history.
+Tensor make_tensor(const Shape& sizes, DType dtype, Device device);
+
+}  // namespace kiln
