@@ -1,0 +1,108 @@
+// CPU GEMM: thin row-major wrappers over OpenBLAS cblas_sgemm/dgemm that validate sizes,
+// normalise leading dims of single-row operands (BLAS insists ld >= cols even when unused),
+// handle k == 0 themselves, and run batches of small problems over OpenMP threads.
+#include "ops/cpu/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "kiln/error.h"
+
+namespace kiln::cpu {
+namespace {
+
+// OpenBLAS threads a single gemm only above m*n*k = 65536 * 4 (GEMM_MULTITHREAD_THRESHOLD);
+// below it one call is single-threaded, so parallelising over the batch is the only speed-up.
+constexpr int64_t kSmallGemmWork = 65536 * 4;
+
+blasint to_blasint(int64_t v, const char* what) {
+  KILN_CHECK(v >= 0 && v <= INT_MAX, "gemm", what, " = ", v, " does not fit OpenBLAS's 32-bit integers");
+  return static_cast<blasint>(v);
+}
+
+// A stored [rows, cols] row-major matrix with row stride ld: BLAS wants ld >= max(1, cols),
+// which a single row does not need, so such a row gets a legal ld.
+int64_t fix_ld(int64_t rows, int64_t cols, int64_t ld, const char* what) {
+  if (rows <= 1) return std::max<int64_t>({ld, cols, 1});
+  KILN_CHECK(ld >= std::max<int64_t>(cols, 1), "gemm", what, " = ", ld, " is smaller than the row length ", cols);
+  return ld;
+}
+
+template <typename T>
+void scale_rows(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+}
+
+void blas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k, float alpha, const float* a,
+          blasint lda, const float* b, blasint ldb, float beta, float* c, blasint ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void blas(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k, double alpha, const double* a,
+          blasint lda, const double* b, blasint ldb, double beta, double* c, blasint ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+struct Problem {
+  CBLAS_TRANSPOSE ta, tb;
+  blasint m, n, k, lda, ldb, ldc;
+};
+
+// Validates once for a whole batch; returns false when there is nothing for BLAS to do.
+bool prepare(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+             Problem& p) {
+  KILN_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm", "negative size m=", m, " n=", n, " k=", k);
+  if (m == 0 || n == 0 || k == 0) return false;
+  p.ta = trans_a ? CblasTrans : CblasNoTrans;
+  p.tb = trans_b ? CblasTrans : CblasNoTrans;
+  p.m = to_blasint(m, "m");
+  p.n = to_blasint(n, "n");
+  p.k = to_blasint(k, "k");
+  p.lda = to_blasint(trans_a ? fix_ld(k, m, lda, "lda") : fix_ld(m, k, lda, "lda"), "lda");
+  p.ldb = to_blasint(trans_b ? fix_ld(n, k, ldb, "ldb") : fix_ld(k, n, ldb, "ldb"), "ldb");
+  p.ldc = to_blasint(fix_ld(m, n, ldc, "ldc"), "ldc");
+  return true;
+}
+
+template <typename T>
+void gemm_batched_impl(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, T alpha,
+                       const T* a, int64_t lda, int64_t sa, const T* b, int64_t ldb, int64_t sb, T beta, T* c,
+                       int64_t ldc, int64_t sc) {
+  if (batch <= 0 || m == 0 || n == 0) return;
+  Problem p{};
+  if (!prepare(trans_a, trans_b, m, n, k, lda, ldb, ldc, p)) {  // k == 0: C = beta * C
+    for (int64_t i = 0; i < batch; ++i) scale_rows(m, n, beta, c + i * sc, ldc);
+    return;
+  }
+  const bool parallel = batch > 1 && m * n * k < kSmallGemmWork;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t i = 0; i < batch; ++i)
+    blas(p.ta, p.tb, p.m, p.n, p.k, alpha, a + i * sa, p.lda, b + i * sb, p.ldb, beta, c + i * sc, p.ldc);
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_batched_impl(trans_a, trans_b, 1, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0);
+}
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  gemm_batched_impl(trans_a, trans_b, 1, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0);
+}
+void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
+                  float beta, float* c, int64_t ldc, int64_t stride_c) {
+  gemm_batched_impl(trans_a, trans_b, batch, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                    stride_c);
+}
+void gemm_batched(bool trans_a, bool trans_b, int64_t batch, int64_t m, int64_t n, int64_t k, double alpha,
+                  const double* a, int64_t lda, int64_t stride_a, const double* b, int64_t ldb, int64_t stride_b,
+                  double beta, double* c, int64_t ldc, int64_t stride_c) {
+  gemm_batched_impl(trans_a, trans_b, batch, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                    stride_c);
+}
+
+}  // namespace kiln::cpu
