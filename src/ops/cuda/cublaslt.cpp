@@ -92,8 +92,9 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return l;
 }
 
-// Top heuristic algorithm for `plan`; false when cuBLASLt has none for this descriptor.
-bool pick_algo(const Problem& q, Plan& plan, const std::array<uint32_t, 3>& align) {
+// Top heuristic algorithm for `plan`. Returns the heuristic's status; NOT_SUPPORTED stands for
+// "no algorithm" (cuBLASLt reports that both ways).
+cublasStatus_t pick_algo(const Problem& q, Plan& plan, const std::array<uint32_t, 3>& align) {
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)> guard(
@@ -113,11 +114,11 @@ bool pick_algo(const Problem& q, Plan& plan, const std::array<uint32_t, 3>& alig
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(q.p.device), plan.desc, plan.la, plan.lb,
                                                            plan.lc, plan.lc, pref, 1, &result, &found);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
-  KILN_CUBLAS_CHECK(st);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
   plan.algo = result.algo;
   plan.workspace = result.workspaceSize;
-  return true;
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 std::unique_ptr<Plan> make_plan(const Problem& q, const std::array<uint32_t, 3>& align) {
@@ -142,12 +143,17 @@ std::unique_ptr<Plan> make_plan(const Problem& q, const std::array<uint32_t, 3>&
     // The heuristic reads the bias pointer's alignment; later calls use pointers of the same class.
     KILN_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
-    plan->fused_bias = pick_algo(q, *plan, align);
+    // Any refusal of the fused form (type or layout combination) falls back to the plain gemm.
+    plan->fused_bias = pick_algo(q, *plan, align) == CUBLAS_STATUS_SUCCESS;
     if (plan->fused_bias) return plan;
     const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;  // fall back to add_bias_rows + beta = 1
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof(none)));
   }
-  KILN_CHECK(pick_algo(q, *plan, align), "gemm", "cuBLASLt has no algorithm for m=", p.m, " n=", p.n, " k=", p.k,
+  const cublasStatus_t st = pick_algo(q, *plan, align);
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+    KILN_FAIL("cublasLt", "cublasLtMatmulAlgoGetHeuristic failed: ", cublasLtGetStatusName(st), " (",
+              cublasLtGetStatusString(st), ") (", __FILE__, ":", __LINE__, ")");
+  KILN_CHECK(st == CUBLAS_STATUS_SUCCESS, "gemm", "cuBLASLt has no algorithm for m=", p.m, " n=", p.n, " k=", p.k,
              " batch=", p.batch, " ", dtype_name(p.ab_type), " -> ", dtype_name(p.c_type), " trans_a=", p.trans_a,
              " trans_b=", p.trans_b, " lda=", q.lda, " ldb=", q.ldb, " ldc=", q.ldc);
   return plan;
