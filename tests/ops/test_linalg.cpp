@@ -95,6 +95,15 @@ TEST(Linalg, MmTransposedAndSlicedOperands) {
   }
 }
 
+TEST(Linalg, TransposedOperandsAreNotCopied) {
+  // The peak over the call is the output alone: transposes and row slices go to BLAS as flags/ld.
+  const Tensor at = randn({64, 40}).t(), bt = randn({30, 70}).slice(1, 3, 67).t();
+  const int64_t base = memory_allocated(kCPU);
+  reset_peak_memory_stats(kCPU);
+  const Tensor out = mm(at, bt);
+  EXPECT_EQ(max_memory_allocated(kCPU) - base, static_cast<int64_t>(out.nbytes()));
+}
+
 TEST(Linalg, MmVectorsAndSingleRows) {
   const Tensor row = randn({1, 33}), col = randn({33, 1}), mat = randn({33, 7});
   EXPECT_CLOSE(mm(row, col), ref_mm(row, col), 1e-5);
@@ -389,13 +398,24 @@ TEST(LinalgCuda, EmptyKAndTf32) {
   EXPECT_CLOSE(mm(a.cuda(), b.cuda()).cpu(), ref_mm(a, b), 1e-5);
 }
 
-TEST(LinalgCuda, DeterministicAndWorkspaceCounted) {
+TEST(LinalgCuda, DeterministicCachedAndNoCopies) {
   KILN_REQUIRE_CUDA();
-  const Tensor a = randn({256, 512}, kBFloat16).cuda(), b = randn({512, 384}, kBFloat16).cuda();
+  const Device dev("cuda");
+  const Tensor a = randn({512, 256}, kBFloat16).cuda().t(), b = randn({384, 512}, kBFloat16).cuda().t();
   mm(a, b);  // first call creates the handle, plan and workspace
-  const int64_t before = memory_allocated(Device("cuda"));
-  EXPECT_EQ(mm(a, b).to_vector(), mm(a, b).to_vector());
-  EXPECT_EQ(memory_allocated(Device("cuda")), before);  // steady state: no extra allocations held
+#ifdef KILN_WITH_CUDA
+  const size_t plans = cuda::gemm_cached_plans();
+#endif
+  const int64_t before = memory_allocated(dev);
+  reset_peak_memory_stats(dev);
+  Tensor out = mm(a, b);
+  EXPECT_EQ(max_memory_allocated(dev) - before, static_cast<int64_t>(out.nbytes()));  // transposes: op flags
+  EXPECT_EQ(out.to_vector(), mm(a, b).to_vector());
+  out = Tensor();
+  EXPECT_EQ(memory_allocated(dev), before);  // steady state: nothing extra held
+#ifdef KILN_WITH_CUDA
+  EXPECT_EQ(cuda::gemm_cached_plans(), plans);  // repeated calls reuse the cached plan
+#endif
 }
 
 #ifdef KILN_WITH_CUDA

@@ -159,6 +159,13 @@ std::unique_ptr<Plan> make_plan(const Problem& q, const std::array<uint32_t, 3>&
   return plan;
 }
 
+using PlanCache = std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash>;
+std::mutex g_plans_mu;
+PlanCache& plans() {
+  static auto* cache = new PlanCache();  // leaked on purpose: plans live for the process, exit order never matters
+  return *cache;
+}
+
 Plan& plan_for(const Problem& q) {
   const GemmParams& p = q.p;
   const std::array<uint32_t, 3> align{alignment(p.a, q.sa, p.batch, element_size(p.ab_type)),
@@ -168,12 +175,10 @@ Plan& plan_for(const Problem& q) {
   const Key key{p.device, p.trans_a, p.trans_b, p.m, p.n, p.k, q.lda, q.ldb, q.ldc, p.batch, q.sa, q.sb, q.sc,
                 static_cast<int64_t>(p.ab_type), static_cast<int64_t>(p.c_type), static_cast<int64_t>(q.compute),
                 bias_key, align[0], align[1], align[2], 0, 0};
-  // Leaked on purpose: plans live for the process and exit order never matters.
-  static auto* cache = new std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash>();
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache->find(key);
-  if (it == cache->end()) it = cache->emplace(key, make_plan(q, align)).first;
+  std::lock_guard<std::mutex> lock(g_plans_mu);
+  PlanCache& cache = plans();
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, make_plan(q, align)).first;
   return *it->second;
 }
 
@@ -190,6 +195,11 @@ void check_types(const GemmParams& p) {
 }  // namespace
 
 size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
+
+size_t gemm_cached_plans() {
+  std::lock_guard<std::mutex> lock(g_plans_mu);
+  return plans().size();
+}
 
 cublasLtHandle_t cublaslt_handle(int device) {
   KILN_CHECK(device >= 0 && device < kMaxDevices, "gemm", "bad device index ", device);

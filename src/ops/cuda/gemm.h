@@ -65,5 +65,7 @@ void gemm(const GemmParams& p);
 
 // Bytes of cuBLASLt workspace kept per (device, stream): 32 MiB, what Hopper's kernels want.
 size_t gemm_workspace_bytes();
+// Number of cached plans (all devices): lets tests and benchmarks check that repeated calls reuse one.
+size_t gemm_cached_plans();
 
 }  // namespace kiln::cuda
