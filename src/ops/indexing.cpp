@@ -175,9 +175,18 @@ Tensor scatter_add_impl(const Tensor& x, int64_t d, const Tensor& idx, const Ten
   }
   if (autograd::needs_grad({x, src})) {
     const SavedTensor saved(idx);
-    autograd::record("scatter_add", {out}, {x, src}, [saved, d](const std::vector<Tensor>& g) {
+    autograd::record("scatter_add", {out}, {x, src}, [saved, d, src_sizes = src.sizes()](const std::vector<Tensor>& g) {
       const Tensor index = saved.unpack("scatter_add");
-      return std::vector<Tensor>{g[0], gather_impl(g[0], d, index)};
+      Tensor grad_src = gather_impl(g[0], d, index);
+      // src may extend past index; those elements were never read: zero gradient (cat keeps it
+      // differentiable).
+      for (int64_t k = 0; k < grad_src.dim(); ++k) {
+        if (grad_src.sizes()[k] == src_sizes[k]) continue;
+        Shape pad = grad_src.sizes();
+        pad[k] = src_sizes[k] - pad[k];
+        grad_src = cat({grad_src, zeros(pad, grad_src.options())}, k);
+      }
+      return std::vector<Tensor>{g[0], grad_src};
     });
   }
   return out;
