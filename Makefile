@@ -1,0 +1,36 @@
+# kiln: `make train` and `make test` work on a fresh machine (setup, build, run).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache,)
+
+.PHONY: all setup configure build test test-cpp train bench clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(LAUNCHER) $(CMAKE_FLAGS)
+
+configure: setup $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Every C++ test (CUDA tests skip with a message where there is no GPU).
+test-cpp: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+test: test-cpp
+
+# The main job. Until the GPT training job lands: a two-layer MLP trained on the CPU.
+train: build
+	$(BUILD)/kiln train
+
+bench: build
+	$(BUILD)/kiln bench
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One full GPU round on the H200 machine, run from the repository root through the device tool:
+#   carry: [".device"]   command: bash scripts/device/gpu_round.sh [tests|bench|all]
+# Unpacks the carried Debian packages (../shared/device/fetch-debs.sh .device/debs), builds with
+# ninja for sm_90a, runs every test (CUDA included), runs the benchmarks (with PyTorch's figures
+# beside them when .device/torch_baselines.py is there), writes logs and JSON under $OUT and
+# prints a short table last.
+set -uo pipefail
+what=${1:-all}
+OUT=${OUT:-/tmp/kiln-out}
+mkdir -p "$OUT" /opt/deps
+for f in .device/debs/*.deb; do dpkg -x "$f" /opt/deps; done
+export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw --format=csv > "$OUT/gpu.txt" 2>&1
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/opt/deps/usr \
+  -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKILN_CUDA=ON > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+ninja -C build-gpu -j16 > "$OUT/build.log" 2>&1 || { grep -E -A5 "error|FAILED" "$OUT/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+
+summary=()
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  ctest --test-dir build-gpu -j8 --output-on-failure --timeout 300 > "$OUT/ctest.log" 2>&1
+  grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log"
+  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|Subprocess|Exception)" "$OUT/ctest.log" | head -40
+  summary+=("tests: $(grep -E 'tests passed' "$OUT/ctest.log")")
+  # Skipped tests on a GPU machine mean a check did not run: list them.
+  grep -E "\*\*\*Skipped|Not Run" "$OUT/ctest.log" | head -20
+fi
+
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  for b in build-gpu/bench/bench_*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    timeout 240 "$b" > "$OUT/$name.jsonl" 2> "$OUT/$name.err" || echo "$name failed: $(tail -3 "$OUT/$name.err")"
+    sed -n '/^$/,$p' "$OUT/$name.jsonl" | tail -40  # the table each bench prints last
+  done
+  if [ -f .device/torch_baselines.py ]; then
+    python3 .device/torch_baselines.py lce > "$OUT/torch_lce.jsonl" 2>&1 || true
+  fi
+fi
+echo "commit $commit  $(head -2 "$OUT/gpu.txt" | tail -1)"
+printf '%s\n' "${summary[@]}"

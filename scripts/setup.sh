@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what kiln needs to build and test, and nothing when it is all there (idempotent).
+# Debian packages are installed only when running as root (CI, fresh machines); otherwise the
+# missing ones are listed. Python build dependencies come from PyPI.
+set -euo pipefail
+
+DEBS=(cmake ninja-build g++ pkg-config libopenblas-dev libhwy-dev nlohmann-json3-dev libfmt-dev
+      libcli11-dev libgtest-dev ccache)
+PY_DEPS=(nanobind scikit-build-core numpy pytest)
+
+missing=()
+for pkg in "${DEBS[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "setup: missing Debian packages (run as root to install): ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+PY=${PYTHON:-python3}
+py_missing=()
+for mod in "${PY_DEPS[@]}"; do
+  "$PY" -m pip show -q "$mod" >/dev/null 2>&1 || py_missing+=("$mod")
+done
+if [ ${#py_missing[@]} -gt 0 ]; then
+  echo "setup: pip installing ${py_missing[*]}"
+  "$PY" -m pip install -q "${py_missing[@]}"
+fi

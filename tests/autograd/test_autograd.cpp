@@ -1,0 +1,113 @@
+// Autograd engine: accumulation into leaves, graph release, version checks, no_grad, grad().
+#include "support/testing.h"
+
+using namespace kiln;
+
+TEST(Autograd, AccumulatesIntoLeavesThroughViews) {
+  Tensor x = randn({3, 4}, kFloat64).requires_grad_();
+  Tensor y = x.transpose(0, 1).reshape({12});  // non-contiguous path: reshape copies
+  Tensor z = sum(add(y, y));
+  z.backward();
+  ASSERT_TRUE(x.grad().defined());
+  for (double g : x.grad().to_vector()) EXPECT_EQ(g, 2.0);
+  // a second, independent graph accumulates
+  sum(x.slice(1, 0, 2)).backward();
+  const auto g = x.grad().to_vector();
+  EXPECT_EQ(g[0], 3.0);
+  EXPECT_EQ(g[3], 2.0);
+  EXPECT_TRUE(x.is_leaf());
+  EXPECT_FALSE(z.is_leaf());
+}
+
+TEST(Autograd, ExpandBackwardSumsBroadcastDims) {
+  Tensor b = randn({3, 1}, kFloat64).requires_grad_();
+  sum(b.expand({2, 3, 5})).backward();
+  for (double g : b.grad().to_vector()) EXPECT_EQ(g, 10.0);
+}
+
+TEST(Autograd, GradcheckViews) {
+  Tensor x = randn({2, 3, 4}, kFloat64).requires_grad_();
+  kiln::testing::expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return in[0].permute({2, 0, 1}).slice(0, 1, 4, 2).expand({5, 2, 2, 3}).reshape({10, 6}).clone();
+      },
+      {x});
+}
+
+TEST(Autograd, BackwardTwiceWithoutRetainRaises) {
+  Tensor x = randn({4}, kFloat64).requires_grad_();
+  Tensor z = sum(mul(x, 3.0));
+  z.backward(Tensor(), /*retain_graph=*/true);
+  z.backward();  // allowed: the graph was retained
+  EXPECT_EQ(x.grad().to_vector()[0], 6.0);
+  try {
+    z.backward();
+    FAIL() << "third backward must raise";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, InPlaceModificationOfSavedTensorRaises) {
+  Tensor x = randn({4}, kFloat64).requires_grad_();
+  Tensor h = mul(x, 2.0);  // non-leaf
+  Tensor saved_user = h.detach();
+  SavedTensor saved(saved_user);
+  saved_user.fill_(1.0);
+  EXPECT_THROW(saved.unpack("test_op"), Error);
+  // leaves that require grad refuse in-place writes under grad mode
+  EXPECT_THROW(x.fill_(0), Error);
+  EXPECT_THROW(h.zero_(), Error);
+  {
+    NoGradGuard no_grad;
+    x.fill_(1.0);  // fine: optimizer-style update
+  }
+  EXPECT_EQ(x.to_vector()[0], 1.0);
+}
+
+TEST(Autograd, NoGradRecordsNothing) {
+  Tensor x = randn({4}, kFloat64).requires_grad_();
+  {
+    NoGradGuard no_grad;
+    Tensor y = mul(x, 2.0);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_FALSE(is_grad_enabled());
+  }
+  EXPECT_TRUE(is_grad_enabled());
+  EXPECT_TRUE(mul(x, 2.0).requires_grad());
+}
+
+TEST(Autograd, GradFunctionDoesNotTouchDotGrad) {
+  Tensor x = randn({5}, kFloat64).requires_grad_();
+  Tensor y = sum(mul(x, 4.0));
+  auto g = autograd::grad({y}, {x});
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].to_vector()[2], 4.0);
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Autograd, BadInputsRaise) {
+  Tensor x = randn({3}, kFloat64);
+  EXPECT_THROW(sum(x).backward(), Error);  // nothing requires grad
+  Tensor w = randn({3}, kFloat64).requires_grad_();
+  EXPECT_THROW(mul(w, 2.0).backward(), Error);  // non-scalar without grad
+  EXPECT_THROW(mul(w, 2.0).backward(ones({4}, kFloat64)), Error);  // wrong grad shape
+  EXPECT_THROW(arange(3, kInt64).requires_grad_(), Error);
+}
+
+TEST(Autograd, DeterministicSwitch) {
+  EXPECT_FALSE(are_deterministic_algorithms_enabled());
+  use_deterministic_algorithms(true);
+  EXPECT_TRUE(are_deterministic_algorithms_enabled());
+  use_deterministic_algorithms(false);
+}
+
+TEST(CudaAutograd, GradientsFlowAcrossDevicesAndDtypes) {
+  KILN_REQUIRE_CUDA();
+  Tensor x = randn({6}, kFloat32).requires_grad_();
+  Tensor y = x.to(Device("cuda")).to(kBFloat16);
+  sum(y.to(kCPU).to(kFloat32)).backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_FALSE(x.grad().is_cuda());
+  for (double g : x.grad().to_vector()) EXPECT_EQ(g, 1.0);
+}
