@@ -11,6 +11,7 @@
 //   {"bench":"matmul","device":...,"shape":[M,N,K],"layout":"nn"|"nt","dtype":...,
 //    "kiln_ms":...,"cublaslt_ms":...(CUDA) | "cblas_ms":...(CPU),"ratio":kiln/library,"tflops":...}
 // where "nt" means b is a transposed view (x @ W^T, the LM-head layout).
+// After the JSON lines: a blank line and a plain table of the same figures (lib_ms = the library alone).
 // Usage: bench_matmul [cpu|cuda|auto] [repeats]   (auto: cuda when available, else cpu)
 #include <cblas.h>
 
@@ -38,6 +39,8 @@ struct Case {
   bool b_transposed;  // b is W^T for W [n, k]
 };
 
+std::vector<std::string> g_table;  // human-readable rows, printed after a blank line at the end
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -53,6 +56,11 @@ void print(const char* device, const Case& c, const char* dtype, double kiln_ms,
       device, static_cast<long long>(c.m), static_cast<long long>(c.n), static_cast<long long>(c.k),
       c.b_transposed ? "nt" : "nn", dtype, kiln_ms, lib_key, lib_ms, kiln_ms / lib_ms, tflops, extra.c_str());
   std::fflush(stdout);
+  char row[256];
+  std::snprintf(row, sizeof(row), "%-5s %6lld %6lld %6lld  %s  %-8s %10.3f %10.3f %7.3f %8.2f", device,
+                static_cast<long long>(c.m), static_cast<long long>(c.n), static_cast<long long>(c.k),
+                c.b_transposed ? "nt" : "nn", dtype, kiln_ms, lib_ms, kiln_ms / lib_ms, tflops);
+  g_table.emplace_back(row);
 }
 
 // ---- CPU ----
@@ -231,6 +239,9 @@ int main(int argc, char** argv) {
     } else {
       bench_cpu(repeats > 0 ? repeats : 5);
     }
+    std::printf("\n%-5s %6s %6s %6s  %s  %-8s %10s %10s %7s %8s\n", "dev", "M", "N", "K", "ly", "dtype", "kiln_ms",
+                "lib_ms", "ratio", "TFLOP/s");
+    for (const std::string& row : g_table) std::printf("%s\n", row.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_matmul: %s\n", e.what());
     return 1;
