@@ -4,6 +4,7 @@
 // problem gets a Plan (descriptors + the heuristic's top algorithm) built once and cached, so the
 // steady-state cost of a call is one hash lookup and cublasLtMatmul.
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -230,6 +231,7 @@ void* cublaslt_workspace(int device, cudaStream_t stream) {
 void gemm(const GemmParams& p) {
   KILN_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 0, "gemm", "negative size m=", p.m, " n=", p.n,
              " k=", p.k, " batch=", p.batch);
+  KILN_CHECK(p.batch <= INT32_MAX, "gemm", "batch ", p.batch, " exceeds cuBLASLt's 32-bit batch count");
   check_types(p);
   if (p.m == 0 || p.n == 0 || p.batch == 0) return;
   DeviceGuard guard(p.device);
