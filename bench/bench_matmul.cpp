@@ -4,7 +4,8 @@
 //   CUDA (bf16 in/out, fp32 accumulation): kiln::mm vs. cuBLASLt alone (own handle, descriptors
 //   and the heuristic's top algorithm with the same 32 MiB workspace, built outside the timed
 //   loop), plus kiln's raw cuda::gemm entry point. Timed with cuda::Event around `iters` calls.
-//   CPU (fp32): kiln::mm vs. cblas_sgemm into a preallocated output, timed with steady_clock.
+//   CPU (fp32): kiln::mm (fixed tiles over OpenMP, single-threaded OpenBLAS per tile: deterministic)
+//   vs. cblas_sgemm with OpenBLAS's own threads into a preallocated output, timed with steady_clock.
 //
 // Each case: warmup, then `repeats` timed batches; the median batch time / iters is reported.
 // Output: one JSON line per case,
@@ -14,6 +15,7 @@
 // After the JSON lines: a blank line and a plain table of the same figures (lib_ms = the library alone).
 // Usage: bench_matmul [cpu|cuda|auto] [repeats]   (auto: cuda when available, else cpu)
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -82,6 +84,7 @@ std::vector<double> time_cpu(const std::vector<std::function<void()>>& fs, int r
 }
 
 void bench_cpu(int repeats) {
+  const int threads = omp_get_max_threads();
   const std::vector<Case> cases = {{1024, 1024, 1024, false}, {2048, 2048, 2048, false}, {2048, 8192, 1024, true}};
   for (const Case& c : cases) {
     const kiln::Tensor a = kiln::randn({c.m, c.k});
@@ -91,6 +94,7 @@ void bench_cpu(int repeats) {
     const std::vector<double> t = time_cpu(
         {[&] { kiln::mm(a, b); },
          [&] {
+           openblas_set_num_threads(threads);  // OpenBLAS with its own threads (kiln turns them off)
            cblas_sgemm(CblasRowMajor, CblasNoTrans, c.b_transposed ? CblasTrans : CblasNoTrans, static_cast<int>(c.m),
                        static_cast<int>(c.n), static_cast<int>(c.k), 1.0f, a.data_ptr<float>(), static_cast<int>(c.k),
                        w.data_ptr<float>(), static_cast<int>(c.b_transposed ? c.k : c.n), 0.0f, out.data(),

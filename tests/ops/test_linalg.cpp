@@ -1,4 +1,7 @@
 // mm, bmm, matmul, linear and the raw gemm entry points against float64 triple-loop references.
+#include <cblas.h>
+#include <omp.h>
+
 #include <cmath>
 
 #include "ops/cpu/gemm.h"
@@ -204,6 +207,23 @@ TEST(Linalg, Deterministic) {
   EXPECT_EQ(bmm(a, b).to_vector(), bmm(a, b).to_vector());
   const Tensor x = randn({200, 300}), w = randn({100, 300}), bias = randn({100});
   EXPECT_EQ(linear(x, w, bias).to_vector(), linear(x, w, bias).to_vector());
+}
+
+TEST(Linalg, CpuResultsIndependentOfThreadCount) {
+  // C is cut into fixed tiles over OpenMP threads, each a single-threaded OpenBLAS call; OpenBLAS's
+  // own threading (which changes the bits) is switched back off even if someone turned it on.
+  const Tensor a = randn({8, 40, 60}), b = randn({8, 60, 50});
+  const Tensor x = randn({300, 280}), w = randn({280, 1100});
+  const int omp_before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<double> small1 = bmm(a, b).to_vector(), big1 = mm(x, w).to_vector();
+  omp_set_num_threads(std::max(3, omp_before));
+  openblas_set_num_threads(2);
+  const std::vector<double> small2 = bmm(a, b).to_vector(), big2 = mm(x, w).to_vector();
+  EXPECT_EQ(openblas_get_num_threads(), 1);
+  omp_set_num_threads(omp_before);
+  EXPECT_EQ(small1, small2);
+  EXPECT_EQ(big1, big2);
 }
 
 // ---- gradients (float64 finite differences) ----

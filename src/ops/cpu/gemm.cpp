@@ -1,6 +1,7 @@
-// CPU GEMM: thin row-major wrappers over OpenBLAS cblas_sgemm/dgemm that validate sizes,
-// normalise leading dims of single-row operands (BLAS insists ld >= cols even when unused),
-// handle k == 0 themselves, and run batches of small problems over OpenMP threads.
+// CPU GEMM: row-major wrappers over OpenBLAS cblas_sgemm/dgemm that validate sizes, normalise
+// leading dims of single-row operands (BLAS insists ld >= cols even when unused), handle k == 0
+// themselves, and split C (and batches) into fixed tiles run over OpenMP threads, each tile one
+// single-threaded OpenBLAS call, so results do not depend on the thread count.
 #include "ops/cpu/gemm.h"
 
 #include <cblas.h>
@@ -13,9 +14,20 @@
 namespace kiln::cpu {
 namespace {
 
-// OpenBLAS threads a single gemm only above m*n*k = 65536 * 4 (GEMM_MULTITHREAD_THRESHOLD);
-// below it one call is single-threaded, so parallelising over the batch is the only speed-up.
-constexpr int64_t kSmallGemmWork = 65536 * 4;
+// kiln owns the CPU threads: OpenBLAS runs single-threaded and C is cut into fixed tiles run over
+// OpenMP. OpenBLAS's own threading changes its summation order with the thread count (measured:
+// 1 vs 2 threads differ bitwise), while a tiling that depends only on the shape gives identical
+// bits for any thread count. 256x512 tiles keep the repacking of A and B panels per tile at a
+// few percent of the flops and still give 32+ tasks for a 2048^3 product.
+constexpr int64_t kTileM = 256;
+constexpr int64_t kTileN = 512;
+// Below this much work (multiply-adds) a single call beats waking the thread team.
+constexpr int64_t kParallelWork = int64_t{1} << 18;
+
+// Checked on every call (a cheap read) because anything else in the process may raise it again.
+void single_threaded_blas() {
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
 
 blasint to_blasint(int64_t v, const char* what) {
   KILN_CHECK(v >= 0 && v <= INT_MAX, "gemm", what, " = ", v, " does not fit OpenBLAS's 32-bit integers");
@@ -71,15 +83,23 @@ void gemm_batched_impl(bool trans_a, bool trans_b, int64_t batch, int64_t m, int
                        const T* a, int64_t lda, int64_t sa, const T* b, int64_t ldb, int64_t sb, T beta, T* c,
                        int64_t ldc, int64_t sc) {
   if (batch <= 0 || m == 0 || n == 0) return;
-  Problem p{};
-  if (!prepare(trans_a, trans_b, m, n, k, lda, ldb, ldc, p)) {  // k == 0: C = beta * C
+  Problem prob{};
+  if (!prepare(trans_a, trans_b, m, n, k, lda, ldb, ldc, prob)) {  // k == 0: C = beta * C
     for (int64_t i = 0; i < batch; ++i) scale_rows(m, n, beta, c + i * sc, ldc);
     return;
   }
-  const bool parallel = batch > 1 && m * n * k < kSmallGemmWork;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t i = 0; i < batch; ++i)
-    blas(p.ta, p.tb, p.m, p.n, p.k, alpha, a + i * sa, p.lda, b + i * sb, p.ldb, beta, c + i * sc, p.ldc);
+  single_threaded_blas();
+  const int64_t tm = (m + kTileM - 1) / kTileM, tn = (n + kTileN - 1) / kTileN, tasks = batch * tm * tn;
+  const bool parallel = tasks > 1 && batch * m * n * k >= kParallelWork;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t p = t / (tm * tn), i0 = (t % (tm * tn)) / tn * kTileM, j0 = t % tn * kTileN;
+    const auto mi = static_cast<blasint>(std::min(kTileM, m - i0)), nj = static_cast<blasint>(std::min(kTileN, n - j0));
+    const T* ap = a + p * sa + (trans_a ? i0 : i0 * prob.lda);  // rows i0.. of op(A)
+    const T* bp = b + p * sb + (trans_b ? j0 * prob.ldb : j0);  // columns j0.. of op(B)
+    T* cp = c + p * sc + i0 * prob.ldc + j0;
+    blas(prob.ta, prob.tb, mi, nj, prob.k, alpha, ap, prob.lda, bp, prob.ldb, beta, cp, prob.ldc);
+  }
 }
 
 }  // namespace
