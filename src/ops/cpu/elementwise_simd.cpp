@@ -42,7 +42,7 @@ struct BF16IO {
     const auto u = hn::BitCast(du, v);
     const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
     auto r = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb)));
-    const auto nan = hn::RebindMask(du, hn::Ne(v, v));
+    const auto nan = hn::RebindMask(du, hn::IsNaN(v));
     r = hn::IfThenElse(nan, hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u)), r);
     hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, r)), d16, p);
   }
@@ -58,13 +58,13 @@ struct BF16IO {
 HWY_INLINE VF ExpV(DF d, VF x) {
   // hwy's Exp is valid up to +104 and fp32 overflows past 88.7, so clamping keeps inf; NaN kept.
   const VF r = hn::Exp(d, hn::Min(x, hn::Set(d, 100.0f)));
-  return hn::IfThenElse(hn::Ne(x, x), x, r);
+  return hn::IfThenElse(hn::IsNaN(x), x, r);
 }
 HWY_INLINE VF SigmoidV(DF d, VF x) {
   const VF one = hn::Set(d, 1.0f);
   const VF e = hn::Exp(d, hn::Neg(hn::Abs(x)));  // never overflows
   const VF r = hn::Div(one, hn::Add(one, e));
-  return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Mul(e, r), r);
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Mul(e, r), r));
 }
 // 1 + erf(x) without cancellation for x < 0 (Abramowitz-Stegun 7.1.26, |error| <= 1.5e-7).
 HWY_INLINE VF OnePlusErfV(DF d, VF x) {
@@ -76,10 +76,12 @@ HWY_INLINE VF OnePlusErfV(DF d, VF x) {
   p = hn::MulAdd(p, t, hn::Set(d, -0.284496736f));
   p = hn::MulAdd(p, t, hn::Set(d, 0.254829592f));
   const VF erfc = hn::Mul(hn::Mul(p, t), hn::Exp(d, hn::Neg(hn::Mul(ax, ax))));  // erfc(|x|)
-  return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), erfc, hn::Sub(hn::Set(d, 2.0f), erfc));
+  const VF r = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), erfc, hn::Sub(hn::Set(d, 2.0f), erfc));
+  return hn::IfThenElse(hn::IsNaN(x), x, r);
 }
-HWY_INLINE VF NanMax(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Gt(a, b), hn::Ne(a, a)), a, b); }
-HWY_INLINE VF NanMin(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Lt(a, b), hn::Ne(a, a)), a, b); }
+// x86 float compares are ordered (false on NaN), so NaN is tested explicitly.
+HWY_INLINE VF NanMax(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Gt(a, b), hn::IsNaN(a)), a, b); }
+HWY_INLINE VF NanMin(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Lt(a, b), hn::IsNaN(a)), a, b); }
 
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
