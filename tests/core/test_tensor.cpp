@@ -223,7 +223,11 @@ TEST(CudaTensor, RandomMatchesCpu) {
     Tensor b = randn({1001}, TensorOptions().dtype(dt).device(Device("cuda")));
     Tensor v = rand({1001}, TensorOptions().dtype(dt).device(Device("cuda")));
     Tensor j = randint(0, 1000, {1001}, TensorOptions().dtype(kInt64).device(Device("cuda")));
-    EXPECT_EQ(a.to_vector(), b.cpu().to_vector()) << dtype_name(dt);
+    if (dt == kFloat64) {  // Box-Muller's log/sin/cos may differ by an ulp between libm and CUDA
+      EXPECT_LE(kiln::testing::rel_error(b.cpu(), a), 1e-14);
+    } else {  // rounded to float, the two backends agree bit for bit
+      EXPECT_EQ(a.to_vector(), b.cpu().to_vector()) << dtype_name(dt);
+    }
     EXPECT_EQ(u.to_vector(), v.cpu().to_vector()) << dtype_name(dt);
     EXPECT_EQ(i.to_vector(), j.cpu().to_vector());
   }
