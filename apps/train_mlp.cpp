@@ -2,6 +2,8 @@
 // a linear model cannot separate, learned by a two-layer MLP in a few hundred full-batch steps.
 #include "train_mlp.h"
 
+#include <omp.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -48,6 +50,11 @@ double accuracy(const Tensor& logits, const Tensor& y) {
 }  // namespace
 
 int run_mlp_demo(const MlpDemoConfig& c, std::ostream& out) {
+  struct ThreadsGuard {
+    int saved = omp_get_max_threads();
+    ~ThreadsGuard() { omp_set_num_threads(saved); }
+  } threads_guard;
+  if (c.threads > 0) omp_set_num_threads(c.threads);
   manual_seed(c.seed);
   Tensor x, y;
   make_spirals(c, x, y);

@@ -17,6 +17,9 @@ struct MlpDemoConfig {
   int64_t warmup_steps = 20;
   double max_grad_norm = 1.0;
   uint64_t seed = 0;
+  // OpenMP threads for the run (0: leave the default). The batch is tiny, so thread barriers
+  // cost more than they give: on a loaded 2-core machine 2 threads took 30 s, 1 thread 1 s.
+  int threads = 1;
 };
 
 // Trains Linear(2, hidden) -> gelu -> Linear(hidden, classes) with cross_entropy, AdamW, a warmup +
