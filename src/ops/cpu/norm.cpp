@@ -34,6 +34,7 @@ void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const T
       const T* xr = xp + r * H;
       T* yr = yp + r * H;
       A ss = 0;
+#pragma omp simd reduction(+ : ss)
       for (int64_t j = 0; j < H; ++j) {
         const A v = static_cast<A>(xr[j]);
         ss += v * v;
@@ -75,6 +76,7 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
         const A rs = rp[r];
         // dot = sum_j (dy_j * w_j) * xhat_j
         A dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int64_t j = 0; j < H; ++j) {
           const A g = static_cast<A>(gr[j]) * (wp ? static_cast<A>(wp[j]) : A(1));
           dot += g * static_cast<A>(xr[j]) * rs;
