@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "kiln/kiln.h"
+#include "train_mlp.h"
 
 namespace {
 
@@ -32,9 +33,18 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln: a deep-learning engine for training language models"};
   app.require_subcommand(1);
   auto* info = app.add_subcommand("info", "version, backends and devices");
+
+  // Until the GPT training job lands, `kiln train` runs the MLP demo on the CPU.
+  auto* train = app.add_subcommand("train", "train a model (for now: --demo mlp)");
+  std::string demo = "mlp";
+  kiln::apps::MlpDemoConfig mlp;
+  train->add_option("--demo", demo, "which demo job")->check(CLI::IsMember({"mlp"}));
+  train->add_option("--steps", mlp.steps, "optimizer steps");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*info) return run_info();
+    if (*train) return kiln::apps::run_mlp_demo(mlp);
   } catch (const kiln::Error& e) {
     std::cerr << "kiln: " << e.what() << "\n";
     return 1;

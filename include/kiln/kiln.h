@@ -6,5 +6,7 @@
 #include "kiln/dtype.h"
 #include "kiln/error.h"
 #include "kiln/memory.h"
+#include "kiln/nn.h"
 #include "kiln/ops.h"
+#include "kiln/optim.h"
 #include "kiln/tensor.h"
