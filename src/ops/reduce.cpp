@@ -222,17 +222,26 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
   KILN_CHECK(is_floating_point(x.dtype()), "logsumexp", "expected a floating-point tensor, got ",
              dtype_name(x.dtype()));
   const Plan p = make_plan(x, dims, keepdim, "logsumexp");
-  Tensor out = empty(p.kept, x.options());
-  run_reduce(ReduceKind::LogSumExp, x, p, out, Tensor(), "logsumexp");
+  // The statistic is computed and kept in fp32 (fp64 for fp64); 16-bit outputs are a rounded copy,
+  // and backward uses the unrounded statistic.
+  const DType stat_dtype = x.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  Tensor stat = empty(p.kept, x.options().dtype(stat_dtype));
+  run_reduce(ReduceKind::LogSumExp, x, p, stat, Tensor(), "logsumexp");
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = stat_dtype == x.dtype() ? stat : stat.to(x.dtype());
+  }
   out = make_view(out, p.out_shape, contiguous_strides(p.out_shape), 0);
   if (autograd::needs_grad({x})) {
     autograd::record("logsumexp", {out}, {x},
-                     [sx = SavedTensor(x), sy = SavedTensor(out, true), p](const std::vector<Tensor>& g) {
+                     [sx = SavedTensor(x), sy = SavedTensor(stat), p](const std::vector<Tensor>& g) {
                        NoGradGuard ng;
                        const Tensor xv = sx.unpack("logsumexp");
                        const Shape in = xv.sizes();
                        Tensor gx = empty(in, xv.options());
-                       const Tensor ye = expand_kept(sy.unpack("logsumexp"), p, in), ge = expand_kept(g[0], p, in);
+                       const Tensor ye = expand_kept(sy.unpack("logsumexp"), p, in);
+                       const Tensor ge = expand_kept(g[0].to(xv.dtype()), p, in);
                        if (gx.is_cuda()) {
                          KILN_CUDA_ONLY("logsumexp", cuda::lse_grad(gx, xv, ye, ge));
                        } else {

@@ -271,10 +271,8 @@ void reduce_typed(ReduceKind kind, const Tensor& xt, const ReduceGeom& g, const 
     }
     case ReduceKind::LogSumExp: {
       if constexpr (kIsFloat<T>) {
-        T* y = out.data_ptr<T>();
-        reduce_impl<LseOp<T>>(x, g, [&](int64_t off, typename LseOp<T>::Acc a) {
-          y[off] = cast_value<T>(LseOp<T>::result(a));
-        });
+        acc_t<T>* y = out.data_ptr<acc_t<T>>();
+        reduce_impl<LseOp<T>>(x, g, [&](int64_t off, typename LseOp<T>::Acc a) { y[off] = LseOp<T>::result(a); });
       }
       return;
     }
@@ -349,7 +347,7 @@ void lse_grad(const Tensor& dst, const Tensor& x, const Tensor& y, const Tensor&
     StridedOperands<4>({&dst, &x, &y, &g}).for_each_row([&](const std::array<char*, 4>& p, int64_t n, const std::array<int64_t, 4>& st) {
       for (int64_t k = 0; k < n; ++k) {
         const A xv = cast_value<A>(*reinterpret_cast<const T*>(p[1] + k * st[1]));
-        const A yv = cast_value<A>(*reinterpret_cast<const T*>(p[2] + k * st[2]));
+        const A yv = *reinterpret_cast<const A*>(p[2] + k * st[2]);
         const A gv = cast_value<A>(*reinterpret_cast<const T*>(p[3] + k * st[3]));
         *reinterpret_cast<T*>(p[0] + k * st[0]) = cast_value<T>(gv * std::exp(xv - yv));
       }

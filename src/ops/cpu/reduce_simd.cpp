@@ -87,7 +87,7 @@ acc_t<T> ExtremeImpl(const T* p, int64_t n64) {
   auto bad = hn::Zero(d);  // all-ones lanes where a NaN was seen
   auto step = [&](hn::Vec<decltype(d)> v) {
     acc = kMax ? hn::Max(acc, v) : hn::Min(acc, v);
-    bad = hn::Or(bad, hn::VecFromMask(d, hn::Ne(v, v)));
+    bad = hn::Or(bad, hn::VecFromMask(d, hn::Not(hn::Eq(v, v))));  // hwy Ne is ordered: false for NaN
   };
   size_t i = 0;
   for (; i + N <= n; i += N) step(LoadAcc(d, p + i));

@@ -250,11 +250,11 @@ template <typename T>
 struct LseGradF {
   T* dst;
   const T* x;
-  const T* y;
+  const dacc_t<T>* y;
   const T* g;
   __device__ void operator()(const int64_t (&off)[4]) const {
     using A = dacc_t<T>;
-    dst[off[0]] = convert<T>(convert<A>(g[off[3]]) * exp(convert<A>(x[off[1]]) - convert<A>(y[off[2]])));
+    dst[off[0]] = convert<T>(convert<A>(g[off[3]]) * exp(convert<A>(x[off[1]]) - y[off[2]]));
   }
 };
 
@@ -292,7 +292,7 @@ void reduce(ReduceKind kind, const Tensor& x, const ReduceGeom& g, const Tensor&
         return;
       }
       case ReduceKind::LogSumExp:
-        if constexpr (kFloat) launch<T, A, LseOp<A>>(x, g, LseWriter<T, A>{ptr<T>(out)}, "logsumexp");
+        if constexpr (kFloat) launch<T, A, LseOp<A>>(x, g, LseWriter<A, A>{ptr<A>(out)}, "logsumexp");
         return;
     }
   });
@@ -332,7 +332,7 @@ void argmax_grad(const Tensor& dst, const Tensor& idx, const Tensor& iota, const
 void lse_grad(const Tensor& dst, const Tensor& x, const Tensor& y, const Tensor& g) {
   dispatch_floating(dst.dtype(), "logsumexp", [&](auto tag) {
     using T = device_t<typename decltype(tag)::type>;
-    launch_map<4>({&dst, &x, &y, &g}, LseGradF<T>{ptr<T>(dst), ptr<const T>(x), ptr<const T>(y), ptr<const T>(g)},
+    launch_map<4>({&dst, &x, &y, &g}, LseGradF<T>{ptr<T>(dst), ptr<const T>(x), ptr<const dacc_t<T>>(y), ptr<const T>(g)},
                   "logsumexp");
   });
 }
