@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "ops/reduce_ref.h"
@@ -50,6 +51,7 @@ void check_kind(RefKind kind) {
         randn({9, 7, 6}, dt).permute({2, 1, 0}),         // reversed strides
         randn({6, 14, 9}, dt).slice(1, 0, 14, 2),         // stepped slice
         randn({7, 6, 18}, dt).transpose(0, 1).slice(2, 3, 12),  // transpose + narrow
+        randn({6, 1, 9}, dt).expand({6, 7, 9}),          // stride-0 dim
     };
     for (const Tensor& x : views)
       for (const auto& dims : kDimSets)
@@ -368,6 +370,67 @@ TEST(ReduceCuda, DeterministicRunToRun) {
   EXPECT_EQ(testing::bytes_of(sum(c, {0})), testing::bytes_of(sum(c, {0})));
   EXPECT_CLOSE(sum(x).cpu(), ref_reduce(RefKind::Sum, x.cpu(), {}, false), 1e-5);
   EXPECT_CLOSE(sum(c, {0}).cpu(), ref_reduce(RefKind::Sum, c.cpu(), {0}, false), tolerance(kBFloat16));
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Best of five, in milliseconds, on the current stream.
+double time_ms(const std::function<void()>& f) {
+  f();
+  cuda::synchronize();
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    cuda::Event a, b;
+    a.record();
+    f();
+    b.record();
+    b.synchronize();
+    best = std::min(best, static_cast<double>(a.elapsed_ms(b)));
+  }
+  return best;
+}
+
+// The goal: reductions read at >= 80% of the bandwidth a device copy achieves (a copy moves
+// 2 bytes per byte read; a reduction reads once). softmax reads and writes, like a copy.
+TEST(ReduceCuda, BandwidthVsCopy) {
+  KILN_REQUIRE_CUDA();
+  const TensorOptions opts = TensorOptions(kFloat32).device(Device("cuda"));
+  const int64_t rows = 8192, cols = 65536;  // 2 GiB of fp32
+  const Tensor x = randn({rows * cols}, opts);
+  const Tensor m = x.view({rows, cols});
+  const double gib = static_cast<double>(x.nbytes()) / (1 << 30);
+  Tensor y = empty_like(x);
+  const double copy_gbs = 2 * gib / (time_ms([&] { y.copy_(x); }) * 1e-3);
+  std::printf("[bandwidth] copy: %.0f GiB/s (read+write)\n", copy_gbs);
+  struct Case {
+    const char* name;
+    double bytes_moved;  // GiB read (+ written)
+    std::function<void()> f;
+    bool gated;
+  };
+  const Tensor xb = x.to(kBFloat16);
+  const Tensor mb = xb.view({rows, cols});
+  const Case cases[] = {
+      {"sum(all) f32", gib, [&] { sum(x); }, true},
+      {"sum(dim=-1) f32", gib, [&] { sum(m, {1}); }, true},
+      {"amax(dim=-1) f32", gib, [&] { amax(m, {1}); }, true},
+      {"sum(dim=0) f32", gib, [&] { sum(m.view({cols, rows}), {0}); }, true},
+      {"logsumexp(dim=-1) f32", gib, [&] { logsumexp(m.view({rows * 8, cols / 8}), {1}); }, false},
+      {"sum(all) bf16", gib / 2, [&] { sum(xb); }, true},
+      {"softmax(dim=-1) f32", 2 * gib, [&] { softmax(m.view({rows * 8, cols / 8}), 1); }, false},
+      {"softmax(dim=-1) bf16", gib, [&] { softmax(mb.view({rows * 8, cols / 8}), 1); }, false},
+  };
+  for (const Case& c : cases) {
+    const double gbs = c.bytes_moved / (time_ms(c.f) * 1e-3);
+    std::printf("[bandwidth] %-24s %6.0f GiB/s = %3.0f%% of copy\n", c.name, gbs, 100 * gbs / copy_gbs);
+    if (c.gated) {
+      EXPECT_GE(gbs, 0.8 * copy_gbs) << c.name;
+    }
+  }
 }
 
 }  // namespace

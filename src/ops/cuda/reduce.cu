@@ -254,7 +254,7 @@ struct LseGradF {
   const T* g;
   __device__ void operator()(const int64_t (&off)[4]) const {
     using A = dacc_t<T>;
-    dst[off[0]] = convert<T>(convert<A>(g[off[3]]) * exp(convert<A>(x[off[1]]) - y[off[2]]));
+    dst[off[0]] = convert<T>(convert<A>(g[off[3]]) * d_exp(convert<A>(x[off[1]]) - y[off[2]]));
   }
 };
 

@@ -42,6 +42,12 @@ __device__ __forceinline__ A d_highest() {
   }
 }
 
+// Full-precision exp/log picked by type (never the fast-math intrinsics).
+__device__ __forceinline__ float d_exp(float x) { return expf(x); }
+__device__ __forceinline__ double d_exp(double x) { return ::exp(x); }
+__device__ __forceinline__ float d_log(float x) { return logf(x); }
+__device__ __forceinline__ double d_log(double x) { return ::log(x); }
+
 template <bool kMax, typename A>
 __device__ __forceinline__ bool d_beats(A x, A a) {
   if (d_isnan(x)) return !d_isnan(a);
@@ -114,22 +120,22 @@ struct LseOp {
     if (isnan(x) || isnan(a.m)) {
       a = {A(NAN), A(1)};
     } else if (x > a.m) {
-      a.s = a.s * exp(a.m - x) + A(1);
+      a.s = a.s * d_exp(a.m - x) + A(1);
       a.m = x;
     } else if (x == a.m) {
       a.s += A(1);
     } else {
-      a.s += exp(x - a.m);
+      a.s += d_exp(x - a.m);
     }
   }
   static __device__ __forceinline__ Acc merge(Acc a, Acc b) {
     if (isnan(a.m) || isnan(b.m)) return {A(NAN), A(1)};
     const A m = a.m > b.m ? a.m : b.m;
     if (m == -INFINITY) return {m, a.s + b.s};
-    return {m, a.s * exp(a.m - m) + b.s * exp(b.m - m)};
+    return {m, a.s * d_exp(a.m - m) + b.s * d_exp(b.m - m)};
   }
   static __device__ __forceinline__ Acc shfl(Acc a, int off) { return {shfl_down(a.m, off), shfl_down(a.s, off)}; }
-  static __device__ __forceinline__ A result(Acc a) { return a.s == A(0) ? A(-INFINITY) : a.m + log(a.s); }
+  static __device__ __forceinline__ A result(Acc a) { return a.s == A(0) ? A(-INFINITY) : a.m + d_log(a.s); }
 };
 
 template <typename Op>

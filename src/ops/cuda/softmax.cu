@@ -57,7 +57,7 @@ __device__ __forceinline__ RowIter row_iter() {
 }
 
 template <typename T, int VEC, bool kWarp>
-__global__ void fwd_rows(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n, bool log) {
+__global__ void fwd_rows(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n, bool is_log) {
   using A = dacc_t<T>;
   using P = Pack<T, VEC>;
   const RowIter it = row_iter<kWarp>();
@@ -72,14 +72,14 @@ __global__ void fwd_rows(const T* __restrict__ x, T* __restrict__ y, int64_t row
       for (int e = 0; e < VEC; ++e) LseOp<A>::add(a, convert<A>(v.v[e]), 0);
     }
     a = group_allreduce<LseOp<A>, kWarp>(a);
-    const A c = log ? a.m + ::log(a.s) : A(1) / a.s;
+    const A c = is_log ? a.m + d_log(a.s) : A(1) / a.s;
     for (int64_t k = it.tid; k < nv; k += it.nt) {
       const P v = xr[k];
       P out;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const A xv = convert<A>(v.v[e]);
-        out.v[e] = convert<T>(log ? xv - c : exp(xv - a.m) * c);
+        out.v[e] = convert<T>(is_log ? xv - c : d_exp(xv - a.m) * c);
       }
       yr[k] = out;
     }
@@ -88,7 +88,7 @@ __global__ void fwd_rows(const T* __restrict__ x, T* __restrict__ y, int64_t row
 
 template <typename T, int VEC, bool kWarp>
 __global__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ gx, int64_t rows, int64_t n,
-                         bool log) {
+                         bool is_log) {
   using A = dacc_t<T>;
   using P = Pack<T, VEC>;
   const RowIter it = row_iter<kWarp>();
@@ -100,7 +100,7 @@ __global__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ g, T* __
     A s = 0;
     for (int64_t k = it.tid; k < nv; k += it.nt) {
       const P gv = gr[k];
-      if (log) {
+      if (is_log) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) s += convert<A>(gv.v[e]);
       } else {
@@ -116,7 +116,7 @@ __global__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ g, T* __
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const A ya = convert<A>(yv.v[e]), ga = convert<A>(gv.v[e]);
-        out.v[e] = convert<T>(log ? ga - exp(ya) * s : ya * (ga - s));
+        out.v[e] = convert<T>(is_log ? ga - d_exp(ya) * s : ya * (ga - s));
       }
       gxr[k] = out;
     }
@@ -124,24 +124,24 @@ __global__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ g, T* __
 }
 
 template <typename T>
-__global__ void fwd_cols(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner, bool log) {
+__global__ void fwd_cols(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner, bool is_log) {
   using A = dacc_t<T>;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < outer * inner;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t base = (q / inner) * n * inner + q % inner;
     LseAcc<A> a = LseOp<A>::init();
     for (int64_t k = 0; k < n; ++k) LseOp<A>::add(a, convert<A>(x[base + k * inner]), 0);
-    const A c = log ? a.m + ::log(a.s) : A(1) / a.s;
+    const A c = is_log ? a.m + d_log(a.s) : A(1) / a.s;
     for (int64_t k = 0; k < n; ++k) {
       const A xv = convert<A>(x[base + k * inner]);
-      y[base + k * inner] = convert<T>(log ? xv - c : exp(xv - a.m) * c);
+      y[base + k * inner] = convert<T>(is_log ? xv - c : d_exp(xv - a.m) * c);
     }
   }
 }
 
 template <typename T>
 __global__ void bwd_cols(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ gx, int64_t outer, int64_t n,
-                         int64_t inner, bool log) {
+                         int64_t inner, bool is_log) {
   using A = dacc_t<T>;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < outer * inner;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -149,12 +149,12 @@ __global__ void bwd_cols(const T* __restrict__ y, const T* __restrict__ g, T* __
     A s = 0;
     for (int64_t k = 0; k < n; ++k) {
       const A ga = convert<A>(g[base + k * inner]);
-      s += log ? ga : ga * convert<A>(y[base + k * inner]);
+      s += is_log ? ga : ga * convert<A>(y[base + k * inner]);
     }
     for (int64_t k = 0; k < n; ++k) {
       const int64_t j = base + k * inner;
       const A ya = convert<A>(y[j]), ga = convert<A>(g[j]);
-      gx[j] = convert<T>(log ? ga - exp(ya) * s : ya * (ga - s));
+      gx[j] = convert<T>(is_log ? ga - d_exp(ya) * s : ya * (ga - s));
     }
   }
 }
@@ -179,8 +179,8 @@ void launch_bwd_rows(cudaStream_t s, int64_t rows, Args... args) {
 
 }  // namespace
 
-void softmax_forward(const Tensor& xt, const Tensor& yt, int64_t outer, int64_t n, int64_t inner, bool log) {
-  const char* op = log ? "log_softmax" : "softmax";
+void softmax_forward(const Tensor& xt, const Tensor& yt, int64_t outer, int64_t n, int64_t inner, bool is_log) {
+  const char* op = is_log ? "log_softmax" : "softmax";
   DeviceGuard guard(xt.device().index);
   cudaStream_t s = current_raw_stream(xt.device().index);
   dispatch_floating(xt.dtype(), op, [&](auto tag) {
@@ -188,23 +188,23 @@ void softmax_forward(const Tensor& xt, const Tensor& yt, int64_t outer, int64_t 
     const T* x = static_cast<const T*>(xt.data_ptr());
     T* y = static_cast<T*>(yt.data_ptr());
     if (inner > 1) {
-      fwd_cols<T><<<blocks_for(outer * inner, 256, kMaxBlocks), 256, 0, s>>>(x, y, outer, n, inner, log);
+      fwd_cols<T><<<blocks_for(outer * inner, 256, kMaxBlocks), 256, 0, s>>>(x, y, outer, n, inner, is_log);
     } else {
       constexpr int kVec = 16 / sizeof(T);
       const bool vec = n % kVec == 0 && aligned16(x) && aligned16(y);
       const bool warp = n <= kWarpRowMax;
-      if (vec && warp) launch_fwd_rows<T, kVec, true>(s, outer, x, y, outer, n, log);
-      else if (vec) launch_fwd_rows<T, kVec, false>(s, outer, x, y, outer, n, log);
-      else if (warp) launch_fwd_rows<T, 1, true>(s, outer, x, y, outer, n, log);
-      else launch_fwd_rows<T, 1, false>(s, outer, x, y, outer, n, log);
+      if (vec && warp) launch_fwd_rows<T, kVec, true>(s, outer, x, y, outer, n, is_log);
+      else if (vec) launch_fwd_rows<T, kVec, false>(s, outer, x, y, outer, n, is_log);
+      else if (warp) launch_fwd_rows<T, 1, true>(s, outer, x, y, outer, n, is_log);
+      else launch_fwd_rows<T, 1, false>(s, outer, x, y, outer, n, is_log);
     }
     KILN_CUDA_CHECK_LAUNCH(op);
   });
 }
 
 void softmax_backward(const Tensor& yt, const Tensor& gt, const Tensor& gxt, int64_t outer, int64_t n, int64_t inner,
-                      bool log) {
-  const char* op = log ? "log_softmax" : "softmax";
+                      bool is_log) {
+  const char* op = is_log ? "log_softmax" : "softmax";
   DeviceGuard guard(yt.device().index);
   cudaStream_t s = current_raw_stream(yt.device().index);
   dispatch_floating(yt.dtype(), op, [&](auto tag) {
@@ -213,15 +213,15 @@ void softmax_backward(const Tensor& yt, const Tensor& gt, const Tensor& gxt, int
     const T* g = static_cast<const T*>(gt.data_ptr());
     T* gx = static_cast<T*>(gxt.data_ptr());
     if (inner > 1) {
-      bwd_cols<T><<<blocks_for(outer * inner, 256, kMaxBlocks), 256, 0, s>>>(y, g, gx, outer, n, inner, log);
+      bwd_cols<T><<<blocks_for(outer * inner, 256, kMaxBlocks), 256, 0, s>>>(y, g, gx, outer, n, inner, is_log);
     } else {
       constexpr int kVec = 16 / sizeof(T);
       const bool vec = n % kVec == 0 && aligned16(y) && aligned16(g) && aligned16(gx);
       const bool warp = n <= kWarpRowMax;
-      if (vec && warp) launch_bwd_rows<T, kVec, true>(s, outer, y, g, gx, outer, n, log);
-      else if (vec) launch_bwd_rows<T, kVec, false>(s, outer, y, g, gx, outer, n, log);
-      else if (warp) launch_bwd_rows<T, 1, true>(s, outer, y, g, gx, outer, n, log);
-      else launch_bwd_rows<T, 1, false>(s, outer, y, g, gx, outer, n, log);
+      if (vec && warp) launch_bwd_rows<T, kVec, true>(s, outer, y, g, gx, outer, n, is_log);
+      else if (vec) launch_bwd_rows<T, kVec, false>(s, outer, y, g, gx, outer, n, is_log);
+      else if (warp) launch_bwd_rows<T, 1, true>(s, outer, y, g, gx, outer, n, is_log);
+      else launch_bwd_rows<T, 1, false>(s, outer, y, g, gx, outer, n, is_log);
     }
     KILN_CUDA_CHECK_LAUNCH(op);
   });
