@@ -1,5 +1,5 @@
 // CPU reductions over [outer, r, inner] (see ops/reduce_geom.h).
-// Determinism: the r axis of every output is cut into chunks of kChunk elements, a fixed split
+// Determinism: the r axis of every output is cut into chunks of kChunk (kColChunk) elements, a fixed split
 // that depends only on r; each chunk is reduced by one thread in a fixed order (SIMD lanes for a
 // contiguous run, a plain loop otherwise) and chunk partials are combined in index order. Threads
 // only decide WHO computes a chunk, never how, so results are bitwise identical for any
@@ -18,8 +18,9 @@
 namespace kiln::cpu {
 namespace {
 
-constexpr int64_t kChunk = 16384;     // r elements per partial: large enough to amortise SIMD setup
-constexpr int64_t kInnerBlock = 256;  // inner outputs per work item in column reductions
+constexpr int64_t kChunk = 16384;      // r elements per partial (rows): amortises SIMD setup
+constexpr int64_t kColChunk = 2048;    // r elements per partial (columns): more work items to share
+constexpr int64_t kInnerBlock = 1024;  // inner outputs per work item: long unit-stride runs per page
 constexpr int64_t kGrain = 32768;     // below this many input elements, stay on one thread
 
 template <typename T>
@@ -170,7 +171,8 @@ typename Op::Acc reduce_row_chunk(const T* x, const ReduceGeom& g, int64_t o, in
 template <typename Op, typename T, typename Finish>
 void reduce_impl(const T* x, const ReduceGeom& g, Finish finish) {
   using Acc = typename Op::Acc;
-  const int64_t nchunks = (g.r + kChunk - 1) / kChunk;
+  const int64_t chunk = g.inner == 1 ? kChunk : kColChunk;
+  const int64_t nchunks = (g.r + chunk - 1) / chunk;
   const bool parallel = g.outer * g.r * g.inner >= kGrain;
   if (g.inner == 1) {
     const int64_t items = g.outer * nchunks;
@@ -178,7 +180,7 @@ void reduce_impl(const T* x, const ReduceGeom& g, Finish finish) {
 #pragma omp parallel for schedule(dynamic, 1) if (parallel && items > 1)
     for (int64_t w = 0; w < items; ++w) {
       const int64_t o = w / nchunks, c = w % nchunks;
-      const Acc a = reduce_row_chunk<Op>(x, g, o, c * kChunk, std::min(g.r, (c + 1) * kChunk));
+      const Acc a = reduce_row_chunk<Op>(x, g, o, c * chunk, std::min(g.r, (c + 1) * chunk));
       if (nchunks == 1) {
         finish(o * g.oo, a);
       } else {
@@ -203,12 +205,16 @@ void reduce_impl(const T* x, const ReduceGeom& g, Finish finish) {
   for (int64_t w = 0; w < items; ++w) {
     const int64_t c = w % nchunks, b = (w / nchunks) % nblocks, o = w / (nchunks * nblocks);
     const int64_t i0 = b * kInnerBlock, i1 = std::min(g.inner, i0 + kInnerBlock);
-    const int64_t r0 = c * kChunk, r1 = std::min(g.r, r0 + kChunk);
+    const int64_t r0 = c * chunk, r1 = std::min(g.r, r0 + chunk);
     Acc acc[kInnerBlock];
     for (int64_t i = i0; i < i1; ++i) acc[i - i0] = Op::init();
     for (int64_t r = r0; r < r1; ++r) {
       const T* p = x + o * g.so + r * g.sr;
-      for (int64_t i = i0; i < i1; ++i) Op::add(acc[i - i0], p[i * g.si], r);
+      if (g.si == 1) {  // unit stride: lets the compiler vectorise across the inner block
+        for (int64_t i = i0; i < i1; ++i) Op::add(acc[i - i0], p[i], r);
+      } else {
+        for (int64_t i = i0; i < i1; ++i) Op::add(acc[i - i0], p[i * g.si], r);
+      }
     }
     for (int64_t i = i0; i < i1; ++i) {
       if (nchunks == 1) {

@@ -45,6 +45,9 @@ HWY_INLINE hn::Vec<D> LoadPad(D d, const T* p, size_t count, hn::TFromD<D> pad) 
   return hn::Load(d, buf);
 }
 
+// GCC cannot see that Store fills buf on the one-lane scalar target.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <class D, typename T>
 HWY_INLINE void StoreAcc(D d, hn::Vec<D> v, T* p, size_t count) {
   using A = hn::TFromD<D>;
@@ -58,6 +61,7 @@ HWY_INLINE void StoreAcc(D d, hn::Vec<D> v, T* p, size_t count) {
   hn::Store(v, d, buf);
   for (size_t j = 0; j < count; ++j) p[j] = cast_value<T>(buf[j]);
 }
+#pragma GCC diagnostic pop
 
 template <typename T>
 acc_t<T> SumImpl(const T* p, int64_t n64) {
@@ -126,27 +130,51 @@ void MaxSumExpImpl(const T* p, int64_t n, acc_t<T>* m, acc_t<T>* s) {
   *s = SumExpImpl(p, n, *m);
 }
 
+// Calls f(i, count, full) for each vector-sized step of [0, n); `full` is a compile-time flag,
+// so the body loop carries no tail handling.
+template <class D, class F>
+HWY_INLINE void ForEachVec(D d, size_t n, F&& f) {
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) f(i, N, std::true_type{});
+  if (i < n) f(i, n - i, std::false_type{});
+}
+
+template <bool kFull, class D, typename T>
+HWY_INLINE hn::Vec<D> LoadSome(D d, const T* p, size_t count, std::bool_constant<kFull>) {
+  if constexpr (kFull) {
+    return LoadAcc(d, p);
+  } else {
+    return LoadPad(d, p, count, hn::TFromD<D>(0));
+  }
+}
+
+template <bool kFull, class D, typename T>
+HWY_INLINE void StoreSome(D d, hn::Vec<D> v, T* p, size_t count, std::bool_constant<kFull>) {
+  if constexpr (kFull && std::is_same_v<T, hn::TFromD<D>>) {
+    hn::StoreU(v, d, p);
+  } else {
+    StoreAcc(d, v, p, count);
+  }
+}
+
 template <typename T>
 void SoftmaxRowImpl(const T* x, T* y, int64_t n64, bool log) {
   using A = acc_t<T>;
   const hn::ScalableTag<A> d;
-  const size_t N = hn::Lanes(d), n = static_cast<size_t>(n64);
+  const size_t n = static_cast<size_t>(n64);
   const A m = ExtremeImpl<T, true>(x, n64);
   const A s = SumExpImpl(x, n64, m);  // m NaN or -inf: s = 0 and every output becomes NaN
   if (log) {
     const auto vc = hn::Set(d, m + std::log(s));
-    for (size_t i = 0; i < n; i += N) {
-      const size_t c = std::min(N, n - i);
-      const auto v = c == N ? LoadAcc(d, x + i) : LoadPad(d, x + i, c, A(0));
-      StoreAcc(d, hn::Sub(v, vc), y + i, c);
-    }
+    ForEachVec(d, n, [&](size_t i, size_t c, auto full) {
+      StoreSome(d, hn::Sub(LoadSome(d, x + i, c, full), vc), y + i, c, full);
+    });
   } else {
     const auto vm = hn::Set(d, m), vinv = hn::Set(d, A(1) / s);
-    for (size_t i = 0; i < n; i += N) {
-      const size_t c = std::min(N, n - i);
-      const auto v = c == N ? LoadAcc(d, x + i) : LoadPad(d, x + i, c, A(0));
-      StoreAcc(d, hn::Mul(hn::Exp(d, hn::Sub(v, vm)), vinv), y + i, c);
-    }
+    ForEachVec(d, n, [&](size_t i, size_t c, auto full) {
+      StoreSome(d, hn::Mul(hn::Exp(d, hn::Sub(LoadSome(d, x + i, c, full), vm)), vinv), y + i, c, full);
+    });
   }
 }
 
@@ -154,26 +182,22 @@ template <typename T>
 void SoftmaxBackwardRowImpl(const T* y, const T* g, T* gx, int64_t n64, bool log) {
   using A = acc_t<T>;
   const hn::ScalableTag<A> d;
-  const size_t N = hn::Lanes(d), n = static_cast<size_t>(n64);
-  auto acc = hn::Zero(d);
-  for (size_t i = 0; i < n; i += N) {
-    const size_t c = std::min(N, n - i);
-    const auto vg = c == N ? LoadAcc(d, g + i) : LoadPad(d, g + i, c, A(0));
-    if (log) {
-      acc = hn::Add(acc, vg);
-    } else {
-      const auto vy = c == N ? LoadAcc(d, y + i) : LoadPad(d, y + i, c, A(0));
-      acc = hn::MulAdd(vg, vy, acc);
-    }
-  }
-  const auto vs = hn::Set(d, hn::GetLane(hn::SumOfLanes(d, acc)));
-  for (size_t i = 0; i < n; i += N) {
-    const size_t c = std::min(N, n - i);
-    const auto vg = c == N ? LoadAcc(d, g + i) : LoadPad(d, g + i, c, A(0));
-    const auto vy = c == N ? LoadAcc(d, y + i) : LoadPad(d, y + i, c, A(0));
+  const size_t n = static_cast<size_t>(n64);
+  auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
+  bool odd = false;  // alternate accumulators: two independent add chains
+  ForEachVec(d, n, [&](size_t i, size_t c, auto full) {
+    const auto vg = LoadSome(d, g + i, c, full);
+    auto& acc = odd ? acc1 : acc0;
+    odd = !odd;
+    acc = log ? hn::Add(acc, vg) : hn::MulAdd(vg, LoadSome(d, y + i, c, full), acc);
+  });
+  const auto vs = hn::Set(d, hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1))));
+  ForEachVec(d, n, [&](size_t i, size_t c, auto full) {
+    const auto vg = LoadSome(d, g + i, c, full);
+    const auto vy = LoadSome(d, y + i, c, full);
     const auto r = log ? hn::NegMulAdd(hn::Exp(d, vy), vs, vg) : hn::Mul(vy, hn::Sub(vg, vs));
-    StoreAcc(d, r, gx + i, c);
-  }
+    StoreSome(d, r, gx + i, c, full);
+  });
 }
 
 #define KILN_SIMD_DEFINE(T, A, tag)                                                                         \
