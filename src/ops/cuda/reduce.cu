@@ -1,8 +1,9 @@
 // CUDA reductions over [outer, r, inner] (see ops/reduce_geom.h), plus the backward helpers.
 //
 // Row kernel (inner == 1, unit-stride r: the contiguous last-dim case and full reductions):
-// one 512-thread block per (row, chunk) work item, 16-byte vector loads, four in flight per
-// thread, then a warp-shuffle/shared-memory tree. Column kernel (everything else): one thread
+// one 512-thread block per (row, chunk) work item (one warp per row for rows of <= 2048
+// elements), 16-byte vector loads, four in flight per thread, then a warp-shuffle (and
+// shared-memory) tree. Column kernel (everything else): one thread
 // per (output, chunk), walking r sequentially; adjacent threads own adjacent inner outputs, so
 // unit-stride inner dims are read coalesced.
 // When there are too few outputs to fill the GPU, r is split into chunks whose length depends
@@ -25,18 +26,23 @@ constexpr int64_t kRowItems = 2048;         // row work items wanted: ~15 blocks
 constexpr int64_t kColThreadsWanted = 1 << 18;  // column work threads wanted (~2K per SM)
 constexpr int64_t kChunkAlign = 4096;       // row chunk lengths are multiples: keeps 16-byte alignment
 constexpr int64_t kMinColChunk = 64;
+constexpr int64_t kWarpRowMax = 2048;      // rows up to this length get a warp, longer ones a block
 constexpr unsigned kMaxBlocks = 65535u * 16u;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <typename T, typename A, typename Op, typename W, int VEC>
+// kWarp: one warp per work item (rows of 32..2048 elements), else the whole block.
+template <typename T, typename A, typename Op, typename W, int VEC, bool kWarp>
 __global__ void __launch_bounds__(kRowThreads)
     row_kernel(const T* __restrict__ x, ReduceGeom g, int64_t len_chunk, int64_t nchunks,
                typename Op::Acc* __restrict__ partial, W w) {
   using Acc = typename Op::Acc;
   const int64_t items = g.outer * nchunks;
-  const int64_t nt = blockDim.x;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+  const int64_t nt = kWarp ? 32 : blockDim.x;
+  const int tid = kWarp ? (threadIdx.x & 31) : threadIdx.x;
+  const int64_t per_block = kWarp ? (blockDim.x >> 5) : 1;
+  const int64_t first = blockIdx.x * per_block + (kWarp ? (threadIdx.x >> 5) : 0);
+  for (int64_t item = first; item < items; item += gridDim.x * per_block) {
     const int64_t o = item / nchunks, c = item % nchunks;
     const int64_t r0 = c * len_chunk, len = min(len_chunk, g.r - r0);
     const T* p = x + o * g.so + r0;
@@ -46,7 +52,7 @@ __global__ void __launch_bounds__(kRowThreads)
       using P = Pack<T, VEC>;
       const P* pv = reinterpret_cast<const P*>(p);
       const int64_t nvec = len / VEC;
-      int64_t v = threadIdx.x;
+      int64_t v = tid;
       for (; v + 3 * nt < nvec; v += 4 * nt) {
         P q[4];
 #pragma unroll
@@ -63,9 +69,13 @@ __global__ void __launch_bounds__(kRowThreads)
       }
       done = nvec * VEC;
     }
-    for (int64_t j = done + threadIdx.x; j < len; j += nt) Op::add(a, convert<A>(p[j]), r0 + j);
-    a = block_reduce<Op>(a);
-    if (threadIdx.x == 0) {
+    for (int64_t j = done + tid; j < len; j += nt) Op::add(a, convert<A>(p[j]), r0 + j);
+    if constexpr (kWarp) {
+      a = warp_reduce<Op>(a);
+    } else {
+      a = block_reduce<Op>(a);
+    }
+    if (tid == 0) {
       if (nchunks == 1) {
         w(o * g.oo, a);
       } else {
@@ -148,7 +158,8 @@ void launch(const Tensor& xt, const ReduceGeom& g, W w, const char* op) {
   cudaStream_t stream = current_raw_stream(xt.device().index);
   const T* x = static_cast<const T*>(xt.data_ptr());
   const int64_t outputs = g.outer * g.inner;
-  const bool row = g.inner == 1 && g.sr == 1;
+  // Rows shorter than a warp go to the column kernel (a thread per row) instead.
+  const bool row = g.inner == 1 && g.sr == 1 && (g.r >= 32 || outputs < kRowItems);
   int64_t len_chunk, nchunks;
   if (row) {
     const int64_t want = std::max<int64_t>(1, kRowItems / g.outer);
@@ -166,14 +177,22 @@ void launch(const Tensor& xt, const ReduceGeom& g, W w, const char* op) {
   }
   if (row) {
     constexpr int kVec = 16 / sizeof(T);
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(g.outer * nchunks, kMaxBlocks));
+    const bool warp = g.r <= kWarpRowMax;  // then nchunks == 1: len_chunk >= kChunkAlign
+    const int64_t per_block = warp ? kRowThreads / 32 : 1;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(g.outer * nchunks, per_block), kMaxBlocks));
     const bool aligned = kVec > 1 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                          (g.outer == 1 || (g.so * static_cast<int64_t>(sizeof(T))) % 16 == 0);
-    if (aligned) {
-      if constexpr (kVec > 1)
-        row_kernel<T, A, Op, W, kVec><<<blocks, kRowThreads, 0, stream>>>(x, g, len_chunk, nchunks, partial, w);
-    } else {
-      row_kernel<T, A, Op, W, 1><<<blocks, kRowThreads, 0, stream>>>(x, g, len_chunk, nchunks, partial, w);
+    if constexpr (kVec > 1) {
+      if (aligned && warp) {
+        row_kernel<T, A, Op, W, kVec, true><<<blocks, kRowThreads, 0, stream>>>(x, g, len_chunk, nchunks, partial, w);
+      } else if (aligned) {
+        row_kernel<T, A, Op, W, kVec, false><<<blocks, kRowThreads, 0, stream>>>(x, g, len_chunk, nchunks, partial, w);
+      }
+    }
+    if (!aligned && warp) {
+      row_kernel<T, A, Op, W, 1, true><<<blocks, kRowThreads, 0, stream>>>(x, g, len_chunk, nchunks, partial, w);
+    } else if (!aligned) {
+      row_kernel<T, A, Op, W, 1, false><<<blocks, kRowThreads, 0, stream>>>(x, g, len_chunk, nchunks, partial, w);
     }
   } else {
     col_kernel<T, A, Op, W><<<blocks_for(outputs * nchunks, kThreads, kMaxBlocks), kThreads, 0, stream>>>(
