@@ -177,7 +177,7 @@ void reduce_impl(const T* x, const ReduceGeom& g, Finish finish) {
   if (g.inner == 1) {
     const int64_t items = g.outer * nchunks;
     std::vector<Acc> part(static_cast<size_t>(nchunks > 1 ? items : 0));
-#pragma omp parallel for schedule(dynamic, 1) if (parallel && items > 1)
+#pragma omp parallel for schedule(static) if (parallel && items > 1)
     for (int64_t w = 0; w < items; ++w) {
       const int64_t o = w / nchunks, c = w % nchunks;
       const Acc a = reduce_row_chunk<Op>(x, g, o, c * chunk, std::min(g.r, (c + 1) * chunk));
@@ -201,7 +201,7 @@ void reduce_impl(const T* x, const ReduceGeom& g, Finish finish) {
   const int64_t nblocks = (g.inner + kInnerBlock - 1) / kInnerBlock;
   const int64_t items = g.outer * nblocks * nchunks;
   std::vector<Acc> part(static_cast<size_t>(nchunks > 1 ? g.outer * nchunks * g.inner : 0));
-#pragma omp parallel for schedule(dynamic, 1) if (parallel && items > 1)
+#pragma omp parallel for schedule(static) if (parallel && items > 1)
   for (int64_t w = 0; w < items; ++w) {
     const int64_t c = w % nchunks, b = (w / nchunks) % nblocks, o = w / (nchunks * nblocks);
     const int64_t i0 = b * kInnerBlock, i1 = std::min(g.inner, i0 + kInnerBlock);
