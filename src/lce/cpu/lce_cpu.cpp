@@ -154,7 +154,7 @@ lce::Forward forward_memory(const lce::Problem& p) {
     for (int64_t v0 = 0; v0 < V; v0 += Vc) {
       const int64_t cols = std::min(Vc, V - v0);
       const A* wp = panel<T, A>(w, v0, cols, H, wbuf);
-      const A* bp = bias ? panel<T, A>(bias, v0, 1, cols, bbuf) : nullptr;
+      const A* bp = bias ? panel<T, A>(bias + v0, 0, 1, cols, bbuf) : nullptr;
       const A* cwt = cw ? cw + v0 : nullptr;
       gemm(false, true, rows, cols, H, A(1), xp, H, wp, H, A(0), t, cols);
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelElems)
@@ -268,7 +268,7 @@ lce::Grads backward_memory(const lce::Problem& p, const Tensor& lse_t, const Ten
   for (int64_t v0 = 0; v0 < V; v0 += Vc) {
     const int64_t cols = std::min(Vc, V - v0);
     const A* wp = panel<T, A>(w, v0, cols, H, wbuf);
-    const A* bp = bias ? panel<T, A>(bias, v0, 1, cols, bbuf) : nullptr;
+    const A* bp = bias ? panel<T, A>(bias + v0, 0, 1, cols, bbuf) : nullptr;
     const A* cwt = cw ? cw + v0 : nullptr;
     A* dw_slice = nullptr;
     if (nd.dw) dw_slice = kConvert ? dwt.data_ptr<A>() : reinterpret_cast<A*>(out.dw.data_ptr<T>() + v0 * H);
@@ -325,6 +325,7 @@ lce::Forward forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   Tensor xbuf = buffer<A>({Nc, H}, kConvert), wbuf = buffer<A>({Vt, H}, kConvert);
   Tensor dx_c = buffer<A>({Nc, H}, nd.dx && kConvert);
   Tensor dw_acc = buffer<A>({V, H}, nd.dw && kConvert);
+  if (dw_acc.defined()) dw_acc.zero_();
   Tensor db_acc = buffer<A>({V}, nd.db);
   if (nd.db) db_acc.zero_();
   Tensor terms = empty({4, std::max<int64_t>(N, 1)}, acc);
