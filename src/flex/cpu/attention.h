@@ -26,6 +26,9 @@ struct Problem {
   const detail::Program* mask = nullptr;   // null: no mask_mod (partial blocks never listed)
 
   int64_t group() const { return Hq / Hkv; }
+  // Small problems run on one thread: waking a team costs more than it saves (results are the
+  // same for any thread count).
+  bool parallel() const { return B * Hq * L * S * (E + Ev) > (int64_t{1} << 22); }
   int64_t mask_bh(int64_t b, int64_t h) const { return (mB == 1 ? 0 : b) * mH + (mH == 1 ? 0 : h); }
   // kv blocks of q-block i for (b, h), ascending, with "partial" flags (full and partial merged so
   // the order never depends on the classification).
@@ -42,6 +45,12 @@ struct Mods {
   explicit Mods(const Problem& p);
   bool error() const { return (score && score->index_error()) || (mask && mask->index_error()); }
 };
+
+// c[i][j] = (accumulate ? c[i][j] : 0) + scale * sum_k a(i, k) * b[k][j] for i < M, j < N, with
+// a(i, k) = a[i * ars + k * acs] (so a may be read transposed), b and c row-major (strides ldb, ldc).
+template <typename F>
+void gemm(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t M, int64_t N, int64_t K, F scale,
+          F* c, int64_t ldc, bool accumulate);
 
 // s[r][c] = scale * sum_e a[r][e] * bt[e][c] for r < m, c < n; a: [m, E] (row stride E), bt: [E, n]
 // (row stride n), s: row stride ld. The sum runs e = 0..E-1 in order for every element.

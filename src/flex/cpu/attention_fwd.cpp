@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/tensor_impl.h"
 #include "flex/cpu/attention.h"
 
 namespace kiln::flex::cpu {
@@ -22,11 +23,16 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
   const F scale = static_cast<F>(p.scale);
   const F kNegInf = -std::numeric_limits<F>::infinity();
   bool err = false;
-#pragma omp parallel reduction(|| : err)
+  // Per-thread tiles come from one kiln allocation, so memory statistics see them.
+  const int64_t per_thread = p.QB * p.E + p.E * p.KB + p.KB * p.Ev + p.QB * p.KB + p.QB * p.Ev + 2 * p.QB;
+  Tensor scratch = empty({omp_get_max_threads() * per_thread}, dtype_of<F>::value);
+#pragma omp parallel reduction(|| : err) if (p.parallel())
   {
     Mods<F> mods(p);
-    std::vector<F> qt(p.QB * p.E), kt(p.E * p.KB), vb(p.KB * p.Ev), st(p.QB * p.KB), acc(p.QB * p.Ev);
-    std::vector<F> mrow(p.QB), lrow(p.QB);
+    F* base = scratch.data_ptr<F>() + omp_get_thread_num() * per_thread;
+    auto take = [&base](int64_t count) { F* r = base; base += count; return r; };
+    F *qt = take(p.QB * p.E), *kt = take(p.E * p.KB), *vb = take(p.KB * p.Ev), *st = take(p.QB * p.KB),
+      *acc = take(p.QB * p.Ev), *mrow = take(p.QB), *lrow = take(p.QB);
     std::vector<std::pair<int32_t, bool>> blocks;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
@@ -35,23 +41,26 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
       const T* qb = q + (b * p.Hq + h) * p.L * p.E;
       const T* kb = k + (b * p.Hkv + hk) * p.S * p.E;
       const T* vbp = v + (b * p.Hkv + hk) * p.S * p.Ev;
-      load_rows(qb, r0, m, p.E, qt.data());
-      std::fill_n(acc.data(), m * p.Ev, F(0));
-      std::fill_n(mrow.data(), m, kNegInf);
-      std::fill_n(lrow.data(), m, F(0));
+      load_rows(qb, r0, m, p.E, qt);
+      std::fill_n(acc, m * p.Ev, F(0));
+      std::fill_n(mrow, m, kNegInf);
+      std::fill_n(lrow, m, F(0));
       p.kv_blocks(b, h, i, blocks);
       for (const auto& [j, partial] : blocks) {
         const int64_t c0 = j * p.KB, n = std::min(p.KB, p.S - c0);
-        load_transposed(kb, c0, n, p.E, kt.data());
-        load_rows(vbp, c0, n, p.Ev, vb.data());
-        score_tile(qt.data(), kt.data(), m, n, p.E, scale, st.data(), p.KB);
+        load_transposed(kb, c0, n, p.E, kt);
+        load_rows(vbp, c0, n, p.Ev, vb);
+        score_tile(qt, kt, m, n, p.E, scale, st, p.KB);
         for (int64_t r = 0; r < m; ++r) {
-          F* s = st.data() + r * p.KB;
+          F* s = st + r * p.KB;
           mod_row(mods, p, s, b, h, r0 + r, c0, n, partial);
           F mx = kNegInf;
           for (int64_t c = 0; c < n; ++c) mx = s[c] > mx ? s[c] : mx;
           const F m_new = mx > mrow[r] ? mx : mrow[r];
-          if (m_new == kNegInf) continue;  // nothing attended yet in this row
+          if (m_new == kNegInf) {  // nothing attended yet in this row: contributes nothing
+            std::fill_n(s, n, F(0));
+            continue;
+          }
           const F alpha = mrow[r] == kNegInf ? F(0) : std::exp(mrow[r] - m_new);
           F sum = 0;
           for (int64_t c = 0; c < n; ++c) {
@@ -60,16 +69,10 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
           }
           lrow[r] = lrow[r] * alpha + sum;
           mrow[r] = m_new;
-          F* a = acc.data() + r * p.Ev;
           if (alpha != F(1))
-            for (int64_t e = 0; e < p.Ev; ++e) a[e] *= alpha;
-          for (int64_t c = 0; c < n; ++c) {
-            const F pc = s[c];
-            if (pc == F(0)) continue;
-            const F* vr = vb.data() + c * p.Ev;
-            for (int64_t e = 0; e < p.Ev; ++e) a[e] += pc * vr[e];
-          }
+            for (int64_t e = 0; e < p.Ev; ++e) acc[r * p.Ev + e] *= alpha;
         }
+        gemm<F>(st, p.KB, 1, vb, p.Ev, m, p.Ev, n, F(1), acc, p.Ev, true);  // acc += P V
       }
       T* ob = out + ((b * p.Hq + h) * p.L + r0) * p.Ev;
       F* lb = lse + (b * p.Hq + h) * p.L + r0;

@@ -1,7 +1,7 @@
 // Tile primitives shared by the CPU forward and backward. Defined once (never inlined into the
 // two kernels separately) so a score recomputed in the backward is bit-for-bit the forward's.
-// score_tile keeps a 4 x 16 block of accumulators in registers and streams the transposed K block
-// (E x n, contiguous rows): every element is summed over e in order, whatever its tile position.
+// gemm keeps a 4 x 16 block of accumulators in registers and streams rows of b (for scores: the
+// transposed K block, E x n): every element is summed over k in order, whatever its tile position.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -50,43 +50,71 @@ namespace {
 
 constexpr int64_t kR = 4, kC = 16;
 
-template <typename F>
-inline void micro(const F* a, const F* bt, int64_t n, int64_t E, F scale, F* s, int64_t ld) {
+// The 4 x 16 register tile of gemm; `rows`/`cols` below kR/kC only at the edges. Every element
+// is summed over k in order with the same expression, whichever path computes it.
+template <typename F, bool kFull>
+inline void micro(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t rows, int64_t cols,
+                  int64_t K, F scale, F* c, int64_t ldc, bool accumulate) {
   F acc[kR][kC] = {};
-  for (int64_t e = 0; e < E; ++e) {
-    const F* brow = bt + e * n;
-    for (int64_t i = 0; i < kR; ++i) {
-      const F ai = a[i * E + e];
-      for (int64_t c = 0; c < kC; ++c) acc[i][c] += ai * brow[c];
+  const int64_t R = kFull ? kR : rows, C = kFull ? kC : cols;
+  for (int64_t k = 0; k < K; ++k) {
+    const F* brow = b + k * ldb;
+    for (int64_t i = 0; i < R; ++i) {
+      const F ai = a[i * ars + k * acs];
+      for (int64_t j = 0; j < C; ++j) acc[i][j] += ai * brow[j];
     }
   }
-  for (int64_t i = 0; i < kR; ++i)
-    for (int64_t c = 0; c < kC; ++c) s[i * ld + c] = acc[i][c] * scale;
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < C; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + acc[i][j] * scale : acc[i][j] * scale;
 }
 
 template <typename F>
-inline void edge(const F* a, const F* bt, int64_t rows, int64_t cols, int64_t n, int64_t E, F scale, F* s,
-                 int64_t ld) {
-  F acc[kR][kC] = {};
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t c = 0; c < cols; ++c) acc[i][c] += a[i * E + e] * bt[e * n + c];
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t c = 0; c < cols; ++c) s[i * ld + c] = acc[i][c] * scale;
+[[gnu::always_inline]] inline void gemm_body(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t M,
+                                             int64_t N, int64_t K, F scale, F* c, int64_t ldc, bool accumulate) {
+  for (int64_t r = 0; r < M; r += kR) {
+    const int64_t rows = std::min(kR, M - r);
+    for (int64_t j = 0; j < N; j += kC) {
+      const int64_t cols = std::min(kC, N - j);
+      if (rows == kR && cols == kC)
+        micro<F, true>(a + r * ars, ars, acs, b + j, ldb, rows, cols, K, scale, c + r * ldc + j, ldc, accumulate);
+      else
+        micro<F, false>(a + r * ars, ars, acs, b + j, ldb, rows, cols, K, scale, c + r * ldc + j, ldc, accumulate);
+    }
+  }
+}
+
+// x86-64: an AVX2+FMA clone picked once at load time (the baseline build is SSE2 only).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KILN_FLEX_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define KILN_FLEX_CLONES
+#endif
+
+KILN_FLEX_CLONES void gemm_f32(const float* a, int64_t ars, int64_t acs, const float* b, int64_t ldb, int64_t M,
+                               int64_t N, int64_t K, float scale, float* c, int64_t ldc, bool accumulate) {
+  gemm_body<float>(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+}
+KILN_FLEX_CLONES void gemm_f64(const double* a, int64_t ars, int64_t acs, const double* b, int64_t ldb, int64_t M,
+                               int64_t N, int64_t K, double scale, double* c, int64_t ldc, bool accumulate) {
+  gemm_body<double>(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
 }
 
 }  // namespace
 
+template <>
+void gemm<float>(const float* a, int64_t ars, int64_t acs, const float* b, int64_t ldb, int64_t M, int64_t N, int64_t K,
+                 float scale, float* c, int64_t ldc, bool accumulate) {
+  gemm_f32(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+}
+template <>
+void gemm<double>(const double* a, int64_t ars, int64_t acs, const double* b, int64_t ldb, int64_t M, int64_t N,
+                  int64_t K, double scale, double* c, int64_t ldc, bool accumulate) {
+  gemm_f64(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+}
+
 template <typename F>
 void score_tile(const F* a, const F* bt, int64_t m, int64_t n, int64_t E, F scale, F* s, int64_t ld) {
-  for (int64_t r = 0; r < m; r += kR) {
-    const int64_t rows = std::min(kR, m - r);
-    for (int64_t c = 0; c < n; c += kC) {
-      const int64_t cols = std::min(kC, n - c);
-      if (rows == kR && cols == kC) micro(a + r * E, bt + c, n, E, scale, s + r * ld + c, ld);
-      else edge(a + r * E, bt + c, rows, cols, n, E, scale, s + r * ld + c, ld);
-    }
-  }
+  gemm<F>(a, E, 1, bt, n, m, n, E, scale, s, ld, false);
 }
 
 template <typename F>
