@@ -3,7 +3,8 @@
 // forward and forward+backward; then BlockMask creation for the same mask and for 1M tokens.
 // Prints one JSON object per line:
 //   {"variant": "flex" | "dense", "fwd_ms": ..., "fwd_bwd_ms": ..., "peak_extra_bytes": ...}
-//   {"variant": "block_mask", "create_ms": ..., "sparsity": ..., "bytes": ..., "seq": ...}
+//   {"variant": "block_mask", "create_ms": ..., "sparsity": (percent of blocks skipped, as
+//    BlockMask::sparsity()), "bytes": ..., "seq": ...}
 // Usage: bench_flex [B H S D W]   (defaults 1 4 4096 64 256)
 #include <algorithm>
 #include <chrono>
@@ -69,7 +70,7 @@ void block_mask_line(const MaskMod& m, int64_t seq, int reps) {
   BlockMask bm;
   const double ms = median_ms([&] { bm = create_block_mask(m, 1, 1, seq, seq); }, reps);
   std::printf("{\"variant\": \"block_mask\", \"create_ms\": %.3f, \"sparsity\": %.4f, \"bytes\": %lld, \"seq\": %lld}\n",
-              ms, bm.sparsity() / 100.0, static_cast<long long>(bm.nbytes()), static_cast<long long>(seq));
+              ms, bm.sparsity(), static_cast<long long>(bm.nbytes()), static_cast<long long>(seq));
   std::fflush(stdout);
 }
 

@@ -1,9 +1,10 @@
 // Tile primitives shared by the CPU forward and backward. Defined once (never inlined into the
 // two kernels separately) so a score recomputed in the backward is bit-for-bit the forward's.
-// gemm keeps a 4 x 16 block of accumulators in registers and streams rows of b (for scores: the
+// gemm keeps a 4 x (2 vectors) block of accumulators in registers and streams rows of b (for scores: the
 // transposed K block, E x n): every element is summed over k in order, whatever its tile position.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "flex/cpu/attention.h"
@@ -48,44 +49,80 @@ Mods<F>::Mods(const Problem& p) {
 
 namespace {
 
-constexpr int64_t kR = 4, kC = 16;
+constexpr int64_t kR = 4;
 
-// The 4 x 16 register tile of gemm; `rows`/`cols` below kR/kC only at the edges. Every element
-// is summed over k in order with the same expression, whichever path computes it.
-template <typename F, bool kFull>
-inline void micro(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t rows, int64_t cols,
-                  int64_t K, F scale, F* c, int64_t ldc, bool accumulate) {
-  F acc[kR][kC] = {};
-  const int64_t R = kFull ? kR : rows, C = kFull ? kC : cols;
+// 32-byte vectors (GCC/Clang vector extension): one ymm register with AVX2, two xmm without.
+template <typename F>
+struct Vec {
+  typedef F type __attribute__((vector_size(32)));
+  static constexpr int64_t kLanes = 32 / static_cast<int64_t>(sizeof(F));
+};
+
+// Full 4 x (2 vectors) register tile: 8 accumulators, two b loads and four broadcasts per k.
+template <typename F>
+[[gnu::always_inline]] inline void micro_full(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb,
+                                              int64_t K, F scale, F* c, int64_t ldc, bool accumulate) {
+  using V = typename Vec<F>::type;
+  constexpr int64_t W = Vec<F>::kLanes;
+  V acc[kR][2] = {};
   for (int64_t k = 0; k < K; ++k) {
-    const F* brow = b + k * ldb;
-    for (int64_t i = 0; i < R; ++i) {
-      const F ai = a[i * ars + k * acs];
-      for (int64_t j = 0; j < C; ++j) acc[i][j] += ai * brow[j];
+    V b0, b1;
+    std::memcpy(&b0, b + k * ldb, sizeof(V));
+    std::memcpy(&b1, b + k * ldb + W, sizeof(V));
+    const F* ak = a + k * acs;
+    for (int64_t i = 0; i < kR; ++i) {
+      const F ai = ak[i * ars];
+      acc[i][0] += ai * b0;
+      acc[i][1] += ai * b1;
     }
   }
-  for (int64_t i = 0; i < R; ++i)
-    for (int64_t j = 0; j < C; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + acc[i][j] * scale : acc[i][j] * scale;
+  for (int64_t i = 0; i < kR; ++i)
+    for (int64_t h = 0; h < 2; ++h) {
+      V out = acc[i][h] * scale;
+      F* dst = c + i * ldc + h * W;
+      if (accumulate) {
+        V cur;
+        std::memcpy(&cur, dst, sizeof(V));
+        out = cur + out;
+      }
+      std::memcpy(dst, &out, sizeof(V));
+    }
+}
+
+// Edges (fewer rows or columns): the same per-element sum in scalar code.
+template <typename F>
+[[gnu::always_inline]] inline void micro_edge(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb,
+                                              int64_t rows, int64_t cols, int64_t K, F scale, F* c, int64_t ldc,
+                                              bool accumulate) {
+  F acc[kR][2 * Vec<F>::kLanes] = {};
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t i = 0; i < rows; ++i) {
+      const F ai = a[i * ars + k * acs];
+      for (int64_t j = 0; j < cols; ++j) acc[i][j] += ai * b[k * ldb + j];
+    }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + acc[i][j] * scale : acc[i][j] * scale;
 }
 
 template <typename F>
 [[gnu::always_inline]] inline void gemm_body(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t M,
                                              int64_t N, int64_t K, F scale, F* c, int64_t ldc, bool accumulate) {
+  constexpr int64_t kC = 2 * Vec<F>::kLanes;
   for (int64_t r = 0; r < M; r += kR) {
     const int64_t rows = std::min(kR, M - r);
     for (int64_t j = 0; j < N; j += kC) {
       const int64_t cols = std::min(kC, N - j);
       if (rows == kR && cols == kC)
-        micro<F, true>(a + r * ars, ars, acs, b + j, ldb, rows, cols, K, scale, c + r * ldc + j, ldc, accumulate);
+        micro_full<F>(a + r * ars, ars, acs, b + j, ldb, K, scale, c + r * ldc + j, ldc, accumulate);
       else
-        micro<F, false>(a + r * ars, ars, acs, b + j, ldb, rows, cols, K, scale, c + r * ldc + j, ldc, accumulate);
+        micro_edge<F>(a + r * ars, ars, acs, b + j, ldb, rows, cols, K, scale, c + r * ldc + j, ldc, accumulate);
     }
   }
 }
 
 // x86-64: an AVX2+FMA clone picked once at load time (the baseline build is SSE2 only).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define KILN_FLEX_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define KILN_FLEX_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define KILN_FLEX_CLONES
 #endif
