@@ -282,6 +282,42 @@ TEST(FlexAttention, BlockMaskBroadcastsOverBatchAndHeads) {
         ScoreMod(), nullptr);
 }
 
+TEST(FlexAttention, NonContiguousInputs) {
+  // [B, L, H, E] storage viewed as [B, H, L, E], as a projection usually produces.
+  const Tensor q = randn({2, 19, 3, 8}).transpose(1, 2), k = randn({2, 23, 3, 8}).transpose(1, 2),
+               v = randn({2, 23, 3, 5}).transpose(1, 2);
+  ASSERT_FALSE(q.is_contiguous());
+  const BlockMask bm = create_block_mask(causal_mask(), 1, 1, 19, 23, 8);
+  FlexOptions o;
+  o.block_mask = &bm;
+  const auto [ref, ref_lse] = reference(q, k, v, nullptr, [](int64_t, int64_t, int64_t qi, int64_t kv) { return qi >= kv; });
+  EXPECT_CLOSE(flex_attention(q, k, v, o).out, ref, tolerance(kFloat32));
+}
+
+TEST(FlexAttention, LowPrecisionGradientsTrackFloat64) {
+  const Tensor q = randn({1, 2, 40, 16}, kFloat64), k = randn({1, 2, 40, 16}, kFloat64), v = randn({1, 2, 40, 16}, kFloat64);
+  const Tensor cot = randn({1, 2, 40, 16}, kFloat64);
+  const BlockMask bm = create_block_mask(sliding_window_mask(12), 1, 1, 40, 40, 16);
+  auto grads = [&](DType dt) {
+    Tensor a = q.to(dt).detach().clone().requires_grad_(), b2 = k.to(dt).detach().clone().requires_grad_(),
+           c = v.to(dt).detach().clone().requires_grad_();
+    FlexOptions o;
+    o.block_mask = &bm;
+    o.score_mod = softcap(5.0);
+    const Tensor out = flex_attention(a, b2, c, o);
+    return autograd::grad({out}, {a, b2, c}, {cot.to(dt)});
+  };
+  const auto ref = grads(kFloat64);
+  for (DType dt : {kFloat32, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto g = grads(dt);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(g[i].dtype(), dt);
+      EXPECT_CLOSE(g[i], ref[i], dt == kFloat32 ? 1e-5 : 3e-2);
+    }
+  }
+}
+
 TEST(FlexAttention, Errors) {
   const Tensor q = randn({1, 2, 8, 64}), k = randn({1, 2, 8, 128}), v = randn({1, 2, 8, 64});
   try {
