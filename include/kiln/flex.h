@@ -203,7 +203,8 @@ BlockMask create_block_mask(const MaskMod& mask_mod, int64_t B, int64_t H, int64
 // ---- flex_attention ----
 struct FlexOptions {
   ScoreMod score_mod;          // identity by default
-  const BlockMask* block_mask = nullptr;  // none: every block is computed (dense)
+  const BlockMask* block_mask = nullptr;  // none: every block is computed (dense); read during
+                                          // the call only (autograd keeps its own copy)
   double scale = 0;            // 0: 1/sqrt(E)
   bool enable_gqa = false;     // Hq a multiple of Hkv
   bool return_lse = false;
