@@ -5,6 +5,7 @@
 #include "kiln/device.h"
 #include "kiln/dtype.h"
 #include "kiln/error.h"
+#include "kiln/flex.h"
 #include "kiln/memory.h"
 #include "kiln/nn.h"
 #include "kiln/ops.h"
