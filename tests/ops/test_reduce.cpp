@@ -325,8 +325,13 @@ TEST(ReduceCuda, MatchesCpu) {
       for (const auto& dims : std::vector<std::vector<int64_t>>{{}, {0}, {-1}})
         for (bool keepdim : {false, true}) {
           using testing::expect_cuda_matches_cpu;
-          expect_cuda_matches_cpu("sum", [&](const std::vector<Tensor>& t) { return sum(t[0], dims, keepdim); }, in);
-          expect_cuda_matches_cpu("mean", [&](const std::vector<Tensor>& t) { return mean(t[0], dims, keepdim); }, in);
+          // Two fp32 summation orders over 2e5 random values differ by ~n*eps*|x|/|sum| ~ 2e-5
+          // relative (measured 1.5e-5 on the H200): each backend is within that of the truth.
+          const double sum_tol = dt == kFloat32 ? 1e-4 : -1;
+          expect_cuda_matches_cpu("sum", [&](const std::vector<Tensor>& t) { return sum(t[0], dims, keepdim); }, in,
+                                  sum_tol);
+          expect_cuda_matches_cpu("mean", [&](const std::vector<Tensor>& t) { return mean(t[0], dims, keepdim); }, in,
+                                  sum_tol);
           expect_cuda_matches_cpu("amax", [&](const std::vector<Tensor>& t) { return amax(t[0], dims, keepdim); }, in);
           expect_cuda_matches_cpu("amin", [&](const std::vector<Tensor>& t) { return amin(t[0], dims, keepdim); }, in);
           expect_cuda_matches_cpu("logsumexp",

@@ -177,7 +177,7 @@ __device__ __forceinline__ typename Op::Acc block_allreduce(typename Op::Acc a) 
 
 // 16-byte vector of T.
 template <typename T, int N>
-struct alignas(16) Pack {
+struct alignas(sizeof(T) * N) Pack {  // N == 1 must not pad to 16 bytes
   T v[N];
 };
 
