@@ -103,7 +103,9 @@ template <typename T> struct GeluConst {
 template <typename T> KILN_HD T gelu(T x) { return T(0.5) * x * (T(1) + m_erf(x * GeluConst<T>::kInvSqrt2)); }
 template <typename T> KILN_HD T gelu_tanh(T x) {
   const T u = GeluConst<T>::kSqrt2OverPi * (x + GeluConst<T>::kCubic * x * x * x);
-  return T(0.5) * x * (T(1) + m_tanh(u));
+  // 0.5·x·(1 + tanh(u)) == x·sigmoid(2u): one exp and one divide instead of a tanh, which
+  // kept bf16 gelu compute-bound on the H200 (78% of copy bandwidth).
+  return x / (T(1) + m_exp(T(-2) * u));
 }
 
 // NaN-propagating max/min (torch.maximum semantics).

@@ -1,7 +1,7 @@
 // CUDA reductions over [outer, r, inner] (see ops/reduce_geom.h), plus the backward helpers.
 //
 // Row kernel (inner == 1, unit-stride r: the contiguous last-dim case and full reductions):
-// one 512-thread block per (row, chunk) work item (one warp per row for rows of <= 2048
+// one 512-thread block per (row, chunk) work item (one warp per row for rows of <= 8192
 // elements), 16-byte vector loads, four in flight per thread, then a warp-shuffle (and
 // shared-memory) tree. Column kernel (everything else): one thread
 // per (output, chunk), walking r sequentially; adjacent threads own adjacent inner outputs, so
@@ -26,12 +26,12 @@ constexpr int64_t kRowItems = 2048;         // row work items wanted: ~15 blocks
 constexpr int64_t kColThreadsWanted = 1 << 18;  // column work threads wanted (~2K per SM)
 constexpr int64_t kChunkAlign = 4096;       // row chunk lengths are multiples: keeps 16-byte alignment
 constexpr int64_t kMinColChunk = 64;
-constexpr int64_t kWarpRowMax = 2048;      // rows up to this length get a warp, longer ones a block
+constexpr int64_t kWarpRowMax = 8192;      // rows up to this length get a warp (many rows in flight per SM), longer ones a block
 constexpr unsigned kMaxBlocks = 65535u * 16u;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// kWarp: one warp per work item (rows of 32..2048 elements), else the whole block.
+// kWarp: one warp per work item (rows of 32..8192 elements), else the whole block.
 template <typename T, typename A, typename Op, typename W, int VEC, bool kWarp>
 __global__ void __launch_bounds__(kRowThreads)
     row_kernel(const T* __restrict__ x, ReduceGeom g, int64_t len_chunk, int64_t nchunks,

@@ -1,5 +1,5 @@
 // CUDA softmax / log_softmax, forward and backward, over contiguous [outer, n, inner].
-// Rows (inner == 1): a warp per row when n <= 1024 (8 rows per 256-thread block, no block
+// Rows (inner == 1): a warp per row when n <= 8192 (8 rows per 256-thread block, no block
 // barriers), a 512-thread block per row otherwise. Pass 1 keeps an online (max, sum exp) per
 // thread and merges it through a fixed shuffle tree; pass 2 re-reads the row (usually from L2)
 // and writes exp(x - max) / sum, or x - max - log(sum). 16-byte vector loads/stores when n and
@@ -18,7 +18,7 @@ namespace {
 
 constexpr int kWarpRowThreads = 256;
 constexpr int kBlockRowThreads = 512;
-constexpr int64_t kWarpRowMax = 1024;
+constexpr int64_t kWarpRowMax = 8192;  // a block per row only for long rows: short blocks starve the SMs of loads in flight
 constexpr unsigned kMaxBlocks = 65535u * 16u;
 
 template <typename A>
