@@ -5,6 +5,7 @@
 #include "kiln/device.h"
 #include "kiln/dtype.h"
 #include "kiln/error.h"
+#include "kiln/io.h"
 #include "kiln/memory.h"
 #include "kiln/ops.h"
 #include "kiln/tensor.h"
