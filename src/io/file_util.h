@@ -96,5 +96,7 @@ Checkpoint load_safetensors(const Source& src, const LoadOptions& options);
 void write_safetensors(Sink& sink, const TensorDict& tensors, const Metadata& metadata);
 Checkpoint load_torch_zip(const Source& src, const LoadOptions& options);
 void write_torch_zip(Sink& sink, const TensorDict& tensors);
+// A stored zip of the given records, 64-byte aligned as torch writes them (tests, fuzz seeds).
+std::vector<uint8_t> make_stored_zip(const std::vector<std::pair<std::string, std::vector<uint8_t>>>& records);
 
 }  // namespace kiln::io::detail

@@ -127,7 +127,11 @@ class Unpickler {
         case 'd': { PyValue d{PyKind::Dict}; push(std::move(d)); setitems(stack_.back(), pop_mark_below()); break; }
         case 's': { const uint32_t x = pop(), k = pop(); setitems(top(), {k, x}); break; }
         case 'u': { auto items = pop_mark(); setitems(top(), items); break; }
-        case 'c': global(line(), line()); break;
+        case 'c': {
+          std::string module = line();  // two statements: argument order is unspecified
+          global(module, line());
+          break;
+        }
         case 0x93: {  // STACK_GLOBAL
           const uint32_t name = pop(), module = pop();
           KILN_CHECK(v(module).kind == PyKind::Str && v(name).kind == PyKind::Str, kOp,

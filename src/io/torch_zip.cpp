@@ -478,4 +478,13 @@ void write_torch_zip(Sink& sink, const TensorDict& tensors) {
   zip.finish();
 }
 
+std::vector<uint8_t> make_stored_zip(const std::vector<std::pair<std::string, std::vector<uint8_t>>>& records) {
+  std::vector<uint8_t> out;
+  Sink sink(&out);
+  ZipWriter zip(sink);
+  for (const auto& [name, data] : records) zip.add(name, data.data(), data.size());
+  zip.finish();
+  return out;
+}
+
 }  // namespace kiln::io::detail
