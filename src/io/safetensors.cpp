@@ -333,7 +333,12 @@ void write_safetensors(Sink& sink, const TensorDict& tensors, const Metadata& me
     offset += n;
     data.push_back(std::move(c));
   }
-  std::string text = header.dump();
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    KILN_FAIL(kOp, "cannot write the header (tensor names and metadata must be valid UTF-8): ", e.what());
+  }
   text.append((8 - text.size() % 8) % 8, ' ');
   std::vector<uint8_t> len;
   put_le(len, text.size(), 8);

@@ -261,6 +261,9 @@ Checkpoint load_torch_zip(const Source& src, const LoadOptions& options) {
       continue;
     }
     // Raw dtypes: the view's bytes, gathered contiguously (a zero-copy slice when contiguous).
+    // A view with more elements than its storage (zero strides) would be expanded here: refused.
+    KILN_CHECK(numel <= static_cast<u128>(base_numel), kOp, "tensor '", name, "': a ", file_dtype_name(fd),
+               " view with more elements than its storage (zero or overlapping strides) cannot be loaded as raw bytes");
     const int64_t n = static_cast<int64_t>(numel);
     const bool contig = t.size.empty() || t.stride == contiguous_strides(t.size) || n <= 1;
     if (contig) {
