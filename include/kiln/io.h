@@ -82,9 +82,10 @@ struct Checkpoint {
 struct LoadOptions {
   Device device = kCPU;            // load straight to cuda:N (through a CPU staging copy)
   std::vector<std::string> names;  // empty: every tensor; a missing name is an error
-  // CPU only: zero-copy tensors backed by the mapped file (read-only use; writing to them is
-  // undefined). The mapping lives as long as any tensor uses it. Data that is not aligned to its
-  // element size, or big-endian torch files, fall back to copies.
+  // CPU only: zero-copy tensors backed by a private mapping of the file; nothing is read until
+  // touched. In-place writes go to copy-on-write pages, never to the file. The mapping lives as
+  // long as any tensor uses it. Data not aligned to its element size, and big-endian torch files,
+  // fall back to copies.
   bool mmap = false;
 };
 

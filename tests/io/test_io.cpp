@@ -123,9 +123,15 @@ TEST(IoSafetensors, MmapTensorsOutliveTheCheckpointAndTheFile) {
     Checkpoint ck = load(path, o);
     keep = ck.tensors.at("w");
   }
-  std::filesystem::remove(path);
-  EXPECT_EQ(tensor_bytes(keep), tensor_bytes(w));
   EXPECT_EQ(keep.storage()->nbytes(), w.nbytes());
+  EXPECT_EQ(tensor_bytes(keep), tensor_bytes(w));
+  // Writes land in private copy-on-write pages: the file keeps its bytes.
+  const std::vector<uint8_t> before = read_file(path);
+  keep.fill_(3.0);
+  EXPECT_EQ(read_file(path), before);
+  EXPECT_EQ(keep.to_vector()[5], 3.0);
+  std::filesystem::remove(path);
+  EXPECT_EQ(keep.to_vector()[7], 3.0);
 }
 
 TEST(IoSafetensors, SubsetOfNamesAndMissingName) {
