@@ -115,6 +115,16 @@ def make_torch():
     torch.save(nested, os.path.join(FIX, "pt_nested.pt"))
     write_expect("pt_nested.pt", expect({"model.a": nested["model"]["a"], "model.b": nested["model"]["b"]},
                                         metadata={"step": "12", "name": "run1"}))
+    # A module's state_dict (an OrderedDict carrying _metadata, set by BUILD), and protocol 4
+    # (FRAME, SHORT_BINUNICODE, MEMOIZE, STACK_GLOBAL).
+    torch.manual_seed(3)
+    mod = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2), torch.nn.BatchNorm1d(2))
+    msd = mod.state_dict()
+    torch.save(msd, os.path.join(FIX, "pt_module.pt"))
+    write_expect("pt_module.pt", expect(dict(msd)))
+    p4 = {"x": torch.arange(4, dtype=torch.int32), "y": torch.ones(2, 2).t()}
+    torch.save(p4, os.path.join(FIX, "pt_protocol4.pt"), pickle_protocol=4)
+    write_expect("pt_protocol4.pt", expect(p4))
     # Big-endian: the same records byte-swapped, byteorder "big" (as a big-endian machine writes).
     be_sd = {"f32": torch.tensor([1.0, -2.5, 3.25]), "i64": torch.tensor([1, 256, -3]),
              "bf16": torch.tensor([1.5, -2.0]).bfloat16(), "view": None}

@@ -319,6 +319,8 @@ TEST(IoFixtures, TorchSaveFilesLoadWithIdenticalBytesAndSharedStorage) {
     check_fixture("pt_state_dict.pt", mm);
     check_fixture("pt_nested.pt", mm);
     check_fixture("pt_big_endian.pt", mm);
+    check_fixture("pt_module.pt", mm);
+    check_fixture("pt_protocol4.pt", mm);
   }
 }
 
