@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/tensor_impl.h"
@@ -60,6 +61,23 @@ void advise_huge_pages(void* p, size_t n) {
   (void)p;
   (void)n;
 #endif
+}
+
+// The existing file's permissions, or 0666 less the process umask (read from /proc: umask()
+// itself would change it, racing other threads).
+mode_t file_mode_for(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0) return st.st_mode & 07777;
+  mode_t mask = 022;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      unsigned m = 0;
+      if (std::sscanf(line, "Umask: %o", &m) == 1) mask = static_cast<mode_t>(m);
+    }
+    std::fclose(f);
+  }
+  return 0666 & ~mask;
 }
 
 }  // namespace
@@ -160,6 +178,8 @@ AtomicWriter::AtomicWriter(const std::string& path) : path_(path) {
   fd_ = mkostemp(buf.data(), O_CLOEXEC);
   KILN_CHECK(fd_ >= 0, "save", "cannot create a temporary file beside ", path, ": ", errno_text());
   tmp_ = buf.data();
+  // mkostemp makes the file 0600; a checkpoint gets the mode a plain open() would give it.
+  fchmod(fd_, file_mode_for(path));
 }
 
 AtomicWriter::~AtomicWriter() {

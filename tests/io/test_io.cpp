@@ -204,6 +204,8 @@ TEST(IoAtomic, FailedSaveLeavesTheOldFileAndNoTemporary) {
   save(path, old);
   expect_error([&] { save(path, TensorDict{{"__metadata__", randn({2})}}); }, "__metadata__");
   expect_same(old, load(path).tensors);
+  const auto perms = std::filesystem::status(path).permissions();
+  EXPECT_NE(perms & std::filesystem::perms::others_read, std::filesystem::perms::none);  // not mkstemp's 0600
   int files = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
   EXPECT_EQ(files, 1);
