@@ -347,3 +347,15 @@ TEST(IoExport, ExportForTorch) {
 
 }  // namespace
 }  // namespace kiln::io
+
+namespace kiln::io {
+namespace {
+// kiln's writer and the safetensors library lay a file out the same way: same order, offsets,
+// JSON spelling and padding, so the bytes are identical.
+TEST(IoFixtures, WriterMatchesTheSafetensorsLibraryByteForByte) {
+  const std::string path = fixture_dir() + "/st_all_dtypes.safetensors";
+  const Checkpoint ck = load(path);
+  EXPECT_EQ(save_bytes(ck.tensors, ck.metadata), read_file(path));
+}
+}  // namespace
+}  // namespace kiln::io
