@@ -359,3 +359,17 @@ TEST(IoFixtures, WriterMatchesTheSafetensorsLibraryByteForByte) {
 }
 }  // namespace
 }  // namespace kiln::io
+
+namespace kiln::io {
+namespace {
+// Reads of 64 MiB and more are split across threads: the bytes must still be exact.
+TEST(IoSafetensors, LargeTensorThroughTheParallelReadPath) {
+  const std::string path = temp_path("large.safetensors");
+  const Tensor big = randint(0, 1 << 30, {int64_t{21} << 20}, kInt32);  // 84 MiB
+  save(path, TensorDict{{"small", randn({3})}, {"big", big}});
+  const Checkpoint ck = load(path);
+  EXPECT_EQ(tensor_bytes(ck.tensors.at("big")), tensor_bytes(big));
+  std::filesystem::remove(path);
+}
+}  // namespace
+}  // namespace kiln::io
