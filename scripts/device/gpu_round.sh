@@ -22,7 +22,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 summary=()
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  ctest --test-dir build-gpu -j8 --output-on-failure --timeout 300 > "$OUT/ctest.log" 2>&1
+  ctest --test-dir build-gpu -j8 --output-on-failure --timeout 120 > "$OUT/ctest.log" 2>&1
   grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log"
   grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|Subprocess|Exception)" "$OUT/ctest.log" | head -40
   summary+=("tests: $(grep -E 'tests passed' "$OUT/ctest.log")")
@@ -31,15 +31,22 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  for b in build-gpu/bench/bench_*; do
-    [ -x "$b" ] || continue
-    name=$(basename "$b")
-    timeout 240 "$b" > "$OUT/$name.jsonl" 2> "$OUT/$name.err" || echo "$name failed: $(tail -3 "$OUT/$name.err")"
-    sed -n '/^$/,$p' "$OUT/$name.jsonl" | tail -40  # the table each bench prints last
+  # name | command: each benchmark prints JSON lines, then a blank line and a table.
+  benches=(
+    "memory_bound|build-gpu/bench/bench_memory_bound cuda"
+    "elementwise|build-gpu/bench/bench_elementwise 28"
+    "matmul|build-gpu/bench/bench_matmul cuda"
+    "lce|build-gpu/bench/bench_lce --device cuda --tokens 8192 --hidden 4096 --vocab 128256 --dtype bf16 --json"
+  )
+  for entry in "${benches[@]}"; do
+    name=${entry%%|*}; cmd=${entry#*|}
+    timeout 150 $cmd > "$OUT/bench_$name.jsonl" 2> "$OUT/bench_$name.err" || echo "bench $name failed: $(tail -3 "$OUT/bench_$name.err")"
   done
   if [ -f .device/torch_baselines.py ]; then
-    python3 .device/torch_baselines.py lce > "$OUT/torch_lce.jsonl" 2>&1 || true
+    timeout 150 python3 .device/torch_baselines.py lce --tokens 8192 --hidden 4096 --vocab 128256 > "$OUT/torch_lce.jsonl" 2>&1 || echo "torch lce baseline failed"
   fi
+  for f in "$OUT"/bench_*.jsonl; do sed -n '/^$/,$p' "$f" | head -30; done
+  grep -h '"variant"' "$OUT/bench_lce.jsonl" "$OUT/torch_lce.jsonl" 2>/dev/null
 fi
 echo "commit $commit  $(head -2 "$OUT/gpu.txt" | tail -1)"
 printf '%s\n' "${summary[@]}"

@@ -1,65 +1,285 @@
-// BOOTSTRAP (to be replaced by the elementwise family): CPU-only add/add_ via float64,
-// just enough for the autograd engine and the core tests.
+// Binary elementwise ops (add, sub, mul, div, pow, maximum, minimum), their scalar forms, the
+// in-place updates and the operators. Forward: validate, promote, launch a kernel op id.
+// Backward: composite kiln ops, reduced over broadcast dims by reduce_grad (sum_to_size).
+#include <cmath>
+
+#include "core/dispatch.h"
 #include "core/tensor_impl.h"
-#include "kiln/autograd.h"
-#include "kiln/ops.h"
+#include "ops/cpu/elementwise.h"
+#include "ops/cuda/elementwise.h"
+#include "ops/elementwise_internal.h"
 
 namespace kiln {
+namespace {
 
-Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
-  const size_t n = std::max(a.size(), b.size());
-  Shape out(n);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t x = i < n - a.size() ? 1 : a[i - (n - a.size())];
-    const int64_t y = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    KILN_CHECK(x == y || x == 1 || y == 1, op, "shapes ", shape_str(a), " and ", shape_str(b),
-               " are not broadcastable");
-    out[i] = x == 1 ? y : x;
-  }
-  return out;
+using ew::InputMeta;
+using ew::reduce_grad;
+
+// Checks both operands and returns the dtype the op computes in (never bool).
+DType binary_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  ew::check_defined(a, op);
+  ew::check_defined(b, op);
+  const DType t = ew::result_type(a, b);
+  ew::check_not_bool(t, op);
+  return t;
 }
 
-Tensor add(const Tensor& a, const Tensor& b, double alpha) {
-  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "add");
-  KILN_CHECK(a.device().is_cpu() && b.device().is_cpu(), "add", "bootstrap add is CPU-only");
-  const std::vector<double> x = a.expand(shape).contiguous().to_vector();
-  const std::vector<double> y = b.expand(shape).contiguous().to_vector();
-  std::vector<double> z(x.size());
-  for (size_t i = 0; i < z.size(); ++i) z[i] = x[i] + alpha * y[i];
-  Tensor out = empty(shape, a.options().dtype(promote_types(a.dtype(), b.dtype())));
-  {
-    NoGradGuard g;
-    out.copy_(from_blob(z.data(), shape, kFloat64));
-  }
+Tensor add_impl(const Tensor& a, const Tensor& b, double alpha, const char* op) {
+  const DType dt = binary_dtype(a, b, op);
+  Tensor out = ew::run_binary(BinaryOp::Add, a, b, dt, EwParams{alpha}, op);
   if (autograd::needs_grad({a, b})) {
-    const Shape sa = a.sizes(), sb = b.sizes();
-    autograd::record("add", {out}, {a, b}, [sa, sb, alpha](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{sum_to_size(g[0], sa), sum_to_size(alpha == 1.0 ? g[0] : g[0] * alpha, sb)};
+    const InputMeta ma(a), mb(b);
+    autograd::record(op, {out}, {a, b}, [ma, mb, alpha](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{reduce_grad(g[0], ma), reduce_grad(alpha == 1.0 ? g[0] : mul(g[0], alpha), mb)};
     });
   }
   return out;
 }
 
-Tensor mul(const Tensor& a, double b) {
-  std::vector<double> x = a.contiguous().to_vector();
-  for (double& v : x) v *= b;
-  Tensor out = empty(a.sizes(), a.options());
-  {
-    NoGradGuard g;
-    out.copy_(from_blob(x.data(), a.sizes(), kFloat64));
+// Gradient of the input that needs one (undefined otherwise), computed lazily.
+template <typename F>
+Tensor grad_if(bool needed, F&& f) {
+  return needed ? f() : Tensor();
+}
+
+// out = a op b for maximum/minimum; the gradient goes to the winner, split evenly on ties.
+Tensor extremum(const Tensor& a, const Tensor& b, bool is_max, const char* op) {
+  const DType dt = binary_dtype(a, b, op);
+  Tensor out = ew::run_binary(is_max ? BinaryOp::Maximum : BinaryOp::Minimum, a, b, dt, {}, op);
+  if (autograd::needs_grad({a, b})) {
+    const InputMeta ma(a), mb(b);
+    const SavedTensor sa(a), sb(b);
+    const bool ra = a.requires_grad(), rb = b.requires_grad();
+    autograd::record(op, {out}, {a, b}, [=](const std::vector<Tensor>& g) {
+      const Tensor x = sa.unpack(op), y = sb.unpack(op);
+      const DType gdt = g[0].dtype();
+      const Tensor win = is_max ? gt(x, y) : lt(x, y);
+      // weight of a: 1 where it wins, 0.5 on ties, 0 where b wins.
+      const Tensor w = add(win.to(gdt), eq(x, y).to(gdt), 0.5);
+      return std::vector<Tensor>{grad_if(ra, [&] { return reduce_grad(mul(g[0], w), ma); }),
+                                 grad_if(rb, [&] { return reduce_grad(sub(g[0], mul(g[0], w)), mb); })};
+    });
   }
-  if (autograd::needs_grad({a}))
-    autograd::record("mul", {out}, {a}, [b](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0] * b}; });
   return out;
 }
-Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
-Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 
-Tensor& add_(Tensor& self, const Tensor& other, double alpha) {
-  NoGradGuard g;
-  Tensor r = add(self, other, alpha);
-  self.copy_(r);
+// In-place updates may not touch graph tensors (the same rules as Tensor::copy_).
+void check_inplace(const Tensor& self, const Tensor* other, const char* op) {
+  ew::check_defined(self, op);
+  if (is_grad_enabled() && self.requires_grad()) {
+    KILN_CHECK(!self.is_leaf(), op, "a leaf tensor that requires grad is used in an in-place operation; "
+               "wrap the update in kiln::NoGradGuard");
+    KILN_FAIL(op, "in-place operations on tensors that are part of a graph are not differentiable in kiln; "
+              "use the out-of-place op");
+  }
+  if (other) {
+    ew::check_defined(*other, op);
+    KILN_CHECK(!(is_grad_enabled() && other->requires_grad()), op,
+               "in-place operations are not differentiable in kiln and the other operand requires grad; "
+               "use the out-of-place op or kiln::NoGradGuard");
+    KILN_CHECK(broadcast_shapes(self.sizes(), other->sizes(), op) == self.sizes(), op, "other of shape ",
+               shape_str(other->sizes()), " cannot be broadcast to self of shape ", shape_str(self.sizes()));
+  }
+  ew::check_not_bool(self.dtype(), op);
+  for (int64_t d = 0; d < self.dim(); ++d)
+    KILN_CHECK(self.strides()[d] != 0 || self.sizes()[d] <= 1, op,
+               "self is an expanded view whose elements share memory; clone() it first");
+}
+
+// self = self op other, written in place. Same dtype: the kernel writes self directly (an
+// output aliasing an input with identical strides is safe elementwise); otherwise the result is
+// computed in the promoted dtype and copied back.
+Tensor& inplace_binary(Tensor& self, const Tensor& other, BinaryOp op, double alpha, const char* name) {
+  check_inplace(self, &other, name);
+  NoGradGuard no_grad;
+  const DType dt = ew::result_type(self, other);
+  KILN_CHECK(is_floating_point(self.dtype()) || !is_floating_point(dt), name, "result type ", dtype_name(dt),
+             " cannot be written into a ", dtype_name(self.dtype()), " tensor");
+  if (dt != self.dtype()) {
+    self.copy_(ew::run_binary(op, self, other, dt, EwParams{alpha}, name));
+    return self;
+  }
+  const Device device = ew::common_device({&self, &other}, name);
+  KILN_CHECK(device == self.device(), name, "self is on ", self.device(), " but other is on ", other.device());
+  Tensor o = other.device() == device ? other.detach() : other.to(device);
+  if (o.dtype() != dt) o = o.to(dt);
+  o = o.expand(self.sizes());
+  if (self.numel() == 0) return self;
+  if (device.is_cuda()) {
+    KILN_CUDA_ONLY(name, cuda::binary(op, self, self, o, EwParams{alpha}));
+  } else {
+    cpu::binary(op, self, self, o, EwParams{alpha});
+  }
+  self.bump_version();
   return self;
 }
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b, double alpha) { return add_impl(a, b, alpha, "add"); }
+Tensor sub(const Tensor& a, const Tensor& b, double alpha) { return add_impl(a, b, -alpha, "sub"); }
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  const DType dt = binary_dtype(a, b, "mul");
+  Tensor out = ew::run_binary(BinaryOp::Mul, a, b, dt, {}, "mul");
+  if (autograd::needs_grad({a, b})) {
+    const InputMeta ma(a), mb(b);
+    const SavedTensor sa(a), sb(b);
+    const bool ra = a.requires_grad(), rb = b.requires_grad();
+    autograd::record("mul", {out}, {a, b}, [=](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{grad_if(ra, [&] { return reduce_grad(mul(g[0], sb.unpack("mul")), ma); }),
+                                 grad_if(rb, [&] { return reduce_grad(mul(g[0], sa.unpack("mul")), mb); })};
+    });
+  }
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  DType dt = binary_dtype(a, b, "div");
+  if (!is_floating_point(dt)) dt = kFloat32;  // true division, as in PyTorch
+  Tensor out = ew::run_binary(BinaryOp::Div, a, b, dt, {}, "div");
+  if (autograd::needs_grad({a, b})) {
+    const InputMeta ma(a), mb(b);
+    const SavedTensor sa(a), sb(b);
+    const bool rb = b.requires_grad();
+    autograd::record("div", {out}, {a, b}, [=](const std::vector<Tensor>& g) {
+      const Tensor y = sb.unpack("div");
+      const Tensor ga = div(g[0], y);  // also the first factor of b's gradient
+      // d(a/b)/db = -a/b^2 = -(g/b) * (a/b)
+      return std::vector<Tensor>{reduce_grad(ga, ma),
+                                 grad_if(rb, [&] { return reduce_grad(neg(mul(ga, div(sa.unpack("div"), y))), mb); })};
+    });
+  }
+  return out;
+}
+
+Tensor pow(const Tensor& a, const Tensor& exponent) {
+  const DType dt = binary_dtype(a, exponent, "pow");
+  Tensor out = ew::run_binary(BinaryOp::Pow, a, exponent, dt, {}, "pow");
+  if (autograd::needs_grad({a, exponent})) {
+    const InputMeta ma(a), mb(exponent);
+    const SavedTensor sa(a), sb(exponent);
+    const bool ra = a.requires_grad(), rb = exponent.requires_grad();
+    autograd::record("pow", {out}, {a, exponent}, [=](const std::vector<Tensor>& g) {
+      const Tensor x = sa.unpack("pow"), e = sb.unpack("pow");
+      // d/dx x^e = e * x^(e-1);  d/de x^e = x^e * log(x), taken as 0 where x == 0 and e >= 0.
+      return std::vector<Tensor>{
+          grad_if(ra, [&] { return reduce_grad(mul(g[0], mul(e, pow(x, sub(e, 1.0)))), ma); }),
+          grad_if(rb, [&] {
+            const Tensor ge_ = mul(g[0], mul(pow(x, e), log(x)));
+            const Tensor zero = zeros({}, ge_.options());
+            return reduce_grad(where(kiln::eq(x, 0.0), where(kiln::ge(e, 0.0), zero, ge_), ge_), mb);
+          })};
+    });
+  }
+  return out;
+}
+
+Tensor maximum(const Tensor& a, const Tensor& b) { return extremum(a, b, true, "maximum"); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extremum(a, b, false, "minimum"); }
+
+// ---- scalar operand: a double in the tensor's dtype ----
+
+Tensor add(const Tensor& a, double b) {
+  ew::check_defined(a, "add");
+  ew::check_not_bool(a.dtype(), "add");
+  Tensor out = ew::run_binary_scalar(BinaryOp::Add, a, b, {}, "add");
+  if (autograd::needs_grad({a}))
+    autograd::record("add", {out}, {a}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
+
+Tensor sub(const Tensor& a, double b) { return add(a, -b); }
+
+Tensor mul(const Tensor& a, double b) {
+  ew::check_defined(a, "mul");
+  ew::check_not_bool(a.dtype(), "mul");
+  Tensor out = ew::run_binary_scalar(BinaryOp::Mul, a, b, {}, "mul");
+  if (autograd::needs_grad({a}))
+    autograd::record("mul", {out}, {a}, [b](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], b)}; });
+  return out;
+}
+
+Tensor div(const Tensor& a, double b) {
+  ew::check_defined(a, "div");
+  ew::check_not_bool(a.dtype(), "div");
+  if (!is_floating_point(a.dtype())) return div(a.to(kFloat32), b);
+  Tensor out = ew::run_binary_scalar(BinaryOp::Div, a, b, {}, "div");
+  if (autograd::needs_grad({a}))
+    autograd::record("div", {out}, {a}, [b](const std::vector<Tensor>& g) { return std::vector<Tensor>{div(g[0], b)}; });
+  return out;
+}
+
+Tensor pow(const Tensor& a, double exponent) {
+  ew::check_defined(a, "pow");
+  ew::check_not_bool(a.dtype(), "pow");
+  Tensor out = ew::run_binary_scalar(BinaryOp::Pow, a, exponent, {}, "pow");
+  if (autograd::needs_grad({a})) {
+    const SavedTensor sa(a);
+    autograd::record("pow", {out}, {a}, [sa, exponent](const std::vector<Tensor>& g) {
+      const Tensor x = sa.unpack("pow");
+      if (exponent == 0.0) return std::vector<Tensor>{zeros_like(x)};
+      if (is_grad_enabled())  // create_graph: stay differentiable
+        return std::vector<Tensor>{mul(g[0], mul(pow(x, exponent - 1.0), exponent))};
+      return std::vector<Tensor>{ew::run_binary(BinaryOp::PowScalarBackward, g[0], x, g[0].dtype(),
+                                                EwParams{exponent}, "pow_backward")};
+    });
+  }
+  return out;
+}
+
+// ---- in place ----
+
+Tensor& add_(Tensor& self, const Tensor& other, double alpha) {
+  return inplace_binary(self, other, BinaryOp::Add, alpha, "add_");
+}
+Tensor& sub_(Tensor& self, const Tensor& other, double alpha) {
+  return inplace_binary(self, other, BinaryOp::Add, -alpha, "sub_");
+}
+Tensor& mul_(Tensor& self, const Tensor& other) { return inplace_binary(self, other, BinaryOp::Mul, 1.0, "mul_"); }
+Tensor& div_(Tensor& self, const Tensor& other) {
+  KILN_CHECK(is_floating_point(self.dtype()), "div_", "true division cannot write into a ", dtype_name(self.dtype()),
+             " tensor");
+  return inplace_binary(self, other, BinaryOp::Div, 1.0, "div_");
+}
+
+namespace {
+Tensor& inplace_scalar(Tensor& self, BinaryOp op, double value, const char* name) {
+  check_inplace(self, nullptr, name);
+  if (self.numel() == 0) return self;
+  NoGradGuard no_grad;
+  if (self.is_cuda()) {
+    KILN_CUDA_ONLY(name, cuda::binary_scalar(op, self, self, value, {}));
+  } else {
+    cpu::binary_scalar(op, self, self, value, {});
+  }
+  self.bump_version();
+  return self;
+}
+}  // namespace
+
+Tensor& add_(Tensor& self, double value) { return inplace_scalar(self, BinaryOp::Add, value, "add_"); }
+Tensor& mul_(Tensor& self, double value) { return inplace_scalar(self, BinaryOp::Mul, value, "mul_"); }
+Tensor& div_(Tensor& self, double value) {
+  KILN_CHECK(!self.defined() || is_floating_point(self.dtype()), "div_", "true division cannot write into a ",
+             dtype_name(self.dtype()), " tensor");
+  return inplace_scalar(self, BinaryOp::Div, value, "div_");
+}
+
+// ---- operators ----
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, double b) { return div(a, b); }
+Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+Tensor operator+(double a, const Tensor& b) { return add(b, a); }
+Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
+Tensor operator/(double a, const Tensor& b) { return mul(pow(b, -1.0), a); }
 
 }  // namespace kiln

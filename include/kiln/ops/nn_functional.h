@@ -17,12 +17,17 @@ namespace nn::functional {
 
 // indices: [...] int64/int32, weight: [num_embeddings, dim] -> [..., dim]
 Tensor embedding(const Tensor& indices, const Tensor& weight);
-// x: [..., H], weight: [H] or undefined -> [..., H]; y = x / sqrt(mean(x^2) + eps) * weight
+// x: [..., H], weight: [H] (x's dtype and device) or undefined -> [..., H];
+// y = x / sqrt(mean(x^2) + eps) * weight. One fused kernel each way; rstd per row is kept in fp32
+// (fp64 for fp64) for backward; the weight gradient is reduced in a fixed order (no atomics).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 // Rotary position embedding, half-split convention (rotate_half, as in Llama/NeoX):
 // x: [B, T, H, D], cos/sin: [T, D/2] -> [B, T, H, D]
+//   out[..., i] = x_i cos - x_{i+D/2} sin,  out[..., i+D/2] = x_{i+D/2} cos + x_i sin   (i < D/2)
+// cos/sin are constants (requesting their gradient raises); the backward rotates by -theta.
 Tensor apply_rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin);
-// cos/sin tables for positions [0, T): each [T, D/2] fp32, frequencies theta^(-2i/D).
+// cos/sin tables for positions [0, T): each [T, D/2] fp32 (computed in fp64 on the host), angle
+// t * theta^(-2i/D), on `device`.
 std::pair<Tensor, Tensor> rotary_tables(int64_t T, int64_t D, double theta = 10000.0, Device device = kCPU);
 
 enum class Reduction { Mean, Sum, None };
@@ -33,11 +38,16 @@ struct CrossEntropyOptions {
   Reduction reduction = Reduction::Mean;
   double label_smoothing = 0.0;
 };
-// Unfused reference: logits [N, C], target [N] int64/int32 -> [] (mean/sum) or [N] (none).
-// Mean with class weights divides by the sum of the targets' weights (PyTorch's rule).
+// Unfused reference: logits [N, C], target [N] int64/int32 -> [] (mean/sum) or [N] (none), in the
+// logits' dtype; logsumexp in fp32 (fp64 for fp64). PyTorch's semantics: loss_i =
+// (1 - ls) w[t_i] (lse_i - x_i[t_i]) + ls / C sum_c w[c] (lse_i - x_i[c]); ignored rows give 0;
+// mean divides by the sum of the non-ignored targets' weights (all ignored: nan). Deterministic.
+// A target outside [0, C) that is not ignore_index raises (on CUDA this reads a device flag, a sync).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options = {});
 
-// Zeroes each element with probability p and scales the rest by 1/(1-p) (Philox mask).
+// Zeroes each element with probability p and scales the rest by 1/(1-p). The mask comes from the
+// global Philox generator (one seed gives the same mask on the CPU and CUDA) and is regenerated
+// in backward, never stored. p = 0 or training = false return x itself; p = 1 gives zeros.
 Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 
 using kiln::gelu;

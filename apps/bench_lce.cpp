@@ -1,0 +1,225 @@
+// `kiln bench lce`: for one shape, in one run, each variant's peak extra memory (max_memory_allocated
+// minus what was allocated before, after reset_peak_memory_stats; gradients included) and its
+// forward+backward time (best of --iters after one warm-up):
+//   memory, speed: kiln::nn::functional::linear_cross_entropy with that strategy;
+//   unfused:       CPU: kiln::linear -> [N, V] logits, a float32 log-softmax/gradient loop (kiln has
+//                  no cross_entropy op yet), linear's backward; CUDA: the fused kernels over ONE
+//                  [N, V] chunk (materialised fp32 logits and dz), i.e. what an unfused op would hold;
+//   gemm3:         the three GEMMs alone (logits, dx, dW) on preallocated buffers (no loss).
+#include "bench_lce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "core/dispatch.h"
+#include "kiln/kiln.h"
+#include "kiln/lce.h"
+#include "ops/cpu/gemm.h"
+#ifdef KILN_WITH_CUDA
+#include "ops/cuda/gemm.h"
+#endif
+
+namespace kiln::apps {
+namespace {
+
+using nn::functional::LceStrategy;
+using nn::functional::LinearCrossEntropyOptions;
+
+struct Args {
+  std::string device = "cpu", dtype = "f32";
+  int64_t n = 2048, h = 1024, v = 32000;
+  int iters = 3;
+  bool json = false;
+};
+
+void sync(const Device& d) {
+  if (d.is_cuda()) cuda::synchronize(d.index);
+}
+
+struct Result {
+  int64_t peak = 0;
+  double ms = 0, loss = NAN;
+};
+
+// f returns the loss (NaN for gemm3); memory from the first (cold) call, time: best of iters.
+Result measure(const Device& dev, int iters, const std::function<double()>& f) {
+  Result r;
+  sync(dev);
+  const int64_t base = memory_allocated(dev);
+  reset_peak_memory_stats(dev);
+  r.loss = f();
+  sync(dev);
+  r.peak = max_memory_allocated(dev) - base;
+  r.ms = INFINITY;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    sync(dev);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    r.ms = std::min(r.ms, ms);
+  }
+  return r;
+}
+
+// Unfused CPU cross-entropy on materialised logits: loss (mean) and d loss / d logits.
+double cpu_unfused_ce(const Tensor& logits, const Tensor& y, Tensor& dlogits) {
+  const int64_t N = logits.size(0), V = logits.size(1);
+  dlogits = empty(logits.sizes(), logits.options());
+  const int64_t* yy = y.data_ptr<int64_t>();
+  double total = 0;
+  dispatch_floating(logits.dtype(), "bench_lce", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* z = logits.data_ptr<T>();
+    T* d = dlogits.data_ptr<T>();
+    std::vector<double> per(N);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const T* zr = z + i * V;
+      float m = -INFINITY, s = 0;
+      for (int64_t j = 0; j < V; ++j) m = std::max(m, static_cast<float>(zr[j]));
+      for (int64_t j = 0; j < V; ++j) s += std::exp(static_cast<float>(zr[j]) - m);
+      const float lse = m + std::log(s);
+      per[i] = lse - static_cast<float>(zr[yy[i]]);
+      for (int64_t j = 0; j < V; ++j)
+        d[i * V + j] = T((std::exp(static_cast<float>(zr[j]) - lse) - (j == yy[i] ? 1.0f : 0.0f)) / N);
+    }
+    for (double p : per) total += p;
+  });
+  return total / static_cast<double>(N);
+}
+
+// grad_bytes: the dx and dW the peak includes (every variant must hold them); the working memory
+// is peak_extra_bytes - grad_bytes.
+void print(const Args& a, const char* variant, const Result& r, int64_t grad_bytes) {
+  if (a.json) {
+    if (std::isnan(r.loss) && std::strcmp(variant, "gemm3") == 0)
+      std::printf("{\"variant\": \"%s\", \"peak_extra_bytes\": %lld, \"fwd_bwd_ms\": %.3f, \"grad_bytes\": %lld}\n",
+                  variant, static_cast<long long>(r.peak), r.ms, static_cast<long long>(grad_bytes));
+    else
+      std::printf("{\"variant\": \"%s\", \"peak_extra_bytes\": %lld, \"fwd_bwd_ms\": %.3f, \"loss\": %.6f, "
+                  "\"grad_bytes\": %lld}\n",
+                  variant, static_cast<long long>(r.peak), r.ms, r.loss, static_cast<long long>(grad_bytes));
+  } else {
+    std::printf("%-8s peak extra %10.1f MiB (%8.1f MiB beyond dx, dW)   fwd+bwd %9.2f ms   loss %.6f\n", variant,
+                static_cast<double>(r.peak) / (1 << 20), static_cast<double>(r.peak - grad_bytes) / (1 << 20), r.ms,
+                r.loss);
+  }
+  std::fflush(stdout);
+}
+
+int parse(int argc, char** argv, Args& a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error("bench lce: " + k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "--device") a.device = next();
+    else if (k == "--tokens") a.n = std::stoll(next());
+    else if (k == "--hidden") a.h = std::stoll(next());
+    else if (k == "--vocab") a.v = std::stoll(next());
+    else if (k == "--dtype") a.dtype = next();
+    else if (k == "--iters") a.iters = std::stoi(next());
+    else if (k == "--json") a.json = true;
+    else if (k == "lce") continue;  // tolerated when called as `kiln bench lce ...`
+    else throw Error("bench lce: unknown argument " + k);
+  }
+  if (a.dtype != "bf16" && a.dtype != "f32") throw Error("bench lce: --dtype must be bf16 or f32");
+  return 0;
+}
+
+}  // namespace
+
+int run_bench_lce(int argc, char** argv) {
+  try {
+    Args a;
+    parse(argc, argv, a);
+    const Device dev(a.device);
+    const DType dt = a.dtype == "bf16" ? kBFloat16 : kFloat32;
+    const TensorOptions opt = TensorOptions().dtype(dt).device(dev);
+    manual_seed(0);
+    Tensor x = randn({a.n, a.h}, opt).requires_grad_(true);
+    Tensor w;
+    {
+      NoGradGuard ng;
+      w = (randn({a.v, a.h}, TensorOptions().dtype(kFloat32)) * (1.0 / std::sqrt(static_cast<double>(a.h))))
+              .to(dev, dt)
+              .detach()
+              .requires_grad_(true);
+    }
+    Tensor y = randint(0, a.v, {a.n}, TensorOptions().dtype(kInt64).device(dev));
+    if (!a.json)
+      std::printf("bench lce: device %s, N=%lld H=%lld V=%lld, %s\n", dev.str().c_str(), static_cast<long long>(a.n),
+                  static_cast<long long>(a.h), static_cast<long long>(a.v), dtype_name(dt));
+
+    const int64_t gb = (a.n + a.v) * a.h * static_cast<int64_t>(element_size(dt));
+    auto fused = [&](LceStrategy s, int64_t chunk) {
+      return [&, s, chunk]() {
+        LinearCrossEntropyOptions o;
+        o.strategy = s;
+        o.chunk_tokens = chunk;
+        Tensor loss = nn::functional::linear_cross_entropy(x, w, y, o);
+        auto g = autograd::grad({loss}, {x, w});
+        return loss.item();
+      };
+    };
+    print(a, "memory", measure(dev, a.iters, fused(LceStrategy::Memory, 0)), gb);
+    print(a, "speed", measure(dev, a.iters, fused(LceStrategy::Speed, 0)), gb);
+    if (dev.is_cuda()) {
+      print(a, "unfused", measure(dev, a.iters, fused(LceStrategy::Speed, a.n)), gb);
+    } else {
+      print(a, "unfused", measure(dev, a.iters, [&]() {
+              Tensor logits = linear(x, w);
+              Tensor d;
+              const double loss = cpu_unfused_ce(logits, y, d);
+              auto g = autograd::grad({logits}, {x, w}, {d});
+              return loss;
+            }),
+            gb);
+    }
+    // The three GEMMs of a fused forward+backward, alone.
+    print(a, "gemm3", measure(dev, a.iters, [&]() -> double {
+            NoGradGuard ng;
+            const int64_t N = a.n, H = a.h, V = a.v;
+            if (dev.is_cuda()) {
+#ifdef KILN_WITH_CUDA
+              Tensor z = empty({N, V}, TensorOptions().dtype(kFloat32).device(dev));
+              Tensor dz = empty({N, V}, opt), dx = empty({N, H}, opt), dw = empty({V, H}, opt);
+              auto mm = [&](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& A, int64_t lda,
+                            const Tensor& B, int64_t ldb, const Tensor& C, int64_t ldc) {
+                cuda::GemmParams p;
+                p.trans_a = ta, p.trans_b = tb, p.m = m, p.n = n, p.k = k;
+                p.a = A.data_ptr(), p.lda = lda, p.b = B.data_ptr(), p.ldb = ldb, p.c = C.data_ptr(), p.ldc = ldc;
+                p.ab_type = dt, p.c_type = C.dtype(), p.device = dev.index;
+                p.stream = cuda::current_stream(dev.index).handle();
+                cuda::gemm(p);
+              };
+              mm(false, true, N, V, H, x, H, w, H, z, V);
+              mm(false, false, N, H, V, dz, V, w, H, dx, H);
+              mm(true, false, V, H, N, dz, V, x, H, dw, H);
+#endif
+              return NAN;
+            }
+            Tensor xf = x.detach().to(kFloat32), wf = w.detach().to(kFloat32);
+            Tensor z = empty({N, V}), dx = empty({N, H}), dw = empty({V, H});
+            const float* xp = xf.data_ptr<float>();
+            const float* wp = wf.data_ptr<float>();
+            cpu::gemm(false, true, N, V, H, 1.0f, xp, H, wp, H, 0.0f, z.data_ptr<float>(), V);
+            cpu::gemm(false, false, N, H, V, 1.0f, z.data_ptr<float>(), V, wp, H, 0.0f, dx.data_ptr<float>(), H);
+            cpu::gemm(true, false, V, H, N, 1.0f, z.data_ptr<float>(), V, xp, H, 0.0f, dw.data_ptr<float>(), H);
+            return NAN;
+          }),
+          gb);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln bench lce: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace kiln::apps

@@ -1,0 +1,106 @@
+#pragma once
+// Fused linear cross-entropy: the vocabulary projection z = x W^T (+ b) and the cross-entropy on
+// it in one op that never materialises the [tokens, vocab] logits (torch.nn.LinearCrossEntropyLoss,
+// with what PyTorch lacks: z-loss, logit soft-capping, a memory/speed strategy switch, extra
+// outputs for logging).
+//
+// Semantics (PyTorch's cross_entropy on s = softcap(z), softcap(z) = c * tanh(z / c) when c > 0):
+//   lse_n  = logsumexp_v s_nv
+//   loss_n = (1 - eps) * w_y * (lse_n - s_ny) + (eps / V) * sum_v w_v * (lse_n - s_nv)
+//            (w = class weights, or 1), 0 for tokens whose target == ignore_index
+//   z_n    = z_loss * lse_n^2 for non-ignored tokens (PaLM's auxiliary loss)
+//   reduction none: loss_n + z_n per token;  sum: sum_n loss_n + sum_n z_n;
+//   mean: sum_n loss_n / sum_n w_{y_n} + sum_n z_n / count   (sums over non-ignored tokens).
+// The z-loss term of `mean` divides by the NUMBER of non-ignored tokens, not by the class-weight
+// sum: it is a per-token regulariser of the normaliser, independent of class weights. With every
+// target ignored, mean gives NaN (0 / 0), as PyTorch does.
+//
+// Strategies (both bitwise deterministic run to run, and on the CPU for any thread count):
+//   memory: the forward keeps only lse [N] (fp32) for backward; the backward recomputes logit tiles
+//           (about four GEMMs). Working memory: one [chunk_tokens, chunk_vocab] tile, one
+//           [chunk_vocab, H] fp32 weight-gradient slice and one [N, H] fp32 input-gradient
+//           accumulator; never anything of size N * V.
+//   speed:  (reductions mean/sum) the forward computes the gradients too, per [chunk_tokens, V]
+//           logit chunk (three GEMMs); backward only scales them by the upstream gradient.
+//           reduction none always uses memory.
+//   auto:   speed when gradients are needed, the reduction is mean/sum and a chunk of at least
+//           kMinSpeedChunk tokens (plus a V x H fp32 accumulator where needed) fits memory_budget;
+//           memory otherwise (and always without gradients: the forward is then one GEMM pass).
+#include <cstdint>
+
+#include "kiln/ops.h"  // nn_functional.h (Reduction) needs the other op headers
+#include "kiln/tensor.h"
+
+namespace kiln::nn {
+namespace functional {
+
+enum class LceStrategy { Auto, Memory, Speed };
+
+struct LinearCrossEntropyOptions {
+  Tensor linear_bias;                 // [V], x's dtype, optional
+  Tensor weight;                      // [V] class weights (any floating dtype), optional
+  Reduction reduction = Reduction::Mean;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;       // eps in [0, 1]
+  double z_loss = 0.0;                // coefficient of lse^2, >= 0
+  double logit_softcap = 0.0;         // c > 0 soft-caps the logits; 0 turns it off
+  LceStrategy strategy = LceStrategy::Auto;
+  int64_t chunk_tokens = 0;           // 0: chosen from the shapes and the device
+  int64_t chunk_vocab = 0;            // 0: chosen (memory strategy's V-tile)
+  int64_t memory_budget = 0;          // bytes auto/speed may use for working buffers; 0: 256 MiB
+                                      // on the CPU, 2 GiB on CUDA
+};
+
+struct LinearCrossEntropyResult {
+  Tensor loss;    // [] (mean/sum) or target's shape (none), x's dtype; differentiable
+  Tensor lse;     // target's shape, fp32 (fp64 for fp64 inputs), detached, every token
+  Tensor z_loss;  // the z-loss term included in `loss`, reduced like it; fp32 (fp64), detached
+  LceStrategy strategy = LceStrategy::Memory;  // the strategy that ran
+};
+
+// input: [N, H] or [B, T, H]; linear_weight: [V, H] (input's dtype and device);
+// target: [N] / [B, T] int64 or int32, values in [0, V) or ignore_index
+//   -> loss: [] for mean/sum, target's shape for none (input's dtype).
+// Gradients flow to input, linear_weight and options.linear_bias (in their dtypes).
+// On CUDA an out-of-range target is not checked on the host (that would synchronise): it makes
+// the loss NaN instead.
+Tensor linear_cross_entropy(const Tensor& input, const Tensor& linear_weight, const Tensor& target,
+                            const LinearCrossEntropyOptions& options = {});
+// The same, with the per-token logsumexp and the z-loss term for logging.
+LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, const Tensor& linear_weight,
+                                                         const Tensor& target,
+                                                         const LinearCrossEntropyOptions& options = {});
+
+}  // namespace functional
+
+// The loss as a module owning (or sharing) the projection. Standalone for now (no nn::Module
+// base yet): parameters() lists what an optimizer should update.
+class LinearCrossEntropyLoss {
+ public:
+  // weight [num_classes, in_features] and optional bias [num_classes], drawn like nn.Linear
+  // (uniform in +-1/sqrt(in_features)), requires_grad.
+  LinearCrossEntropyLoss(int64_t in_features, int64_t num_classes, bool bias = false,
+                         functional::LinearCrossEntropyOptions options = {}, TensorOptions tensor_options = {});
+  // Ties the projection to an existing parameter (e.g. the token embedding [V, H]): no copy, so
+  // gradients from both uses accumulate into the one tensor.
+  static LinearCrossEntropyLoss tied(const Tensor& weight, const Tensor& bias = Tensor(),
+                                     functional::LinearCrossEntropyOptions options = {});
+
+  // input: [N, H] or [B, T, H]; target: [N] / [B, T] -> loss
+  Tensor forward(const Tensor& input, const Tensor& target) const;
+  Tensor operator()(const Tensor& input, const Tensor& target) const { return forward(input, target); }
+  functional::LinearCrossEntropyResult forward_with_stats(const Tensor& input, const Tensor& target) const;
+
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  std::vector<Tensor> parameters() const;
+  functional::LinearCrossEntropyOptions& options() { return options_; }
+  const functional::LinearCrossEntropyOptions& options() const { return options_; }
+
+ private:
+  LinearCrossEntropyLoss() = default;
+  Tensor weight_, bias_;
+  functional::LinearCrossEntropyOptions options_;
+};
+
+}  // namespace kiln::nn

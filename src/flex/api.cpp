@@ -1,0 +1,161 @@
+// flex_attention: validation, BlockMask resolution, dispatch to the CPU kernels, autograd node.
+#include <cmath>
+#include <memory>
+
+#include "core/dispatch.h"
+#include "core/tensor_impl.h"
+#include "flex/cpu/attention.h"
+#include "kiln/autograd.h"
+
+namespace kiln::flex {
+namespace {
+
+constexpr const char* kOp = "flex_attention";
+
+// Everything the kernels need, kept alive by the autograd node.
+struct Prepared {
+  cpu::Problem p;
+  std::shared_ptr<detail::Program> score, mask;
+  BlockMask block_mask;  // a copy (tensors are shared handles): the backward reads its q_* lists
+};
+
+std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor& v, const FlexOptions& o) {
+  KILN_CHECK(q.defined() && k.defined() && v.defined(), kOp, "q, k and v must be defined");
+  KILN_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, kOp,
+             "expected q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev], got q ", shape_str(q.sizes()), ", k ",
+             shape_str(k.sizes()), ", v ", shape_str(v.sizes()));
+  KILN_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), kOp, "q, k and v must share a dtype, got ",
+             dtype_name(q.dtype()), ", ", dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
+  KILN_CHECK(is_floating_point(q.dtype()), kOp, "expected floating-point q, k, v, got ", dtype_name(q.dtype()));
+  KILN_CHECK(q.device() == k.device() && q.device() == v.device(), kOp, "q, k and v must be on one device");
+  KILN_CHECK(!q.is_cuda(), kOp, "the CUDA kernels are not implemented yet; run on the CPU");
+  KILN_CHECK(q.size(3) == k.size(3), kOp, "q and k head dims differ: ", q.size(3), " vs ", k.size(3));
+  KILN_CHECK(q.size(0) == k.size(0) && q.size(0) == v.size(0), kOp, "batch sizes differ: q ", shape_str(q.sizes()),
+             ", k ", shape_str(k.sizes()), ", v ", shape_str(v.sizes()));
+  KILN_CHECK(k.size(1) == v.size(1) && k.size(2) == v.size(2), kOp,
+             "k and v must have the same heads and length: k ", shape_str(k.sizes()), ", v ", shape_str(v.sizes()));
+  const int64_t Hq = q.size(1), Hkv = k.size(1);
+  if (o.enable_gqa) {
+    KILN_CHECK(Hkv >= 1 && Hq % Hkv == 0, kOp, "enable_gqa needs q heads a multiple of kv heads, got ", Hq, " and ",
+               Hkv);
+  } else {
+    KILN_CHECK(Hq == Hkv, kOp, "q has ", Hq, " heads but k and v have ", Hkv, "; pass enable_gqa for grouped-query attention");
+  }
+  auto pr = std::make_shared<Prepared>();
+  cpu::Problem& p = pr->p;
+  p.B = q.size(0);
+  p.Hq = Hq;
+  p.Hkv = Hkv;
+  p.L = q.size(2);
+  p.S = k.size(2);
+  p.E = q.size(3);
+  p.Ev = v.size(3);
+  KILN_CHECK(p.L >= 1 && p.S >= 1 && p.E >= 1 && p.Ev >= 1 && p.B >= 1 && Hkv >= 1, kOp, "empty inputs: q ",
+             shape_str(q.sizes()), ", k ", shape_str(k.sizes()), ", v ", shape_str(v.sizes()));
+  p.scale = o.scale != 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(p.E));
+  if (o.block_mask) {
+    const BlockMask& bm = *o.block_mask;
+    KILN_CHECK(bm.q_len == p.L && bm.kv_len == p.S, kOp, "block_mask was built for Q_LEN ", bm.q_len, ", KV_LEN ",
+               bm.kv_len, " but q has length ", p.L, " and k ", p.S);
+    KILN_CHECK(bm.batch() == 1 || bm.batch() == p.B, kOp, "block_mask batch ", bm.batch(), " does not match q batch ",
+               p.B, " (use 1 to broadcast)");
+    KILN_CHECK(bm.heads() == 1 || bm.heads() == p.Hq, kOp, "block_mask heads ", bm.heads(), " do not match q heads ",
+               p.Hq, " (use 1 to broadcast)");
+    pr->block_mask = bm;
+    p.QB = bm.q_block_size;
+    p.KB = bm.kv_block_size;
+    p.mB = bm.batch();
+    p.mH = bm.heads();
+    const BlockMask& m = pr->block_mask;
+    p.kv_num = m.kv_num_blocks.data_ptr<int32_t>();
+    p.kv_idx = m.kv_indices.data_ptr<int32_t>();
+    p.fkv_num = m.full_kv_num_blocks.data_ptr<int32_t>();
+    p.fkv_idx = m.full_kv_indices.data_ptr<int32_t>();
+    p.q_num = m.q_num_blocks.data_ptr<int32_t>();
+    p.q_idx = m.q_indices.data_ptr<int32_t>();
+    p.fq_num = m.full_q_num_blocks.data_ptr<int32_t>();
+    p.fq_idx = m.full_q_indices.data_ptr<int32_t>();
+    p.kv_m = m.kv_indices.size(3);
+    p.fkv_m = m.full_kv_indices.size(3);
+    p.q_m = m.q_indices.size(3);
+    p.fq_m = m.full_q_indices.size(3);
+    const ExprNode& root = *m.mask_mod.expr.node();
+    if (!(root.op == Op::ConstBool && root.ival == 1)) {
+      pr->mask = std::make_shared<detail::Program>(detail::compile(m.mask_mod.expr));
+      p.mask = pr->mask.get();
+    }
+  } else {
+    p.all_full = true;
+  }
+  p.nQ = (p.L + p.QB - 1) / p.QB;
+  p.nKV = (p.S + p.KB - 1) / p.KB;
+  if (!o.score_mod.is_identity()) {
+    pr->score = std::make_shared<detail::Program>(detail::compile(o.score_mod.expr));
+    p.score = pr->score.get();
+  }
+  return pr;
+}
+
+}  // namespace
+
+FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const FlexOptions& options) {
+  std::shared_ptr<Prepared> pr = prepare(q_in, k_in, v_in, options);
+  const cpu::Problem& p = pr->p;
+  const Tensor q = q_in.detach().contiguous(), k = k_in.detach().contiguous(), v = v_in.detach().contiguous();
+  const DType lse_dtype = q.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  Tensor out = empty({p.B, p.Hq, p.L, p.Ev}, q.options());
+  Tensor lse = empty({p.B, p.Hq, p.L}, q.options().dtype(lse_dtype));
+  bool index_error = false;
+  dispatch_floating(q.dtype(), kOp, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cpu::flex_forward<T>(p, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
+                         lse.data_ptr<acc_t<T>>(), &index_error);
+  });
+  KILN_CHECK(!index_error, kOp, "a mod reads a captured tensor out of range (index clamped); check its shape");
+
+  // Inputs of the node: q, k, v, then the score_mod's captured float tensors that require grad.
+  std::vector<Tensor> inputs = {q_in, k_in, v_in};
+  std::vector<int32_t> grad_bufs;
+  if (pr->score)
+    for (size_t x = 0; x < pr->score->buffers.size(); ++x)
+      if (pr->score->buffers[x].needs_grad) {
+        inputs.push_back(pr->score->buffers[x].src->tensor);
+        grad_bufs.push_back(static_cast<int32_t>(x));
+      }
+  if (autograd::needs_grad(inputs)) {
+    SavedTensor sq(q), sk(k), sv(v), so(out, true), sl(lse, true);
+    autograd::record(kOp, {out, lse}, inputs, [pr, sq, sk, sv, so, sl, grad_bufs](const std::vector<Tensor>& g) {
+      const Tensor qs = sq.unpack(kOp), ks = sk.unpack(kOp), vs = sv.unpack(kOp), o = so.unpack(kOp), l = sl.unpack(kOp);
+      const cpu::Problem& pb = pr->p;
+      std::vector<Tensor> grads = {empty(qs.sizes(), qs.options()), empty(ks.sizes(), ks.options()),
+                                   empty(vs.sizes(), vs.options())};
+      const Tensor dout = g[0].defined() ? g[0].contiguous().to(qs.dtype()) : Tensor();
+      const Tensor dlse = g.size() > 1 && g[1].defined() ? g[1].contiguous().to(l.dtype()) : Tensor();
+      std::vector<std::vector<double>> cap(pr->score ? pr->score->buffers.size() : 0);
+      for (int32_t x : grad_bufs) cap[x].assign(static_cast<size_t>(pr->score->buffers[x].numel), 0.0);
+      bool bad_index = false;
+      dispatch_floating(qs.dtype(), kOp, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        cpu::flex_backward<T>(pb, qs.data_ptr<T>(), ks.data_ptr<T>(), vs.data_ptr<T>(), o.data_ptr<T>(),
+                              dout.defined() ? dout.data_ptr<T>() : nullptr, l.data_ptr<acc_t<T>>(),
+                              dlse.defined() ? dlse.data_ptr<acc_t<T>>() : nullptr, grads[0].data_ptr<T>(),
+                              grads[1].data_ptr<T>(), grads[2].data_ptr<T>(), cap, &bad_index);
+      });
+      KILN_CHECK(!bad_index, kOp, "a mod reads a captured tensor out of range (index clamped); check its shape");
+      for (int32_t x : grad_bufs) {
+        const Tensor& src = pr->score->buffers[x].src->tensor;
+        Tensor gt = empty(src.sizes(), src.options());
+        NoGradGuard ng;
+        gt.copy_(from_blob(cap[x].data(), src.sizes(), kFloat64));
+        grads.push_back(gt);
+      }
+      return grads;
+    });
+  }
+  FlexOutput res;
+  res.out = out;
+  if (options.return_lse) res.lse = lse;
+  return res;
+}
+
+}  // namespace kiln::flex

@@ -1,0 +1,84 @@
+#pragma once
+// CPU FlexAttention kernels: the problem description shared by forward and backward, and the tile
+// primitives both call (one definition each, in tile.cpp, so the backward recomputes every score
+// with exactly the forward's instructions).
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "flex/ir.h"
+
+namespace kiln::flex::cpu {
+
+struct Problem {
+  int64_t B = 0, Hq = 0, Hkv = 0, L = 0, S = 0, E = 0, Ev = 0;
+  double scale = 1;
+  int64_t QB = 128, KB = 128, nQ = 0, nKV = 0;
+  // BlockMask lists (int32); all_full: no BlockMask, every block is full.
+  bool all_full = false;
+  int64_t mB = 1, mH = 1;
+  const int32_t *kv_num = nullptr, *kv_idx = nullptr, *fkv_num = nullptr, *fkv_idx = nullptr;
+  const int32_t *q_num = nullptr, *q_idx = nullptr, *fq_num = nullptr, *fq_idx = nullptr;
+  int64_t kv_m = 1, fkv_m = 1, q_m = 1, fq_m = 1;
+  const detail::Program* score = nullptr;  // null: identity
+  const detail::Program* mask = nullptr;   // null: no mask_mod (partial blocks never listed)
+
+  int64_t group() const { return Hq / Hkv; }
+  // Small problems run on one thread: waking a team costs more than it saves (results are the
+  // same for any thread count).
+  bool parallel() const { return B * Hq * L * S * (E + Ev) > (int64_t{1} << 22); }
+  int64_t mask_bh(int64_t b, int64_t h) const { return (mB == 1 ? 0 : b) * mH + (mH == 1 ? 0 : h); }
+  // kv blocks of q-block i for (b, h), ascending, with "partial" flags (full and partial merged so
+  // the order never depends on the classification).
+  void kv_blocks(int64_t b, int64_t h, int64_t i, std::vector<std::pair<int32_t, bool>>& out) const;
+  // q blocks of kv-block j for (b, h), ascending.
+  void q_blocks(int64_t b, int64_t h, int64_t j, std::vector<std::pair<int32_t, bool>>& out) const;
+};
+
+// Per-thread evaluators of the score and mask programs.
+template <typename F>
+struct Mods {
+  std::unique_ptr<detail::RowEval<F>> score, mask;
+  bool index_error = false;
+  explicit Mods(const Problem& p);
+  bool error() const { return (score && score->index_error()) || (mask && mask->index_error()); }
+};
+
+// c[i][j] = (accumulate ? c[i][j] : 0) + scale * sum_k a(i, k) * b[k][j] for i < M, j < N, with
+// a(i, k) = a[i * ars + k * acs] (so a may be read transposed), b and c row-major (strides ldb, ldc).
+template <typename F>
+void gemm(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t M, int64_t N, int64_t K, F scale,
+          F* c, int64_t ldc, bool accumulate);
+
+// s[r][c] = scale * sum_e a[r][e] * bt[e][c] for r < m, c < n; a: [m, E] (row stride E), bt: [E, n]
+// (row stride n), s: row stride ld. The sum runs e = 0..E-1 in order for every element.
+template <typename F>
+void score_tile(const F* a, const F* bt, int64_t m, int64_t n, int64_t E, F scale, F* s, int64_t ld);
+
+// Applies score_mod then (on partial blocks) mask_mod to one row of n raw scores in place:
+// masked entries become -inf. Leaves the score evaluator holding this row (for its backward).
+template <typename F>
+void mod_row(Mods<F>& mods, const Problem& p, F* s, int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n,
+             bool partial);
+
+// Gathers rows [r0, r0 + m) of a [rows, D] matrix of T into F (row stride D).
+template <typename T, typename F>
+void load_rows(const T* src, int64_t r0, int64_t m, int64_t D, F* dst);
+// Gathers rows [r0, r0 + n) of a [rows, D] matrix of T transposed into F: dst[d][c] (row stride n).
+template <typename T, typename F>
+void load_transposed(const T* src, int64_t r0, int64_t n, int64_t D, F* dst);
+
+// q [B, Hq, L, E], k [B, Hkv, S, E], v [B, Hkv, S, Ev] contiguous -> out [B, Hq, L, Ev], lse [B, Hq, L].
+template <typename T>
+void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, bool* index_error);
+
+// dout / dlse may be null (no gradient flowed). grads: one vector per score_mod buffer, sized to the
+// buffer where its gradient is wanted (filled, in a fixed order), empty otherwise.
+template <typename T>
+void flex_backward(const Problem& p, const T* q, const T* k, const T* v, const T* out, const T* dout,
+                   const acc_t<T>* lse, const acc_t<T>* dlse, T* dq, T* dk, T* dv,
+                   std::vector<std::vector<double>>& grads, bool* index_error);
+
+}  // namespace kiln::flex::cpu

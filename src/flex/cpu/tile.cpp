@@ -1,0 +1,199 @@
+// Tile primitives shared by the CPU forward and backward. Defined once (never inlined into the
+// two kernels separately) so a score recomputed in the backward is bit-for-bit the forward's.
+// gemm keeps a 4 x (2 vectors) block of accumulators in registers and streams rows of b (for scores: the
+// transposed K block, E x n): every element is summed over k in order, whatever its tile position.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "flex/cpu/attention.h"
+
+namespace kiln::flex::cpu {
+
+void Problem::kv_blocks(int64_t b, int64_t h, int64_t i, std::vector<std::pair<int32_t, bool>>& out) const {
+  out.clear();
+  if (all_full) {
+    for (int64_t j = 0; j < nKV; ++j) out.emplace_back(static_cast<int32_t>(j), false);
+    return;
+  }
+  const int64_t r = mask_bh(b, h) * nQ + i;
+  const int32_t *pa = kv_idx + r * kv_m, *pe = pa + kv_num[r];
+  const int32_t *fa = fkv_idx + r * fkv_m, *fe = fa + fkv_num[r];
+  while (pa < pe || fa < fe) {
+    if (fa == fe || (pa < pe && *pa < *fa)) out.emplace_back(*pa++, true);
+    else out.emplace_back(*fa++, false);
+  }
+}
+
+void Problem::q_blocks(int64_t b, int64_t h, int64_t j, std::vector<std::pair<int32_t, bool>>& out) const {
+  out.clear();
+  if (all_full) {
+    for (int64_t i = 0; i < nQ; ++i) out.emplace_back(static_cast<int32_t>(i), false);
+    return;
+  }
+  const int64_t r = mask_bh(b, h) * nKV + j;
+  const int32_t *pa = q_idx + r * q_m, *pe = pa + q_num[r];
+  const int32_t *fa = fq_idx + r * fq_m, *fe = fa + fq_num[r];
+  while (pa < pe || fa < fe) {
+    if (fa == fe || (pa < pe && *pa < *fa)) out.emplace_back(*pa++, true);
+    else out.emplace_back(*fa++, false);
+  }
+}
+
+template <typename F>
+Mods<F>::Mods(const Problem& p) {
+  if (p.score) score = std::make_unique<detail::RowEval<F>>(*p.score, p.KB);
+  if (p.mask) mask = std::make_unique<detail::RowEval<F>>(*p.mask, p.KB);
+}
+
+namespace {
+
+constexpr int64_t kR = 4;
+
+// 32-byte vectors (GCC/Clang vector extension): one ymm register with AVX2, two xmm without.
+template <typename F>
+struct Vec {
+  typedef F type __attribute__((vector_size(32)));
+  static constexpr int64_t kLanes = 32 / static_cast<int64_t>(sizeof(F));
+};
+
+// Full 4 x (2 vectors) register tile: 8 accumulators, two b loads and four broadcasts per k.
+template <typename F>
+[[gnu::always_inline]] inline void micro_full(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb,
+                                              int64_t K, F scale, F* c, int64_t ldc, bool accumulate) {
+  using V = typename Vec<F>::type;
+  constexpr int64_t W = Vec<F>::kLanes;
+  V acc[kR][2] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    V b0, b1;
+    std::memcpy(&b0, b + k * ldb, sizeof(V));
+    std::memcpy(&b1, b + k * ldb + W, sizeof(V));
+    const F* ak = a + k * acs;
+    for (int64_t i = 0; i < kR; ++i) {
+      const F ai = ak[i * ars];
+      acc[i][0] += ai * b0;
+      acc[i][1] += ai * b1;
+    }
+  }
+  for (int64_t i = 0; i < kR; ++i)
+    for (int64_t h = 0; h < 2; ++h) {
+      V out = acc[i][h] * scale;
+      F* dst = c + i * ldc + h * W;
+      if (accumulate) {
+        V cur;
+        std::memcpy(&cur, dst, sizeof(V));
+        out = cur + out;
+      }
+      std::memcpy(dst, &out, sizeof(V));
+    }
+}
+
+// Edges (fewer rows or columns): the same per-element sum in scalar code.
+template <typename F>
+[[gnu::always_inline]] inline void micro_edge(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb,
+                                              int64_t rows, int64_t cols, int64_t K, F scale, F* c, int64_t ldc,
+                                              bool accumulate) {
+  F acc[kR][2 * Vec<F>::kLanes] = {};
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t i = 0; i < rows; ++i) {
+      const F ai = a[i * ars + k * acs];
+      for (int64_t j = 0; j < cols; ++j) acc[i][j] += ai * b[k * ldb + j];
+    }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + acc[i][j] * scale : acc[i][j] * scale;
+}
+
+template <typename F>
+[[gnu::always_inline]] inline void gemm_body(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t M,
+                                             int64_t N, int64_t K, F scale, F* c, int64_t ldc, bool accumulate) {
+  constexpr int64_t kC = 2 * Vec<F>::kLanes;
+  for (int64_t r = 0; r < M; r += kR) {
+    const int64_t rows = std::min(kR, M - r);
+    for (int64_t j = 0; j < N; j += kC) {
+      const int64_t cols = std::min(kC, N - j);
+      if (rows == kR && cols == kC)
+        micro_full<F>(a + r * ars, ars, acs, b + j, ldb, K, scale, c + r * ldc + j, ldc, accumulate);
+      else
+        micro_edge<F>(a + r * ars, ars, acs, b + j, ldb, rows, cols, K, scale, c + r * ldc + j, ldc, accumulate);
+    }
+  }
+}
+
+// x86-64: an AVX2+FMA clone picked once at load time (the baseline build is SSE2 only).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KILN_FLEX_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define KILN_FLEX_CLONES
+#endif
+
+KILN_FLEX_CLONES void gemm_f32(const float* a, int64_t ars, int64_t acs, const float* b, int64_t ldb, int64_t M,
+                               int64_t N, int64_t K, float scale, float* c, int64_t ldc, bool accumulate) {
+  gemm_body<float>(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+}
+KILN_FLEX_CLONES void gemm_f64(const double* a, int64_t ars, int64_t acs, const double* b, int64_t ldb, int64_t M,
+                               int64_t N, int64_t K, double scale, double* c, int64_t ldc, bool accumulate) {
+  gemm_body<double>(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+}
+
+}  // namespace
+
+template <>
+void gemm<float>(const float* a, int64_t ars, int64_t acs, const float* b, int64_t ldb, int64_t M, int64_t N, int64_t K,
+                 float scale, float* c, int64_t ldc, bool accumulate) {
+  gemm_f32(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+}
+template <>
+void gemm<double>(const double* a, int64_t ars, int64_t acs, const double* b, int64_t ldb, int64_t M, int64_t N,
+                  int64_t K, double scale, double* c, int64_t ldc, bool accumulate) {
+  gemm_f64(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+}
+
+template <typename F>
+void score_tile(const F* a, const F* bt, int64_t m, int64_t n, int64_t E, F scale, F* s, int64_t ld) {
+  gemm<F>(a, E, 1, bt, n, m, n, E, scale, s, ld, false);
+}
+
+template <typename F>
+void mod_row(Mods<F>& mods, const Problem& p, F* s, int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n,
+             bool partial) {
+  if (mods.score) {
+    mods.score->run(b, h, q, c0, n, s);
+    std::copy_n(mods.score->float_result(), n, s);
+  }
+  if (partial && mods.mask) {
+    mods.mask->run(b, h, q, c0, n, nullptr);
+    const uint8_t* keep = mods.mask->bool_result();
+    for (int64_t c = 0; c < n; ++c)
+      if (!keep[c]) s[c] = -std::numeric_limits<F>::infinity();
+  }
+}
+
+template <typename T, typename F>
+void load_rows(const T* src, int64_t r0, int64_t m, int64_t D, F* dst) {
+  const T* p = src + r0 * D;
+  for (int64_t i = 0; i < m * D; ++i) dst[i] = cast_value<F>(p[i]);
+}
+
+template <typename T, typename F>
+void load_transposed(const T* src, int64_t r0, int64_t n, int64_t D, F* dst) {
+  const T* p = src + r0 * D;
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t d = 0; d < D; ++d) dst[d * n + c] = cast_value<F>(p[c * D + d]);
+}
+
+#define KILN_FLEX_INSTANTIATE_F(F)                                                                              \
+  template struct Mods<F>;                                                                                      \
+  template void score_tile<F>(const F*, const F*, int64_t, int64_t, int64_t, F, F*, int64_t);                   \
+  template void mod_row<F>(Mods<F>&, const Problem&, F*, int64_t, int64_t, int64_t, int64_t, int64_t, bool);
+KILN_FLEX_INSTANTIATE_F(float)
+KILN_FLEX_INSTANTIATE_F(double)
+#define KILN_FLEX_INSTANTIATE_T(T)                                                           \
+  template void load_rows<T, acc_t<T>>(const T*, int64_t, int64_t, int64_t, acc_t<T>*);      \
+  template void load_transposed<T, acc_t<T>>(const T*, int64_t, int64_t, int64_t, acc_t<T>*);
+KILN_FLEX_INSTANTIATE_T(float)
+KILN_FLEX_INSTANTIATE_T(double)
+KILN_FLEX_INSTANTIATE_T(BFloat16)
+KILN_FLEX_INSTANTIATE_T(Half)
+
+}  // namespace kiln::flex::cpu

@@ -1,0 +1,106 @@
+#pragma once
+// The mod IR compiled to a flat program (one instruction per distinct tree node, operands before
+// users), its row evaluator (one query row against a run of kv positions, every instruction a
+// loop over small arrays: no per-element dispatch), the reverse pass that differentiates a
+// score_mod row, and interval evaluation over index boxes (for BlockMask classification).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kiln/flex.h"
+
+namespace kiln::flex {
+
+struct CapturedTensor {
+  Tensor tensor;  // as the user gave it (gradients flow to it)
+  Kind kind = Kind::Int;
+};
+
+namespace detail {
+
+struct Instr {
+  Op op;
+  Kind kind;
+  int32_t a = -1, b = -1, c = -1;  // operand instructions
+  int32_t nidx = 0;                // Load: number of indices (== the tensor's dim)
+  int32_t buf = -1;                // Load: captured buffer
+  int64_t ival = 0;
+  double fval = 0;
+  bool needs_adj = false;          // on a path from score or a grad-requiring load to the result
+};
+
+// A captured tensor prepared for reading: contiguous values as int64 / float / double.
+struct Buffer {
+  std::shared_ptr<CapturedTensor> src;
+  Kind kind = Kind::Int;
+  int ndim = 1;
+  int64_t sizes[3] = {1, 1, 1};
+  int64_t strides[3] = {0, 0, 0};
+  int64_t numel = 0;
+  std::vector<int64_t> ivals;  // Int / Bool
+  std::vector<double> dvals;   // Float
+  std::vector<float> fvals;    // Float
+  bool needs_grad = false;     // float tensor that requires grad
+  // Interval support: per-row min/max pyramids over the last dim (built on demand).
+  mutable std::vector<double> pyr_min, pyr_max;
+  mutable std::vector<int64_t> level_off;  // offsets of each level inside one row's pyramid
+  mutable int64_t row_pyr = 0;
+  void build_pyramid() const;
+  // min / max over the box lo..hi (inclusive, already clamped) of indices.
+  void range(const int64_t* lo, const int64_t* hi, double* mn, double* mx) const;
+};
+
+struct Program {
+  std::vector<Instr> code;
+  std::vector<Buffer> buffers;
+  int32_t result = -1;
+  bool reads_tensors = false;
+  bool uses_score = false;
+  bool any_grad = false;  // some buffer needs a gradient
+};
+
+// Compiles `e`; the tensors it reads are copied once (contiguous) into buffers.
+Program compile(const Expr& e);
+
+// Evaluates a program for one query row over kv positions kv0 .. kv0 + n - 1.
+template <typename F>
+class RowEval {
+ public:
+  RowEval(const Program& p, int64_t max_n);
+  // score: n values (ignored unless the program reads score).
+  void run(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, const F* score);
+  const F* float_result() const { return fregs_.data() + off_[prog_->result] ; }
+  const uint8_t* bool_result() const { return bregs_.data() + off_[prog_->result]; }
+  // After run(): given d(result) over the n positions, writes d(score) and adds the gradients of
+  // captured tensors into grads[buffer] (double, in position order: deterministic).
+  void backward(const F* dresult, F* dscore, std::vector<std::vector<double>>& grads);
+  bool index_error() const { return index_error_; }
+
+ private:
+  const Program* prog_;
+  int64_t max_n_;
+  int64_t n_ = 0;
+  std::vector<int64_t> off_;  // per instruction: offset into its typed register file
+  std::vector<int64_t> iregs_;
+  std::vector<F> fregs_;
+  std::vector<uint8_t> bregs_;
+  std::vector<F> adj_;
+  bool index_error_ = false;
+};
+
+// Interval value of one instruction: ints in [ilo, ihi], floats in [flo, fhi] (nan: may be NaN),
+// bools by which values are possible.
+struct Interval {
+  int64_t ilo = 0, ihi = 0;
+  double flo = 0, fhi = 0;
+  bool nan = false;
+  bool can_false = false, can_true = false;
+};
+
+// Evaluates the program for b, h fixed and q in [q0, q1], kv in [k0, k1] (inclusive);
+// regs is scratch (resized as needed). Returns the result's interval.
+Interval eval_interval(const Program& p, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0, int64_t k1,
+                       std::vector<Interval>& regs);
+
+}  // namespace detail
+}  // namespace kiln::flex

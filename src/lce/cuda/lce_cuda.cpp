@@ -1,0 +1,231 @@
+// CUDA fused linear cross-entropy: the loop structure of the two strategies around cuda::gemm
+// (cuBLASLt, cached plans) and the kernels of lce_kernels.cu, all on the current stream of the
+// input's device. GEMM types: T in (bf16/fp16/fp32/fp64), fp32 (fp64) logit tiles; the dx/dW GEMMs
+// take dz in T's type for 16-bit inputs (bf16 x bf16 -> fp32 accumulate), in fp32 otherwise (TF32
+// only when set_float32_matmul_precision("high")). Accumulators: dx_acc [N, H] fp32 (memory, 16-bit
+// x only; fp32 x accumulates in dx itself), dW_t [Vc, H] fp32 per vocabulary tile (written once),
+// the speed strategy's [V, H] fp32 dW accumulator only for 16-bit weights over several chunks.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/cuda/check.h"
+#include "kiln/autograd.h"
+#include "kiln/ops/linalg.h"
+#include "lce/cuda/lce_kernels.h"
+#include "lce/lce_internal.h"
+#include "ops/cuda/gemm.h"
+
+namespace kiln::cuda {
+namespace {
+
+struct Ctx {
+  const lce::Problem& p;
+  DType t, acc;
+  bool low;  // 16-bit T: dz has its own T buffer
+  int device;
+  void* stream;
+  bool tf32;
+  explicit Ctx(const lce::Problem& pr)
+      : p(pr),
+        t(pr.x.dtype()),
+        acc(pr.acc_dtype()),
+        low(is_low_precision(pr.x.dtype())),
+        device(pr.x.device().index),
+        stream(current_raw_stream(pr.x.device().index)),
+        tf32(get_float32_matmul_precision() == "high") {}
+  size_t esize() const { return element_size(t); }
+  size_t asize() const { return element_size(acc); }
+  const char* xp(int64_t row) const { return static_cast<const char*>(p.x.data_ptr()) + row * p.k.h * esize(); }
+  const char* wp(int64_t row) const { return static_cast<const char*>(p.w.data_ptr()) + row * p.k.h * esize(); }
+  const void* bias() const { return p.bias.defined() ? p.bias.data_ptr() : nullptr; }
+  const void* cw() const { return p.class_weight.defined() ? p.class_weight.data_ptr() : nullptr; }
+  const int64_t* target() const { return p.target.data_ptr<int64_t>(); }
+  Tensor buf(const Shape& s, DType d) const { return empty(s, TensorOptions().dtype(d).device(p.x.device())); }
+
+  // C[m, n] (c_type, ldc) = op(A) op(B) + beta C.
+  void mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
+          DType ab, void* c, int64_t ldc, DType ct, double beta) const {
+    GemmParams g;
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = a;
+    g.lda = lda;
+    g.b = b;
+    g.ldb = ldb;
+    g.c = c;
+    g.ldc = ldc;
+    g.ab_type = ab;
+    g.c_type = ct;
+    g.beta = beta;
+    g.allow_tf32 = tf32;
+    g.device = device;
+    g.stream = stream;
+    gemm(g);
+  }
+  void zero(const Tensor& z) const {
+    if (z.numel() > 0) KILN_CUDA_CHECK(cudaMemsetAsync(z.data_ptr(), 0, z.nbytes(), static_cast<cudaStream_t>(stream)));
+  }
+};
+
+Tensor make_totals(const Ctx& c) {
+  Tensor tot = c.buf({4}, c.acc);
+  lce_k::prepare(c.t, c.target(), c.cw(), c.p.k, tot.data_ptr(), c.stream);
+  return tot;
+}
+
+void outputs(const Ctx& c, const Tensor& terms, const Tensor& tot, lce::Forward& f) {
+  const lce::Consts& k = c.p.k;
+  const bool none = k.red == lce::Red::None;
+  f.loss = none ? c.buf({k.n}, c.t) : c.buf({}, c.t);
+  f.zterm = none ? c.buf({k.n}, c.acc) : c.buf({}, c.acc);
+  lce_k::reduce(c.t, terms.data_ptr(), k.n, tot.data_ptr(), k, f.loss.data_ptr(), f.zterm.data_ptr(), c.stream);
+}
+
+}  // namespace
+
+lce::Forward lce_forward_memory(const lce::Problem& p) {
+  NoGradGuard ng;
+  DeviceGuard dg(p.x.device().index);
+  const Ctx c(p);
+  const lce::Consts& k = p.k;
+  const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1)),
+                Vc = std::min(p.chunk_v, V);
+  const Tensor tot = make_totals(c);
+  Tensor tile = c.buf({Nc, Vc}, c.acc), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
+  lce::Forward f;
+  f.lse = c.buf({N}, c.acc);
+  for (int64_t n0 = 0; n0 < N; n0 += Nc) {
+    const int64_t rows = std::min(Nc, N - n0);
+    for (int64_t v0 = 0; v0 < V; v0 += Vc) {
+      const int64_t cols = std::min(Vc, V - v0);
+      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), cols, c.acc, 0.0);
+      lce_k::stats(c.t, tile.data_ptr(), rows, cols, cols, v0, c.bias(), c.cw(), c.target() + n0, k, v0 == 0,
+                   state.data_ptr(), Nc, c.stream);
+    }
+    lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
+                    terms.data_ptr(), N, c.stream);
+  }
+  outputs(c, terms, tot, f);
+  return f;
+}
+
+lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& grad, const lce::Needs& nd) {
+  NoGradGuard ng;
+  DeviceGuard dg(p.x.device().index);
+  const Ctx c(p);
+  const lce::Consts& k = p.k;
+  const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1)),
+                Vc = std::min(p.chunk_v, V);
+  lce::Grads out;
+  Tensor dx_acc;
+  if (nd.dx) {
+    out.dx = c.buf({N, H}, c.t);
+    dx_acc = c.low ? c.buf({N, H}, c.acc) : out.dx;  // the one N x H fp32 buffer (16-bit x only)
+    c.zero(dx_acc);
+  }
+  if (nd.dw) out.dw = c.buf({V, H}, c.t);
+  if (nd.db) out.db = c.buf({V}, c.t);
+  if (N == 0) {
+    if (nd.dw) c.zero(out.dw);
+    if (nd.db) c.zero(out.db);
+    if (nd.dx) c.zero(out.dx);
+    return out;
+  }
+  const Tensor tot = make_totals(c);
+  Tensor tile = c.buf({Nc, Vc}, c.acc);
+  Tensor dz = c.low ? c.buf({Nc, Vc}, c.t) : tile;  // dz overwrites the fp32 tile in place otherwise
+  Tensor dwt = nd.dw && c.low ? c.buf({Vc, H}, c.acc) : Tensor();
+  Tensor dbt = nd.db ? c.buf({Vc}, c.acc) : Tensor();
+  const DType dzt = c.low ? c.t : c.acc;
+  const bool per_token = k.red == lce::Red::None;
+  for (int64_t v0 = 0; v0 < V; v0 += Vc) {
+    const int64_t cols = std::min(Vc, V - v0);
+    void* dws = nd.dw ? (c.low ? dwt.data_ptr() : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize()) : nullptr;
+    for (int64_t n0 = 0; n0 < N; n0 += Nc) {
+      const int64_t rows = std::min(Nc, N - n0);
+      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), cols, c.acc, 0.0);
+      lce_k::grad(c.t, tile.data_ptr(), rows, cols, cols, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
+                  grad.data_ptr(), per_token, tot.data_ptr(), k, dz.data_ptr(), cols, c.stream);
+      if (nd.dx)
+        c.mm(false, false, rows, H, cols, dz.data_ptr(), cols, c.wp(v0), H, dzt,
+             static_cast<char*>(dx_acc.data_ptr()) + n0 * H * c.asize(), H, c.acc, 1.0);
+      if (nd.dw)
+        c.mm(true, false, cols, H, rows, dz.data_ptr(), cols, c.xp(n0), H, dzt, dws, H, c.acc, n0 == 0 ? 0.0 : 1.0);
+      if (nd.db) lce_k::colsum(c.t, dz.data_ptr(), rows, cols, cols, n0 == 0, dbt.data_ptr(), c.stream);
+    }
+    if (nd.dw && c.low)
+      lce_k::store(c.t, dwt.data_ptr(), static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize(), cols * H,
+                     c.stream);
+    if (nd.db)
+      lce_k::store(c.t, dbt.data_ptr(), static_cast<char*>(out.db.data_ptr()) + v0 * c.esize(), cols, c.stream);
+  }
+  if (nd.dx && c.low) lce_k::store(c.t, dx_acc.data_ptr(), out.dx.data_ptr(), N * H, c.stream);
+  return out;
+}
+
+lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
+  NoGradGuard ng;
+  DeviceGuard dg(p.x.device().index);
+  const Ctx c(p);
+  const lce::Consts& k = p.k;
+  const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1));
+  const bool one_chunk = Nc >= N;
+  const Tensor tot = make_totals(c);
+  Tensor logits = c.buf({Nc, V}, c.acc), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
+  Tensor dz = c.low ? c.buf({Nc, V}, c.t) : logits;
+  const DType dzt = c.low ? c.t : c.acc;
+  lce::Forward f;
+  f.lse = c.buf({N}, c.acc);
+  if (nd.dx) f.dx = c.buf({N, H}, c.t);
+  if (nd.dw) f.dw = c.buf({V, H}, c.t);
+  if (nd.db) f.db = c.buf({V}, c.t);
+  // dW: written by the GEMM directly (one chunk, or fp32/fp64 weights accumulating in place), else
+  // accumulated in fp32 over chunks and converted once.
+  const bool dw_direct = !c.low || one_chunk;
+  Tensor dw_acc = nd.dw && !dw_direct ? c.buf({V, H}, c.acc) : Tensor();
+  Tensor db_acc = nd.db ? c.buf({V}, c.acc) : Tensor();
+  if (nd.db && N == 0) c.zero(db_acc);
+  if (nd.dw && (N == 0 || (!dw_direct))) c.zero(nd.dw && !dw_direct ? dw_acc : f.dw);
+  if (nd.dx && N == 0) c.zero(f.dx);
+  for (int64_t n0 = 0; n0 < N; n0 += Nc) {
+    const int64_t rows = std::min(Nc, N - n0);
+    c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), V, c.acc, 0.0);
+    lce_k::stats(c.t, logits.data_ptr(), rows, V, V, 0, c.bias(), c.cw(), c.target() + n0, k, true, state.data_ptr(),
+                 Nc, c.stream);
+    lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
+                    terms.data_ptr(), N, c.stream);
+    if (!nd.any()) continue;
+    lce_k::grad(c.t, logits.data_ptr(), rows, V, V, 0, n0, c.bias(), c.cw(), c.target(), f.lse.data_ptr(), nullptr,
+                false, tot.data_ptr(), k, dz.data_ptr(), V, c.stream);
+    if (nd.dx)  // each dx row block is produced once: written in T directly
+      c.mm(false, false, rows, H, V, dz.data_ptr(), V, c.wp(0), H, dzt,
+           static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(), H, c.t, 0.0);
+    if (nd.dw) {
+      if (dw_direct)
+        c.mm(true, false, V, H, rows, dz.data_ptr(), V, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t,
+             (n0 == 0 || c.low) ? 0.0 : 1.0);
+      else
+        c.mm(true, false, V, H, rows, dz.data_ptr(), V, c.xp(n0), H, dzt, dw_acc.data_ptr(), H, c.acc, 1.0);
+    }
+    if (nd.db) lce_k::colsum(c.t, dz.data_ptr(), rows, V, V, n0 == 0, db_acc.data_ptr(), c.stream);
+  }
+  if (nd.dw && !dw_direct) lce_k::store(c.t, dw_acc.data_ptr(), f.dw.data_ptr(), V * H, c.stream);
+  if (nd.db) lce_k::store(c.t, db_acc.data_ptr(), f.db.data_ptr(), V, c.stream);
+  outputs(c, terms, tot, f);
+  return f;
+}
+
+Tensor lce_scale(const Tensor& src, const Tensor& g) {
+  NoGradGuard ng;
+  DeviceGuard dg(src.device().index);
+  Tensor out = empty(src.sizes(), src.options());
+  lce_k::scale(src.dtype(), src.data_ptr(), g.data_ptr(), out.data_ptr(), src.numel(),
+               current_raw_stream(src.device().index));
+  return out;
+}
+
+}  // namespace kiln::cuda

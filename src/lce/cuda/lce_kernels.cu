@@ -1,0 +1,358 @@
+// CUDA kernels of the fused linear cross-entropy. The logits exist only as fp32 (fp64) tiles
+// written by cuBLASLt; these kernels read each tile once per pass:
+//   stats:   one block per tile row; each thread keeps an online (max, sum exp) over its strided
+//            columns (coalesced), applying bias and soft-cap on the fly, plus the weighted logit
+//            sum for label smoothing; the block merges the pairs in a fixed tree, thread 0 merges
+//            into the running row state. Reads the tile, writes O(rows).
+//   grad:    elementwise: dz = (a p - c w_v - b [v == y]) (1 - (s / cap)^2), p = exp(s - lse),
+//            with the row's a, b, c computed in-kernel from (g, lse, target, totals). Reads the
+//            raw tile once, writes dz once (16-bit for 16-bit inputs: the dx/dW GEMMs take bf16/fp16
+//            operands with fp32 accumulation, as cuBLASLt's fast path wants).
+//   colsum:  bias gradient, one thread per column, rows in order (deterministic, no atomics).
+//   prepare/reduce: single-block reductions in a fixed order (double accumulation).
+// 256 threads per block: enough warps to hide latency on a row of a few thousand columns.
+#include <cfloat>
+#include <cmath>
+
+#include "core/cuda/check.h"
+#include "core/cuda/device_types.cuh"
+#include "core/dispatch.h"
+#include "lce/cuda/lce_kernels.h"
+
+namespace kiln::cuda::lce_k {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kReduceThreads = 1024;
+
+template <typename A> __device__ __forceinline__ A dexp(A x) { return exp(x); }
+template <> __device__ __forceinline__ float dexp<float>(float x) { return expf(x); }
+template <typename A> __device__ __forceinline__ A dlog(A x) { return log(x); }
+template <> __device__ __forceinline__ float dlog<float>(float x) { return logf(x); }
+template <typename A> __device__ __forceinline__ A dtanh(A x) { return tanh(x); }
+template <> __device__ __forceinline__ float dtanh<float>(float x) { return tanhf(x); }
+
+template <typename A>
+__device__ __forceinline__ A softcap(A z, A cap) {
+  return cap > A(0) ? cap * dtanh<A>(z / cap) : z;
+}
+
+template <typename A>
+__device__ __forceinline__ void merge(A& m, A& s, A m2, A s2) {
+  lce::lse_merge(m, s, m2, s2, [](A e) { return dexp<A>(e); });
+}
+
+// Block-wide sum in a fixed order (shared-memory tree); all threads get the result.
+template <typename A>
+__device__ A block_sum(A v, A* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  const A r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+template <typename A>
+__global__ void prepare_kernel(const int64_t* target, const A* cw, lce::Consts k, A* totals) {
+  __shared__ double sh[kReduceThreads];
+  double ws = 0, cnt = 0, bad = 0, cs = 0;
+  for (int64_t i = threadIdx.x; i < k.n; i += blockDim.x) {
+    const int64_t y = target[i];
+    if (lce::is_ignored(y, k)) continue;
+    if (y < 0 || y >= k.v) {
+      bad += 1;
+      continue;
+    }
+    ws += cw ? static_cast<double>(cw[y]) : 1.0;
+    cnt += 1;
+  }
+  if (cw) {
+    for (int64_t j = threadIdx.x; j < k.v; j += blockDim.x) cs += static_cast<double>(cw[j]);
+  }
+  ws = block_sum(ws, sh);
+  cnt = block_sum(cnt, sh);
+  bad = block_sum(bad, sh);
+  cs = block_sum(cs, sh);
+  if (threadIdx.x == 0) {
+    totals[0] = static_cast<A>(ws);
+    totals[1] = static_cast<A>(cnt);
+    totals[2] = static_cast<A>(cw ? cs : static_cast<double>(k.v));
+    totals[3] = static_cast<A>(bad);
+  }
+}
+
+template <typename T, typename A>
+__global__ void stats_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0, const T* bias, const A* cw,
+                             const int64_t* target, lce::Consts k, bool first, A* state, int64_t st) {
+  __shared__ A sm[kThreads], ss[kThreads], sw[kThreads];
+  const int64_t r = blockIdx.x;
+  const A* z = tile + r * ld;
+  const A cap = static_cast<A>(k.softcap);
+  const int64_t y = target[r] - v0;
+  A m = -INFINITY, s = 0, ws = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    A v = z[j];
+    if (bias) v += convert<A>(bias[v0 + j]);
+    v = softcap(v, cap);
+    if (v > m) {
+      s = s * dexp<A>(m - v) + A(1);
+      m = v;
+    } else {
+      s += dexp<A>(v - m);
+    }
+    ws += cw ? cw[v0 + j] * v : v;
+    if (j == y) state[2 * st + r] = v;  // exactly one thread of one tile holds the target
+  }
+  sm[threadIdx.x] = m;
+  ss[threadIdx.x] = s;
+  sw[threadIdx.x] = ws;
+  __syncthreads();
+  for (int h = blockDim.x / 2; h > 0; h >>= 1) {  // fixed tree: deterministic
+    if (threadIdx.x < h) {
+      A mm = sm[threadIdx.x], sv = ss[threadIdx.x];
+      merge(mm, sv, sm[threadIdx.x + h], ss[threadIdx.x + h]);
+      sm[threadIdx.x] = mm;
+      ss[threadIdx.x] = sv;
+      sw[threadIdx.x] += sw[threadIdx.x + h];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    A mm = first ? A(-INFINITY) : state[r], sv = first ? A(0) : state[st + r];
+    merge(mm, sv, sm[0], ss[0]);
+    state[r] = mm;
+    state[st + r] = sv;
+    state[3 * st + r] = (first ? A(0) : state[3 * st + r]) + (k.eps != 0.0 ? sw[0] : A(0));
+    if (first && !(y >= 0 && y < cols)) state[2 * st + r] = A(0);
+  }
+}
+
+template <typename A>
+__global__ void finalize_kernel(int64_t rows, int64_t n0, const A* state, int64_t st, const int64_t* target,
+                                const A* cw, const A* totals, lce::Consts k, A* lse, A* terms, int64_t n_total) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const int64_t i = n0 + r, y = target[i];
+  const A l = state[r] + dlog<A>(state[st + r]);
+  lse[i] = l;
+  A loss = 0, zl = 0;
+  if (!lce::is_ignored(y, k)) {
+    if (y < 0 || y >= k.v) {
+      loss = NAN;  // out-of-range target: NaN instead of a host check that would synchronise
+    } else {
+      loss = lce::token_loss<A>(l, state[2 * st + r], cw ? cw[y] : A(1), state[3 * st + r], totals[2], k);
+      zl = static_cast<A>(k.z_coef) * l * l;
+    }
+  }
+  terms[i] = loss;
+  terms[n_total + i] = zl;
+}
+
+template <typename T, typename A, typename DZ>
+__global__ void grad_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const T* bias,
+                            const A* cw, const int64_t* target, const A* lse_all, const A* g, bool g_per_token,
+                            const A* totals, lce::Consts k, DZ* dz, int64_t ldz) {
+  const int64_t r = blockIdx.x, i = n0 + r;
+  const int64_t j = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= cols) return;
+  const int64_t y = target[i];
+  DZ* out = dz + r * ldz;
+  if (lce::is_ignored(y, k) || y < 0 || y >= k.v) {
+    out[j] = convert<DZ>(A(0));
+    return;
+  }
+  lce::Totals<A> tot;
+  tot.weight_sum = totals[0];
+  tot.count = totals[1];
+  tot.class_sum = totals[2];
+  const A lse = lse_all[i];
+  A gl, gz;
+  lce::token_scales<A>(g ? g[g_per_token ? i : 0] : A(1), tot, k, gl, gz);
+  const lce::CoefT<A> c = lce::row_coef<A>(gl, gz, lse, cw ? cw[y] : A(1), tot.class_sum, k);
+  const A cap = static_cast<A>(k.softcap);
+  A s = tile[r * ld + j];
+  if (bias) s += convert<A>(bias[v0 + j]);
+  s = softcap(s, cap);
+  A d = c.a * dexp<A>(s - lse) - c.c * (cw ? cw[v0 + j] : A(1)) - (v0 + j == y ? c.b : A(0));
+  if (cap > A(0)) d *= A(1) - (s / cap) * (s / cap);
+  out[j] = convert<DZ>(d);
+}
+
+template <typename DZ, typename A>
+__global__ void colsum_kernel(const DZ* dz, int64_t rows, int64_t cols, int64_t ld, bool first, A* acc) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= cols) return;
+  A s = first ? A(0) : acc[j];
+  for (int64_t r = 0; r < rows; ++r) s += convert<A>(dz[r * ld + j]);
+  acc[j] = s;
+}
+
+template <typename T, typename A>
+__global__ void reduce_kernel(const A* terms, int64_t n, const A* totals, lce::Consts k, T* loss, A* zterm) {
+  __shared__ double sh[kReduceThreads];
+  double ls = 0, zs = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    ls += static_cast<double>(terms[i]);
+    zs += static_cast<double>(terms[n + i]);
+  }
+  ls = block_sum(ls, sh);
+  zs = block_sum(zs, sh);
+  if (threadIdx.x == 0) {
+    if (k.red == lce::Red::Mean) {
+      ls /= static_cast<double>(totals[0]);  // 0 / 0 = NaN with every target ignored, as PyTorch
+      zs /= static_cast<double>(totals[1]);
+    }
+    if (k.z_coef == 0.0) zs = 0;
+    if (totals[3] != A(0)) ls = NAN;
+    loss[0] = convert<T>(ls + zs);
+    zterm[0] = static_cast<A>(zs);
+  }
+}
+
+template <typename T, typename A>
+__global__ void per_token_kernel(const A* terms, int64_t n, T* loss, A* zterm) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  loss[i] = convert<T>(terms[i] + terms[n + i]);
+  zterm[i] = terms[n + i];
+}
+
+template <typename T, typename A>
+__global__ void convert_kernel(const A* src, T* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = convert<T>(src[i]);
+}
+
+template <typename T, typename A>
+__global__ void scale_kernel(const T* src, const A* g, T* dst, int64_t n) {
+  const A gv = g[0];
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = convert<T>(convert<A>(src[i]) * gv);
+}
+
+// Calls f(T-tag, A-tag) with device element types.
+template <typename F>
+void with_types(DType t, F&& f) {
+  dispatch_floating(t, "linear_cross_entropy", [&](auto tag) {
+    using T = device_t<typename decltype(tag)::type>;
+    using A = dacc_t<T>;
+    f(TypeTag<T>{}, TypeTag<A>{});
+  });
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+void prepare(DType t, const int64_t* target, const void* cw, const lce::Consts& k, void* totals, void* stream) {
+  with_types(t, [&](auto, auto at) {
+    using A = typename decltype(at)::type;
+    prepare_kernel<A><<<1, kReduceThreads, 0, as_stream(stream)>>>(target, static_cast<const A*>(cw), k,
+                                                                     static_cast<A*>(totals));
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+  });
+}
+
+void stats(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, const void* bias,
+           const void* cw, const int64_t* target, const lce::Consts& k, bool first, void* state, int64_t state_stride,
+           void* stream) {
+  if (rows == 0) return;
+  with_types(t, [&](auto tt, auto at) {
+    using T = typename decltype(tt)::type;
+    using A = typename decltype(at)::type;
+    stats_kernel<T, A><<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
+        static_cast<const A*>(tile), cols, ld, v0, static_cast<const T*>(bias), static_cast<const A*>(cw), target, k,
+        first, static_cast<A*>(state), state_stride);
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+  });
+}
+
+void finalize(DType t, int64_t rows, int64_t n0, const void* state, int64_t state_stride, const int64_t* target,
+              const void* cw, const void* totals, const lce::Consts& k, void* lse, void* terms, int64_t n_total,
+              void* stream) {
+  if (rows == 0) return;
+  with_types(t, [&](auto, auto at) {
+    using A = typename decltype(at)::type;
+    finalize_kernel<A><<<blocks_for(rows, kThreads), kThreads, 0, as_stream(stream)>>>(
+        rows, n0, static_cast<const A*>(state), state_stride, target, static_cast<const A*>(cw),
+        static_cast<const A*>(totals), k, static_cast<A*>(lse), static_cast<A*>(terms), n_total);
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+  });
+}
+
+void grad(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const void* bias,
+          const void* cw, const int64_t* target, const void* lse, const void* g, bool g_per_token, const void* totals,
+          const lce::Consts& k, void* dz, int64_t ldz, void* stream) {
+  if (rows == 0 || cols == 0) return;
+  with_types(t, [&](auto tt, auto at) {
+    using T = typename decltype(tt)::type;
+    using A = typename decltype(at)::type;
+    using DZ = std::conditional_t<is_16bit_float_v<T>, T, A>;
+    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((cols + kThreads - 1) / kThreads));
+    grad_kernel<T, A, DZ><<<grid, kThreads, 0, as_stream(stream)>>>(
+        static_cast<const A*>(tile), cols, ld, v0, n0, static_cast<const T*>(bias), static_cast<const A*>(cw), target,
+        static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token, static_cast<const A*>(totals), k,
+        static_cast<DZ*>(dz), ldz);
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+  });
+}
+
+void colsum(DType t, const void* dz, int64_t rows, int64_t cols, int64_t ld, bool first, void* acc, void* stream) {
+  if (cols == 0) return;
+  with_types(t, [&](auto tt, auto at) {
+    using T = typename decltype(tt)::type;
+    using A = typename decltype(at)::type;
+    using DZ = std::conditional_t<is_16bit_float_v<T>, T, A>;
+    colsum_kernel<DZ, A><<<blocks_for(cols, kThreads), kThreads, 0, as_stream(stream)>>>(
+        static_cast<const DZ*>(dz), rows, cols, ld, first, static_cast<A*>(acc));
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+  });
+}
+
+void reduce(DType t, const void* terms, int64_t n, const void* totals, const lce::Consts& k, void* loss, void* zterm,
+            void* stream) {
+  with_types(t, [&](auto tt, auto at) {
+    using T = typename decltype(tt)::type;
+    using A = typename decltype(at)::type;
+    if (k.red == lce::Red::None) {
+      if (n == 0) return;
+      per_token_kernel<T, A><<<blocks_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(
+          static_cast<const A*>(terms), n, static_cast<T*>(loss), static_cast<A*>(zterm));
+    } else {
+      reduce_kernel<T, A><<<1, kReduceThreads, 0, as_stream(stream)>>>(
+          static_cast<const A*>(terms), n, static_cast<const A*>(totals), k, static_cast<T*>(loss),
+          static_cast<A*>(zterm));
+    }
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+  });
+}
+
+void store(DType t, const void* src, void* dst, int64_t n, void* stream) {
+  if (n == 0) return;
+  with_types(t, [&](auto tt, auto at) {
+    using T = typename decltype(tt)::type;
+    using A = typename decltype(at)::type;
+    convert_kernel<T, A><<<blocks_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(static_cast<const A*>(src),
+                                                                                      static_cast<T*>(dst), n);
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+  });
+}
+
+void scale(DType t, const void* src, const void* g, void* dst, int64_t n, void* stream) {
+  if (n == 0) return;
+  with_types(t, [&](auto tt, auto at) {
+    using T = typename decltype(tt)::type;
+    using A = typename decltype(at)::type;
+    scale_kernel<T, A><<<blocks_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(
+        static_cast<const T*>(src), static_cast<const A*>(g), static_cast<T*>(dst), n);
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+  });
+}
+
+}  // namespace kiln::cuda::lce_k

@@ -1,0 +1,294 @@
+// linear_cross_entropy: validation, strategy and chunk choice, device dispatch, the autograd node
+// (inputs x, W, bias; one node, so a tied weight simply receives a second gradient), and the
+// LinearCrossEntropyLoss module.
+#include "kiln/lce.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/dispatch.h"
+#include "core/tensor_impl.h"
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
+#include "lce/lce_internal.h"
+
+namespace kiln::nn {
+namespace functional {
+namespace {
+
+constexpr const char* kOp = "linear_cross_entropy";
+// Speed needs at least this many tokens per chunk to keep its GEMMs efficient.
+constexpr int64_t kMinSpeedChunk = 256;
+
+struct Validated {
+  int64_t n = 0, h = 0, v = 0;
+};
+
+Validated validate(const Tensor& input, const Tensor& weight, const Tensor& target,
+                   const LinearCrossEntropyOptions& o) {
+  KILN_CHECK(input.defined() && weight.defined() && target.defined(), kOp,
+             "input, linear_weight and target must be defined");
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3, kOp, "input must be [N, H] or [B, T, H], got ",
+             shape_str(input.sizes()));
+  KILN_CHECK(weight.dim() == 2, kOp, "linear_weight must be [V, H], got ", shape_str(weight.sizes()));
+  KILN_CHECK(is_floating_point(input.dtype()), kOp, "input must be floating point, got ", dtype_name(input.dtype()));
+  KILN_CHECK(weight.dtype() == input.dtype(), kOp, "input and linear_weight dtypes differ: ", dtype_name(input.dtype()),
+             " vs ", dtype_name(weight.dtype()));
+  KILN_CHECK(weight.device() == input.device(), kOp, "input is on ", input.device().str(), " but linear_weight is on ",
+             weight.device().str());
+  KILN_CHECK(target.device() == input.device(), kOp, "input is on ", input.device().str(), " but target is on ",
+             target.device().str());
+  KILN_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32, kOp, "target must be int64 or int32, got ",
+             dtype_name(target.dtype()));
+  const int64_t h = input.size(-1), v = weight.size(0);
+  KILN_CHECK(weight.size(1) == h, kOp, "input ", shape_str(input.sizes()), " and linear_weight ",
+             shape_str(weight.sizes()), " have different hidden sizes (", h, " vs ", weight.size(1), ")");
+  KILN_CHECK(v > 0, kOp, "linear_weight has no rows (V = 0)");
+  Shape lead(input.sizes().begin(), input.sizes().end() - 1);
+  KILN_CHECK(target.sizes() == lead, kOp, "target ", shape_str(target.sizes()), " does not match input ",
+             shape_str(input.sizes()), " (expected ", shape_str(lead), ")");
+  if (o.linear_bias.defined()) {
+    const Tensor& b = o.linear_bias;
+    KILN_CHECK(b.dim() == 1 && b.size(0) == v, kOp, "linear_bias ", shape_str(b.sizes()), " does not match linear_weight ",
+               shape_str(weight.sizes()), " (expected [", v, "])");
+    KILN_CHECK(b.dtype() == input.dtype(), kOp, "linear_bias dtype ", dtype_name(b.dtype()), " differs from input's ",
+               dtype_name(input.dtype()));
+    KILN_CHECK(b.device() == input.device(), kOp, "linear_bias is on ", b.device().str(), ", input on ",
+               input.device().str());
+  }
+  if (o.weight.defined()) {
+    const Tensor& w = o.weight;
+    KILN_CHECK(w.dim() == 1 && w.size(0) == v, kOp, "class weight ", shape_str(w.sizes()), " does not match ", v,
+               " classes");
+    KILN_CHECK(is_floating_point(w.dtype()), kOp, "class weight must be floating point, got ", dtype_name(w.dtype()));
+    KILN_CHECK(w.device() == input.device(), kOp, "class weight is on ", w.device().str(), ", input on ",
+               input.device().str());
+  }
+  KILN_CHECK(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, kOp, "label_smoothing must be in [0, 1], got ",
+             o.label_smoothing);
+  KILN_CHECK(o.z_loss >= 0.0 && std::isfinite(o.z_loss), kOp, "z_loss must be >= 0, got ", o.z_loss);
+  KILN_CHECK(o.logit_softcap >= 0.0 && std::isfinite(o.logit_softcap), kOp, "logit_softcap must be >= 0, got ",
+             o.logit_softcap);
+  KILN_CHECK(o.chunk_tokens >= 0 && o.chunk_vocab >= 0 && o.memory_budget >= 0, kOp,
+             "chunk sizes and memory_budget must be >= 0");
+  return {shape_numel(lead), h, v};
+}
+
+lce::Red to_red(Reduction r) {
+  switch (r) {
+    case Reduction::Mean: return lce::Red::Mean;
+    case Reduction::Sum: return lce::Red::Sum;
+    default: return lce::Red::None;
+  }
+}
+
+struct Plan {
+  LceStrategy strategy = LceStrategy::Memory;
+  int64_t chunk_n = 0, chunk_v = 0;
+};
+
+// Chunk sizes and the strategy. Memory tiles: big enough that each GEMM fills the device (CUDA
+// 4096 x 2048: ~69 GFLOP per logit tile at H = 4096; CPU 2048 x 1024: 16 of cpu::gemm's tasks).
+Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& o, const lce::Needs& nd) {
+  const bool cuda = x.is_cuda();
+  Plan p;
+  p.chunk_v = o.chunk_vocab > 0 ? o.chunk_vocab : (cuda ? 2048 : 1024);
+  const int64_t n = std::max<int64_t>(s.n, 1);
+  const int64_t budget = o.memory_budget > 0 ? o.memory_budget : (cuda ? (int64_t{2} << 30) : (int64_t{64} << 20));
+  bool speed_ok = o.reduction != Reduction::None && nd.any();
+  int64_t speed_chunk = 0;
+  if (speed_ok) {
+    const bool low = is_low_precision(x.dtype());
+    const int64_t per_token = s.v * (4 + (cuda && low ? 2 : 0));  // fp32 logits (+ 16-bit dz on CUDA)
+    if (o.chunk_tokens > 0) {
+      speed_chunk = std::min(o.chunk_tokens, n);
+    } else {
+      // A fp32 weight-gradient accumulator is needed for 16-bit weights, except for one chunk on CUDA.
+      const int64_t acc = nd.dw && low ? s.v * s.h * 4 : 0;
+      speed_chunk = std::min(n, budget / per_token);
+      if (speed_chunk < n && (!cuda || acc > 0)) speed_chunk = std::min(n, std::max<int64_t>(budget - acc, 0) / per_token);
+      if (speed_chunk < n) speed_chunk = speed_chunk / 64 * 64;
+    }
+    speed_ok = speed_chunk >= std::min(n, kMinSpeedChunk);
+  }
+  if (o.strategy == LceStrategy::Speed && o.reduction != Reduction::None) {
+    p.strategy = LceStrategy::Speed;
+    p.chunk_n = std::max<int64_t>(speed_chunk, std::min(n, kMinSpeedChunk));
+  } else if (o.strategy == LceStrategy::Auto && speed_ok) {
+    p.strategy = LceStrategy::Speed;
+    p.chunk_n = speed_chunk;
+  } else {
+    p.strategy = LceStrategy::Memory;
+    p.chunk_n = o.chunk_tokens > 0 ? o.chunk_tokens : (cuda ? 4096 : 2048);
+  }
+  return p;
+}
+
+// src * g (g: one acc-dtype element) into a new tensor; no copy on the CPU when g == 1.
+Tensor scale_by(const Tensor& src, const Tensor& g) {
+  if (!src.defined()) return src;
+  if (src.is_cuda()) {
+    KILN_CUDA_ONLY(kOp, return cuda::lce_scale(src, g));
+  }
+  const double gv = g.item();
+  if (gv == 1.0) return src;
+  Tensor out = empty(src.sizes(), src.options());
+  dispatch_floating(src.dtype(), kOp, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* in = src.data_ptr<T>();
+    T* o = out.data_ptr<T>();
+    const int64_t n = src.numel();
+    for (int64_t i = 0; i < n; ++i) o[i] = cast_value<T>(cast_value<double>(in[i]) * gv);
+  });
+  return out;
+}
+
+}  // namespace
+
+LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, const Tensor& weight,
+                                                         const Tensor& target, const LinearCrossEntropyOptions& o) {
+  const Validated s = validate(input, weight, target, o);
+  const Tensor& bias = o.linear_bias;
+  lce::Needs nd;
+  if (autograd::needs_grad({input, weight, bias})) {
+    nd.dx = input.requires_grad();
+    nd.dw = weight.requires_grad();
+    nd.db = bias.defined() && bias.requires_grad();
+  }
+  const Plan pl = plan(s, input, o, nd);
+
+  auto prob = std::make_shared<lce::Problem>();
+  {
+    NoGradGuard ng;
+    prob->x = input.detach().reshape({s.n, s.h}).contiguous();
+    prob->w = weight.detach().contiguous();
+    if (bias.defined()) prob->bias = bias.detach().contiguous();
+    prob->target = target.detach().reshape({s.n}).to(kInt64).contiguous();
+    if (o.weight.defined()) prob->class_weight = o.weight.detach().to(prob->acc_dtype()).contiguous();
+  }
+  prob->k.n = s.n;
+  prob->k.h = s.h;
+  prob->k.v = s.v;
+  prob->k.ignore_index = o.ignore_index;
+  prob->k.eps = o.label_smoothing;
+  prob->k.z_coef = o.z_loss;
+  prob->k.softcap = o.logit_softcap;
+  prob->k.red = to_red(o.reduction);
+  prob->chunk_n = pl.chunk_n;
+  prob->chunk_v = pl.chunk_v;
+
+  const bool speed = pl.strategy == LceStrategy::Speed;
+  lce::Forward f;
+  if (input.is_cuda()) {
+    KILN_CUDA_ONLY(kOp, f = speed ? cuda::lce_forward_speed(*prob, nd) : cuda::lce_forward_memory(*prob));
+  } else {
+    f = speed ? cpu::lce_forward_speed(*prob, nd) : cpu::lce_forward_memory(*prob);
+  }
+
+  LinearCrossEntropyResult r;
+  r.strategy = pl.strategy;
+  const Shape tshape = target.sizes();
+  r.loss = o.reduction == Reduction::None ? f.loss.reshape(tshape) : f.loss;
+  r.lse = f.lse.reshape(tshape);
+  r.z_loss = o.reduction == Reduction::None ? f.zterm.reshape(tshape) : f.zterm;
+
+  if (nd.any()) {
+    const Shape xshape = input.sizes();
+    const SavedTensor sx(input), sw(weight), sb(bias);  // version checks: inputs must not change before backward
+    const DType acc = prob->acc_dtype();
+    if (speed) {
+      // Gradients for an upstream 1 were computed in the forward; backward scales them.
+      Tensor dx = f.dx, dw = f.dw, db = f.db;
+      autograd::record("linear_cross_entropy", {r.loss}, {input, weight, bias},
+                       [dx, dw, db, xshape, acc, sx, sw, sb](const std::vector<Tensor>& g) {
+                         sx.unpack(kOp), sw.unpack(kOp), sb.unpack(kOp);
+                         Tensor gs;
+                         {
+                           NoGradGuard ng;
+                           gs = g[0].detach().to(acc).contiguous();
+                         }
+                         Tensor gx = scale_by(dx, gs);
+                         return std::vector<Tensor>{gx.defined() ? gx.reshape(xshape) : gx, scale_by(dw, gs),
+                                                    scale_by(db, gs)};
+                       });
+    } else {
+      const Tensor lse = f.lse;
+      autograd::record("linear_cross_entropy", {r.loss}, {input, weight, bias},
+                       [prob, lse, nd, xshape, acc, sx, sw, sb](const std::vector<Tensor>& g) {
+                         sx.unpack(kOp), sw.unpack(kOp), sb.unpack(kOp);
+                         Tensor gs;
+                         {
+                           NoGradGuard ng;
+                           gs = g[0].detach().to(acc).contiguous().reshape({-1});
+                         }
+                         lce::Grads gr;
+                         if (gs.is_cuda()) {
+                           KILN_CUDA_ONLY(kOp, gr = cuda::lce_backward_memory(*prob, lse, gs, nd));
+                         } else {
+                           gr = cpu::lce_backward_memory(*prob, lse, gs, nd);
+                         }
+                         return std::vector<Tensor>{gr.dx.defined() ? gr.dx.reshape(xshape) : gr.dx, gr.dw, gr.db};
+                       });
+    }
+  }
+  return r;
+}
+
+Tensor linear_cross_entropy(const Tensor& input, const Tensor& weight, const Tensor& target,
+                            const LinearCrossEntropyOptions& options) {
+  return linear_cross_entropy_with_stats(input, weight, target, options).loss;
+}
+
+}  // namespace functional
+
+// ---- module ----
+
+LinearCrossEntropyLoss::LinearCrossEntropyLoss(int64_t in_features, int64_t num_classes, bool bias,
+                                               functional::LinearCrossEntropyOptions options,
+                                               TensorOptions tensor_options)
+    : options_(std::move(options)) {
+  KILN_CHECK(in_features > 0 && num_classes > 0, "LinearCrossEntropyLoss", "in_features and num_classes must be > 0, got ",
+             in_features, " and ", num_classes);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  NoGradGuard ng;
+  auto uniform = [&](const Shape& shape) {
+    // rand in [0, 1) -> [-bound, bound), drawn in fp64 and rounded once to the parameter dtype.
+    const std::vector<double> u = rand(shape, kFloat64).to_vector();
+    std::vector<double> v(u.size());
+    for (size_t i = 0; i < u.size(); ++i) v[i] = (2.0 * u[i] - 1.0) * bound;
+    Tensor t = tensor(v, TensorOptions().dtype(tensor_options.dtype())).reshape(shape).to(tensor_options.device());
+    return t.detach().requires_grad_(true);
+  };
+  weight_ = uniform({num_classes, in_features});
+  if (bias) bias_ = uniform({num_classes});
+}
+
+LinearCrossEntropyLoss LinearCrossEntropyLoss::tied(const Tensor& weight, const Tensor& bias,
+                                                    functional::LinearCrossEntropyOptions options) {
+  KILN_CHECK(weight.defined() && weight.dim() == 2, "LinearCrossEntropyLoss",
+             "a tied weight must be [num_classes, in_features]");
+  LinearCrossEntropyLoss m;
+  m.weight_ = weight;
+  m.bias_ = bias;
+  m.options_ = std::move(options);
+  return m;
+}
+
+Tensor LinearCrossEntropyLoss::forward(const Tensor& input, const Tensor& target) const {
+  return forward_with_stats(input, target).loss;
+}
+
+functional::LinearCrossEntropyResult LinearCrossEntropyLoss::forward_with_stats(const Tensor& input,
+                                                                                const Tensor& target) const {
+  functional::LinearCrossEntropyOptions o = options_;
+  o.linear_bias = bias_;
+  return functional::linear_cross_entropy_with_stats(input, weight_, target, o);
+}
+
+std::vector<Tensor> LinearCrossEntropyLoss::parameters() const {
+  std::vector<Tensor> p{weight_};
+  if (bias_.defined()) p.push_back(bias_);
+  return p;
+}
+
+}  // namespace kiln::nn

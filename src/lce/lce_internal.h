@@ -1,0 +1,52 @@
+#pragma once
+// What the API (lce.cpp) hands the CPU and CUDA backends: validated, contiguous, detached
+// tensors and the call's scalars. Plain C++ (no CUDA headers).
+#include "kiln/tensor.h"
+#include "lce/lce_math.h"
+
+namespace kiln::lce {
+
+struct Problem {
+  Tensor x;             // [N, H] contiguous, dtype T (f32, f64, bf16, f16)
+  Tensor w;             // [V, H] contiguous, T
+  Tensor bias;          // [V] contiguous T, or undefined
+  Tensor target;        // [N] int64 contiguous
+  Tensor class_weight;  // [V] contiguous, acc dtype (f32, f64 for f64 inputs), or undefined
+  Consts k;
+  int64_t chunk_n = 0;  // tokens per tile
+  int64_t chunk_v = 0;  // vocabulary entries per tile (memory strategy)
+  DType acc_dtype() const { return x.dtype() == kFloat64 ? kFloat64 : kFloat32; }
+};
+
+struct Needs {
+  bool dx = false, dw = false, db = false;
+  bool any() const { return dx || dw || db; }
+};
+
+struct Forward {
+  Tensor loss;   // [] (mean/sum) or [N] (none), T
+  Tensor lse;    // [N] acc dtype
+  Tensor zterm;  // reduced like loss, acc dtype
+  Tensor dx, dw, db;  // speed strategy: gradients for an upstream gradient of 1 (T)
+};
+
+struct Grads {
+  Tensor dx, dw, db;  // T; undefined where not needed
+};
+
+}  // namespace kiln::lce
+
+namespace kiln::cpu {
+lce::Forward lce_forward_memory(const lce::Problem& p);
+lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& needs);
+// grad: [] (mean/sum) or [N] (none) in the acc dtype, contiguous.
+lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& grad, const lce::Needs& needs);
+}  // namespace kiln::cpu
+
+namespace kiln::cuda {
+lce::Forward lce_forward_memory(const lce::Problem& p);
+lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& needs);
+lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& grad, const lce::Needs& needs);
+// out = src * (*scale), elementwise, for the speed strategy's backward (scale: a 1-element acc tensor).
+Tensor lce_scale(const Tensor& src, const Tensor& scale);
+}  // namespace kiln::cuda

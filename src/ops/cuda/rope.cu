@@ -1,0 +1,48 @@
+// Rotary embedding on CUDA: one thread per rotated pair (row, i), i < D/2, over a grid-stride
+// loop. Consecutive threads take consecutive i, so both halves of a row are read and written
+// coalesced; cos/sin ([T, D/2], small) stay in L2. s = +1 forward, -1 backward.
+#include "core/cuda/check.h"
+#include "core/cuda/device_types.cuh"
+#include "core/dispatch.h"
+#include "core/tensor_impl.h"
+#include "ops/cuda/rope.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename X, typename A>
+__global__ void rotary_kernel(const X* __restrict__ x, const A* __restrict__ cos, const A* __restrict__ sin,
+                              X* __restrict__ out, int64_t pairs, int64_t T, int64_t H, int64_t half, A s) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = p / half, i = p % half;
+    const int64_t t = (r / H) % T;
+    const int64_t base = r * 2 * half;
+    const A x1 = convert<A>(x[base + i]), x2 = convert<A>(x[base + i + half]);
+    const A c = cos[t * half + i], si = s * sin[t * half + i];
+    out[base + i] = convert<X>(x1 * c - x2 * si);
+    out[base + i + half] = convert<X>(x2 * c + x1 * si);
+  }
+}
+
+}  // namespace
+
+void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign, const Tensor& out) {
+  const int64_t T = x.size(1), H = x.size(2), half = x.size(3) / 2;
+  const int64_t pairs = x.numel() / 2;
+  if (pairs == 0) return;
+  DeviceGuard guard(x.device().index);
+  dispatch_floating(x.dtype(), "apply_rotary_emb", [&](auto tag) {
+    using X = device_t<typename decltype(tag)::type>;
+    using A = dacc_t<X>;
+    rotary_kernel<X, A><<<blocks_for(pairs, kThreads), kThreads, 0, current_raw_stream(x.device().index)>>>(
+        static_cast<const X*>(x.data_ptr()), static_cast<const A*>(cos.data_ptr()),
+        static_cast<const A*>(sin.data_ptr()), static_cast<X*>(out.data_ptr()), pairs, T, H, half,
+        static_cast<A>(sign));
+    KILN_CUDA_CHECK_LAUNCH("apply_rotary_emb");
+  });
+}
+
+}  // namespace kiln::cuda

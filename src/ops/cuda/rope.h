@@ -1,0 +1,7 @@
+#pragma once
+// CUDA kernel of the rotary embedding (same contract as src/ops/cpu/rope.h).
+#include "kiln/tensor.h"
+
+namespace kiln::cuda {
+void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign, const Tensor& out);
+}  // namespace kiln::cuda

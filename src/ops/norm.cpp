@@ -1,0 +1,59 @@
+// rms_norm: validation, dispatch and autograd. The kernels live in ops/cpu/norm.cpp and
+// ops/cuda/norm.cu; the forward saves the per-row rstd so backward never recomputes it.
+#include "core/dispatch.h"
+#include "core/tensor_impl.h"
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
+#include "ops/cpu/norm.h"
+#include "ops/cuda/norm.h"
+
+namespace kiln::nn::functional {
+
+Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
+  KILN_CHECK(x_in.defined(), "rms_norm", "input is undefined");
+  KILN_CHECK(is_floating_point(x_in.dtype()), "rms_norm", "expected a floating-point input, got ",
+             dtype_name(x_in.dtype()));
+  KILN_CHECK(x_in.dim() >= 1, "rms_norm", "input must have at least one dim, got a 0-d tensor");
+  KILN_CHECK(eps >= 0, "rms_norm", "eps must be >= 0, got ", eps);
+  const int64_t H = x_in.size(-1);
+  if (weight_in.defined()) {
+    KILN_CHECK(weight_in.dim() == 1 && weight_in.size(0) == H, "rms_norm", "weight must be [", H,
+               "] to match the input's last dim, got ", shape_str(weight_in.sizes()));
+    KILN_CHECK(weight_in.dtype() == x_in.dtype(), "rms_norm", "weight dtype ", dtype_name(weight_in.dtype()),
+               " differs from the input dtype ", dtype_name(x_in.dtype()));
+    KILN_CHECK(weight_in.device() == x_in.device(), "rms_norm", "weight is on ", weight_in.device(),
+               " but the input is on ", x_in.device());
+  }
+  const Tensor x = x_in.contiguous().detach();
+  const Tensor w = weight_in.defined() ? weight_in.contiguous().detach() : Tensor();
+  const DType stat = x.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  Tensor y = empty(x.sizes(), x.options());
+  const int64_t rows = H == 0 ? 0 : x.numel() / H;
+  Tensor rstd = empty({rows}, x.options().dtype(stat));
+  if (x.is_cuda()) {
+    KILN_CUDA_ONLY("rms_norm", cuda::rms_norm_forward(x, w, eps, y, rstd));
+  } else {
+    cpu::rms_norm_forward(x, w, eps, y, rstd);
+  }
+  if (autograd::needs_grad({x_in, weight_in})) {
+    const bool want_dw = weight_in.defined() && weight_in.requires_grad();
+    autograd::record("rms_norm", {y}, {x_in, weight_in},
+                     [sx = SavedTensor(x), sw = SavedTensor(w), sr = SavedTensor(rstd), want_dw,
+                      in_shape = x_in.sizes()](const std::vector<Tensor>& g) {
+                       const Tensor xs = sx.unpack("rms_norm"), ws = sw.unpack("rms_norm"),
+                                    rs = sr.unpack("rms_norm");
+                       const Tensor dy = g[0].to(xs.dtype()).contiguous();
+                       Tensor dx = empty(xs.sizes(), xs.options());
+                       Tensor dw = want_dw ? empty(ws.sizes(), ws.options()) : Tensor();
+                       if (xs.is_cuda()) {
+                         KILN_CUDA_ONLY("rms_norm_backward", cuda::rms_norm_backward(dy, xs, ws, rs, dx, dw));
+                       } else {
+                         cpu::rms_norm_backward(dy, xs, ws, rs, dx, dw);
+                       }
+                       return std::vector<Tensor>{dx.view(in_shape), dw};
+                     });
+  }
+  return y;
+}
+
+}  // namespace kiln::nn::functional

@@ -1,0 +1,82 @@
+// Rotary position embedding (half-split / rotate_half convention) and its cos/sin tables.
+// The backward is the same kernel rotating by -theta. cos/sin are treated as constants.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "core/tensor_impl.h"
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
+#include "ops/cpu/rope.h"
+#include "ops/cuda/rope.h"
+
+namespace kiln::nn::functional {
+namespace {
+
+void run_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign, const Tensor& out) {
+  if (x.is_cuda()) {
+    KILN_CUDA_ONLY("apply_rotary_emb", cuda::rotary(x, cos, sin, sign, out));
+  } else {
+    cpu::rotary(x, cos, sin, sign, out);
+  }
+}
+
+}  // namespace
+
+Tensor apply_rotary_emb(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in) {
+  const char* op = "apply_rotary_emb";
+  KILN_CHECK(x_in.defined() && cos_in.defined() && sin_in.defined(), op, "x, cos and sin must be defined");
+  KILN_CHECK(x_in.dim() == 4, op, "x must be [B, T, H, D], got ", shape_str(x_in.sizes()));
+  KILN_CHECK(is_floating_point(x_in.dtype()), op, "expected a floating-point x, got ", dtype_name(x_in.dtype()));
+  const int64_t T = x_in.size(1), D = x_in.size(3);
+  KILN_CHECK(D % 2 == 0, op, "head dim D must be even, got ", D);
+  const Shape table{T, D / 2};
+  KILN_CHECK(cos_in.sizes() == table && sin_in.sizes() == table, op, "cos and sin must be [T, D/2] = ",
+             shape_str(table), ", got ", shape_str(cos_in.sizes()), " and ", shape_str(sin_in.sizes()));
+  KILN_CHECK(is_floating_point(cos_in.dtype()) && is_floating_point(sin_in.dtype()), op,
+             "cos and sin must be floating point");
+  KILN_CHECK(cos_in.device() == x_in.device() && sin_in.device() == x_in.device(), op, "x is on ", x_in.device(),
+             " but cos/sin are on ", cos_in.device(), " and ", sin_in.device());
+  KILN_CHECK(!(autograd::needs_grad({cos_in, sin_in})), op,
+             "gradients w.r.t. cos/sin are not supported; pass tables that do not require grad");
+  const DType acc = x_in.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  const Tensor x = x_in.contiguous().detach();
+  const Tensor cos = cos_in.detach().to(acc).contiguous(), sin = sin_in.detach().to(acc).contiguous();
+  Tensor out = empty(x.sizes(), x.options());
+  run_rotary(x, cos, sin, +1, out);
+  if (autograd::needs_grad({x_in})) {
+    autograd::record(op, {out}, {x_in}, [cos, sin, dt = x.dtype()](const std::vector<Tensor>& g) {
+      const Tensor dy = g[0].to(dt).contiguous();
+      Tensor dx = empty(dy.sizes(), dy.options());
+      run_rotary(dy, cos, sin, -1, dx);
+      return std::vector<Tensor>{dx};
+    });
+  }
+  return out;
+}
+
+std::pair<Tensor, Tensor> rotary_tables(int64_t T, int64_t D, double theta, Device device) {
+  KILN_CHECK(T >= 0, "rotary_tables", "T must be >= 0, got ", T);
+  KILN_CHECK(D > 0 && D % 2 == 0, "rotary_tables", "D must be positive and even, got ", D);
+  KILN_CHECK(theta > 0, "rotary_tables", "theta must be positive, got ", theta);
+  const int64_t half = D / 2;
+  std::vector<float> c(static_cast<size_t>(T * half)), s(c.size());
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+    for (int64_t t = 0; t < T; ++t) {
+      const double angle = static_cast<double>(t) * inv_freq;
+      c[t * half + i] = static_cast<float>(std::cos(angle));
+      s[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  Tensor cos = empty({T, half}), sin = empty({T, half});
+  if (!c.empty()) {
+    std::copy(c.begin(), c.end(), cos.data_ptr<float>());
+    std::copy(s.begin(), s.end(), sin.data_ptr<float>());
+  }
+  if (device.is_cuda()) return {cos.to(device), sin.to(device)};
+  return {cos, sin};
+}
+
+}  // namespace kiln::nn::functional

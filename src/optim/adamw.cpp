@@ -1,0 +1,143 @@
+// AdamW: state management and per-parameter dispatch to the fused kernels
+// (optim/cpu/kernels.cpp, optim/cuda/kernels.cu). Bias corrections are computed on the host in
+// fp64 and folded into two scalars, as torch.optim.AdamW's single-tensor path does.
+#include <cmath>
+
+#include "core/dispatch.h"
+#include "core/tensor_impl.h"
+#include "kiln/autograd.h"
+#include "kiln/optim.h"
+#include "optim/cpu/kernels.h"
+#include "optim/cuda/kernels.h"
+
+namespace kiln::optim {
+namespace {
+
+DType state_dtype(DType param) { return is_low_precision(param) ? kFloat32 : param; }
+
+void check_options(const AdamWOptions& o) {
+  KILN_CHECK(o.lr >= 0, "AdamW", "invalid learning rate ", o.lr);
+  KILN_CHECK(o.eps >= 0, "AdamW", "invalid eps ", o.eps);
+  KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1, "AdamW", "invalid beta1 ", o.beta1);
+  KILN_CHECK(o.beta2 >= 0 && o.beta2 < 1, "AdamW", "invalid beta2 ", o.beta2);
+  KILN_CHECK(o.weight_decay >= 0, "AdamW", "invalid weight_decay ", o.weight_decay);
+}
+
+}  // namespace
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options) : AdamW(std::vector<ParamGroup>{{std::move(params), options}}) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
+  size_t count = 0;
+  for (const ParamGroup& g : groups_) {
+    check_options(g.options);
+    for (const Tensor& p : g.params) {
+      KILN_CHECK(p.defined(), "AdamW", "parameter ", count, " is undefined");
+      KILN_CHECK(is_floating_point(p.dtype()), "AdamW", "parameter ", count, " must be floating point, got ",
+                 dtype_name(p.dtype()));
+      KILN_CHECK(p.is_leaf(), "AdamW", "parameter ", count, " is not a leaf tensor");
+      ++count;
+    }
+  }
+  state_.resize(count);
+}
+
+void AdamW::step() {
+  NoGradGuard no_grad;
+  size_t index = 0;
+  for (const ParamGroup& group : groups_) {
+    const AdamWOptions& o = group.options;
+    check_options(o);
+    for (const Tensor& p : group.params) {
+      AdamWState& st = state_[index++];
+      const Tensor& grad_in = p.grad();
+      if (!grad_in.defined()) continue;
+      KILN_CHECK(p.is_contiguous(), "AdamW", "parameter ", index - 1, " must be contiguous");
+      KILN_CHECK(grad_in.device() == p.device(), "AdamW", "gradient of parameter ", index - 1, " is on ",
+                 grad_in.device(), " but the parameter is on ", p.device());
+      const Tensor grad = grad_in.to(p.dtype()).contiguous();
+      if (!st.exp_avg.defined()) {
+        st.exp_avg = zeros(p.sizes(), p.options().dtype(state_dtype(p.dtype())));
+        st.exp_avg_sq = zeros(p.sizes(), st.exp_avg.options());
+      }
+      st.step += 1;
+      const double t = static_cast<double>(st.step);
+      cpu::AdamWScalars s{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
+                          o.lr / (1.0 - std::pow(o.beta1, t)), std::sqrt(1.0 - std::pow(o.beta2, t))};
+      if (p.is_cuda()) {
+        KILN_CUDA_ONLY("adamw", cuda::adamw_step(p, grad, st.exp_avg, st.exp_avg_sq, s));
+      } else {
+        cpu::adamw_step(p, grad, st.exp_avg, st.exp_avg_sq, s);
+      }
+      p.bump_version();
+      st.exp_avg.bump_version();
+      st.exp_avg_sq.bump_version();
+    }
+  }
+}
+
+void AdamW::zero_grad(bool set_to_none) {
+  for (ParamGroup& group : groups_)
+    for (Tensor& p : group.params) {
+      if (!p.grad().defined()) continue;
+      if (set_to_none) {
+        p.set_grad(Tensor());
+      } else {
+        Tensor g = p.grad();
+        g.zero_();
+      }
+    }
+}
+
+void AdamW::set_lr(double lr) {
+  KILN_CHECK(lr >= 0, "AdamW", "invalid learning rate ", lr);
+  for (ParamGroup& g : groups_) g.options.lr = lr;
+}
+
+double AdamW::lr() const {
+  KILN_CHECK(!groups_.empty(), "AdamW", "no parameter groups");
+  return groups_[0].options.lr;
+}
+
+AdamWState& AdamW::state(size_t index) {
+  KILN_CHECK(index < state_.size(), "AdamW", "state index ", index, " out of range for ", state_.size(),
+             " parameters");
+  return state_[index];
+}
+
+void AdamW::load_state(const std::vector<AdamWState>& state) {
+  KILN_CHECK(state.size() == state_.size(), "AdamW", "state has ", state.size(), " entries but the optimizer has ",
+             state_.size(), " parameters");
+  std::vector<AdamWState> loaded(state.size());
+  size_t index = 0;
+  for (const ParamGroup& group : groups_)
+    for (const Tensor& p : group.params) {
+      const AdamWState& in = state[index];
+      AdamWState& out = loaded[index];
+      KILN_CHECK(in.step >= 0, "AdamW", "negative step in state ", index);
+      KILN_CHECK(in.exp_avg.defined() == in.exp_avg_sq.defined(), "AdamW", "state ", index,
+                 " has only one of exp_avg / exp_avg_sq");
+      out.step = in.step;
+      if (in.exp_avg.defined()) {
+        KILN_CHECK(in.exp_avg.sizes() == p.sizes() && in.exp_avg_sq.sizes() == p.sizes(), "AdamW", "state ", index,
+                   " has moments of shape ", shape_str(in.exp_avg.sizes()), " for a parameter of shape ",
+                   shape_str(p.sizes()));
+        const DType dt = state_dtype(p.dtype());
+        out.exp_avg = in.exp_avg.detach().to(p.device(), dt).contiguous().clone();
+        out.exp_avg_sq = in.exp_avg_sq.detach().to(p.device(), dt).contiguous().clone();
+      }
+      ++index;
+    }
+  state_ = std::move(loaded);
+}
+
+double warmup_cosine_lr(int64_t step, int64_t warmup_steps, int64_t total_steps, double max_lr, double min_lr) {
+  KILN_CHECK(warmup_steps >= 0 && total_steps >= warmup_steps, "warmup_cosine_lr",
+             "need 0 <= warmup_steps <= total_steps, got ", warmup_steps, " and ", total_steps);
+  if (step < warmup_steps) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  if (step >= total_steps || total_steps == warmup_steps) return min_lr;
+  const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+  return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(3.14159265358979323846 * progress));
+}
+
+}  // namespace kiln::optim
