@@ -6,6 +6,7 @@
 #include "kiln/dtype.h"
 #include "kiln/error.h"
 #include "kiln/flex.h"
+#include "kiln/io.h"
 #include "kiln/memory.h"
 #include "kiln/nn.h"
 #include "kiln/ops.h"
