@@ -1,11 +1,14 @@
-// The `kiln` command: one subcommand per job (train, info; bench, inspect and convert arrive
-// with their issues). Errors from the library are printed, never aborted on.
+// The `kiln` command: one subcommand per job (train, info, inspect, convert, bench lce). Errors from the library are printed, never aborted on.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "kiln/kiln.h"
+#include "bench_lce.h"
+#include "io_commands.h"
 #include "train_mlp.h"
 
 namespace {
@@ -41,10 +44,34 @@ int main(int argc, char** argv) {
   train->add_option("--demo", demo, "which demo job")->check(CLI::IsMember({"mlp"}));
   train->add_option("--steps", mlp.steps, "optimizer steps");
 
+  auto* inspect = app.add_subcommand("inspect", "format, metadata and tensors of a checkpoint");
+  std::string inspect_path;
+  inspect->add_option("FILE", inspect_path, "safetensors or PyTorch .pt file")->required();
+
+  auto* convert = app.add_subcommand("convert", "convert a checkpoint (format from OUT's extension)");
+  std::string convert_in, convert_out;
+  convert->add_option("IN", convert_in)->required();
+  convert->add_option("OUT", convert_out)->required();
+
+  // `kiln bench lce --device cuda --tokens N ...`: the benchmark parses its own flags.
+  auto* bench = app.add_subcommand("bench", "benchmarks: lce");
+  std::string bench_what;
+  bench->add_option("WHAT", bench_what)->required()->check(CLI::IsMember({"lce"}));
+  bench->allow_extras();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*info) return run_info();
     if (*train) return kiln::apps::run_mlp_demo(mlp);
+    if (*inspect) return kiln::apps::run_inspect(inspect_path, std::cout);
+    if (*convert) return kiln::apps::run_convert(convert_in, convert_out, std::cout);
+    if (*bench) {
+      std::vector<std::string> args{bench_what};
+      for (const std::string& extra : bench->remaining()) args.push_back(extra);
+      std::vector<char*> bench_argv{argv[0]};
+      for (std::string& a : args) bench_argv.push_back(a.data());
+      return kiln::apps::run_bench_lce(static_cast<int>(bench_argv.size()), bench_argv.data());
+    }
   } catch (const kiln::Error& e) {
     std::cerr << "kiln: " << e.what() << "\n";
     return 1;
