@@ -8,26 +8,27 @@
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/kiln-out}
-mkdir -p "$OUT" /opt/deps
+LOG=/tmp/kiln-logs  # logs travel back as one archive ($OUT/logs.tgz): the tool returns at most 8 files
+mkdir -p "$OUT" "$LOG" /opt/deps
 for f in .device/debs/*.deb; do dpkg -x "$f" /opt/deps; done
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw --format=csv > "$OUT/gpu.txt" 2>&1
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.draw --format=csv > "$LOG/gpu.txt" 2>&1
+commit=$(cat .device/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)  # .device/commit: written before the call (no .git travels)
 
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/opt/deps/usr \
-  -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKILN_CUDA=ON > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-ninja -C build-gpu -j16 > "$OUT/build.log" 2>&1 || { grep -E -A5 "error|FAILED" "$OUT/build.log" | head -60; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKILN_CUDA=ON > "$LOG/configure.log" 2>&1 || { tail -30 "$LOG/configure.log"; exit 1; }
+ninja -C build-gpu -j16 > "$LOG/build.log" 2>&1 || { grep -E -A5 "error|FAILED" "$LOG/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 summary=()
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  ctest --test-dir build-gpu -j8 --output-on-failure --timeout 120 > "$OUT/ctest.log" 2>&1
-  grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log"
-  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|Subprocess|Exception)" "$OUT/ctest.log" | head -40
-  summary+=("tests: $(grep -E 'tests passed' "$OUT/ctest.log")")
+  ctest --test-dir build-gpu -j8 --output-on-failure --timeout 120 > "$LOG/ctest.log" 2>&1
+  grep -E "tests passed|tests failed|Total Test time" "$LOG/ctest.log"
+  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|Subprocess|Exception)" "$LOG/ctest.log" | head -40
+  summary+=("tests: $(grep -E 'tests passed' "$LOG/ctest.log")")
   # Skipped tests on a GPU machine mean a check did not run: list them.
-  grep -E "\*\*\*Skipped|Not Run" "$OUT/ctest.log" | head -20
+  grep -E "\*\*\*Skipped|Not Run" "$LOG/ctest.log" | head -20
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ]; then
@@ -40,7 +41,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   )
   for entry in "${benches[@]}"; do
     name=${entry%%|*}; cmd=${entry#*|}
-    timeout 150 $cmd > "$OUT/bench_$name.jsonl" 2> "$OUT/bench_$name.err" || echo "bench $name failed: $(tail -3 "$OUT/bench_$name.err")"
+    timeout 150 $cmd > "$OUT/bench_$name.jsonl" 2> "$LOG/bench_$name.err" || echo "bench $name failed: $(tail -3 "$LOG/bench_$name.err")"
   done
   if [ -f .device/torch_baselines.py ]; then
     timeout 150 python3 .device/torch_baselines.py lce --tokens 8192 --hidden 4096 --vocab 128256 > "$OUT/torch_lce.jsonl" 2>&1 || echo "torch lce baseline failed"
@@ -48,5 +49,6 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   for f in "$OUT"/bench_*.jsonl; do sed -n '/^$/,$p' "$f" | head -30; done
   grep -h '"variant"' "$OUT/bench_lce.jsonl" "$OUT/torch_lce.jsonl" 2>/dev/null
 fi
-echo "commit $commit  $(head -2 "$OUT/gpu.txt" | tail -1)"
+tar czf "$OUT/logs.tgz" -C "$LOG" .
+echo "commit $commit  $(head -2 "$LOG/gpu.txt" | tail -1)"
 printf '%s\n' "${summary[@]}"
