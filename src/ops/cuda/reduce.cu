@@ -108,6 +108,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Column kernel for 16-bit types with unit-stride inner dims: each thread owns two adjacent
+// columns and reads them as one 4-byte word, so a warp moves 128 B per step instead of 64 B
+// (the scalar kernel reached 78% of copy bandwidth on bf16 [n, 4096] dim-0 sums on the H200).
+template <typename T, typename A, typename Op, typename W>
+__global__ void __launch_bounds__(kThreads)
+    col_pair_kernel(const T* __restrict__ x, ReduceGeom g, int64_t len_chunk, int64_t nchunks,
+                    typename Op::Acc* __restrict__ partial, W w) {
+  using Acc = typename Op::Acc;
+  using P = Pack<T, 2>;
+  const int64_t pairs = g.inner / 2;
+  const int64_t items = g.outer * pairs * nchunks;
+  for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < items;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = (item % pairs) * 2, t = item / pairs, o = t % g.outer, c = t / g.outer;
+    const int64_t r0 = c * len_chunk, r1 = min(g.r, r0 + len_chunk);
+    const T* p = x + o * g.so + i + r0 * g.sr;
+    Acc a0 = Op::init(), a1 = Op::init();
+#pragma unroll 4
+    for (int64_t r = r0; r < r1; ++r, p += g.sr) {
+      const P v = *reinterpret_cast<const P*>(p);
+      Op::add(a0, convert<A>(v.v[0]), r);
+      Op::add(a1, convert<A>(v.v[1]), r);
+    }
+    const int64_t q = o * g.inner + i;
+    if (nchunks == 1) {
+      w(o * g.oo + i * g.oi, a0);
+      w(o * g.oo + (i + 1) * g.oi, a1);
+    } else {
+      partial[q * nchunks + c] = a0;
+      partial[(q + 1) * nchunks + c] = a1;
+    }
+  }
+}
+
 // One warp per output: lanes stride over the chunk partials, then a warp tree.
 template <typename Op, typename W>
 __global__ void __launch_bounds__(kThreads)
@@ -194,6 +228,10 @@ void launch(const Tensor& xt, const ReduceGeom& g, W w, const char* op) {
     } else if (!aligned) {
       row_kernel<T, A, Op, W, 1, false><<<blocks, kRowThreads, 0, stream>>>(x, g, len_chunk, nchunks, partial, w);
     }
+  } else if (sizeof(T) == 2 && g.si == 1 && g.inner % 2 == 0 && g.so % 2 == 0 && g.sr % 2 == 0 &&
+             reinterpret_cast<uintptr_t>(x) % 4 == 0) {
+    col_pair_kernel<T, A, Op, W><<<blocks_for(outputs / 2 * nchunks, kThreads, kMaxBlocks), kThreads, 0, stream>>>(
+        x, g, len_chunk, nchunks, partial, w);
   } else {
     col_kernel<T, A, Op, W><<<blocks_for(outputs * nchunks, kThreads, kMaxBlocks), kThreads, 0, stream>>>(
         x, g, len_chunk, nchunks, partial, w);
