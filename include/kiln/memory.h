@@ -22,7 +22,7 @@ int64_t max_memory_allocated(Device device);
 int64_t memory_reserved(Device device);
 int64_t max_memory_reserved(Device device);
 void reset_peak_memory_stats(Device device);
-// Returns cached CUDA pool memory to the driver (no-op on the CPU).
+// Returns cached memory to the system: the CUDA pool's free blocks, the CPU's cached large blocks.
 void empty_cache(Device device);
 
 }  // namespace kiln

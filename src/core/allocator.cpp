@@ -1,7 +1,18 @@
-// CPU allocator (64-byte aligned, so SIMD loads of any width start aligned) and the
-// device-independent memory-stats API. The CUDA side lives in src/core/cuda/allocator.cu.
+// CPU allocator and the device-independent memory-stats API. The CUDA side lives in
+// src/core/cuda/allocator.cu.
+//
+// Small CPU blocks: 64-byte aligned (SIMD loads of any width start aligned), straight from libc.
+// Large blocks (>= 1 MiB): 2 MiB aligned and advised to use transparent huge pages (512x fewer
+// first-touch page faults), and cached by size when freed (up to kCacheLimit), so a training
+// loop that allocates the same shapes every step neither faults nor calls the OS. A fresh 256 MiB
+// output cost more in page faults than the elementwise op writing it (op-level add at 38% of
+// memcpy before the cache). memory_reserved = live padded bytes + cached bytes.
+#include <sys/mman.h>
+
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
+#include <unordered_map>
 
 #include "core/memory_tracker.h"
 #include "core/storage.h"
@@ -11,6 +22,10 @@ namespace kiln {
 namespace {
 
 constexpr size_t kCpuAlignment = 64;
+constexpr size_t kLargeBlock = size_t{1} << 20;
+constexpr size_t kHugeAlignment = size_t{2} << 20;
+constexpr size_t kCacheLimit = size_t{4} << 30;
+
 MemoryTracker& cpu_tracker() {
   static MemoryTracker tracker;
   return tracker;
@@ -18,6 +33,69 @@ MemoryTracker& cpu_tracker() {
 std::atomic<int64_t> cpu_reserved{0};
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+size_t padded_size(size_t n) { return n >= kLargeBlock ? round_up(n, kHugeAlignment) : round_up(n, kCpuAlignment); }
+
+class LargeBlockCache {
+ public:
+  void* take(size_t padded) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(padded);
+    if (it == blocks_.end()) return nullptr;
+    void* p = it->second;
+    blocks_.erase(it);
+    cached_ -= padded;
+    return p;
+  }
+  // Returns false when the cache is full: the caller frees the block.
+  bool put(void* p, size_t padded) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cached_ + padded > kCacheLimit) return false;
+    blocks_.emplace(padded, p);
+    cached_ += padded;
+    return true;
+  }
+  // Frees every cached block; returns the bytes released.
+  size_t clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, p] : blocks_) std::free(p);
+    blocks_.clear();
+    const size_t released = cached_;
+    cached_ = 0;
+    return released;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_multimap<size_t, void*> blocks_;
+  size_t cached_ = 0;
+};
+LargeBlockCache& large_cache() {
+  static LargeBlockCache cache;
+  return cache;
+}
+
+void* cpu_allocate(size_t nbytes, size_t padded) {
+  if (padded >= kLargeBlock) {
+    if (void* p = large_cache().take(padded)) return p;  // already counted in reserved
+    void* p = std::aligned_alloc(kHugeAlignment, padded);
+    KILN_CHECK(p != nullptr, "allocate", "out of CPU memory allocating ", nbytes, " bytes");
+#ifdef MADV_HUGEPAGE
+    madvise(p, padded, MADV_HUGEPAGE);  // advice only: failure leaves ordinary pages
+#endif
+    cpu_reserved.fetch_add(static_cast<int64_t>(padded));
+    return p;
+  }
+  void* p = std::aligned_alloc(kCpuAlignment, padded);
+  KILN_CHECK(p != nullptr, "allocate", "out of CPU memory allocating ", nbytes, " bytes");
+  cpu_reserved.fetch_add(static_cast<int64_t>(padded));
+  return p;
+}
+
+void cpu_free(void* p, size_t padded) {
+  if (padded >= kLargeBlock && large_cache().put(p, padded)) return;  // stays reserved
+  std::free(p);
+  cpu_reserved.fetch_sub(static_cast<int64_t>(padded));
+}
 
 }  // namespace
 
@@ -30,11 +108,8 @@ void* allocate_bytes(Device device, size_t nbytes) {
     KILN_FAIL("allocate", "kiln was built without CUDA; cannot allocate on ", device.str());
 #endif
   }
-  const size_t padded = round_up(nbytes, kCpuAlignment);
-  void* p = std::aligned_alloc(kCpuAlignment, padded);
-  KILN_CHECK(p != nullptr, "allocate", "out of CPU memory allocating ", nbytes, " bytes");
-  const int64_t reserved = cpu_reserved.fetch_add(static_cast<int64_t>(padded)) + static_cast<int64_t>(padded);
-  cpu_tracker().on_alloc(static_cast<int64_t>(nbytes), reserved);
+  void* p = cpu_allocate(nbytes, padded_size(nbytes));
+  cpu_tracker().on_alloc(static_cast<int64_t>(nbytes), cpu_reserved.load());
   return p;
 }
 
@@ -46,10 +121,8 @@ void free_bytes(Device device, void* ptr, size_t nbytes) {
 #endif
     return;
   }
-  std::free(ptr);
-  const auto padded = static_cast<int64_t>(round_up(nbytes, kCpuAlignment));
-  const int64_t reserved = cpu_reserved.fetch_sub(padded) - padded;
-  cpu_tracker().on_free(static_cast<int64_t>(nbytes), reserved);
+  cpu_free(ptr, padded_size(nbytes));
+  cpu_tracker().on_free(static_cast<int64_t>(nbytes), cpu_reserved.load());
 }
 
 MemoryStats memory_stats(Device device) {
@@ -81,10 +154,14 @@ void reset_peak_memory_stats(Device device) {
 }
 
 void empty_cache(Device device) {
+  if (device.is_cpu()) {
+    cpu_reserved.fetch_sub(static_cast<int64_t>(large_cache().clear()));
+    return;
+  }
 #ifdef KILN_WITH_CUDA
-  if (device.is_cuda()) cuda_backend::empty_cache(device.index);
+  cuda_backend::empty_cache(device.index);
 #else
-  KILN_CHECK(!device.is_cuda(), "empty_cache", "kiln was built without CUDA");
+  KILN_FAIL("empty_cache", "kiln was built without CUDA");
 #endif
 }
 

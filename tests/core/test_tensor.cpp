@@ -193,6 +193,24 @@ TEST(Memory, CpuStatsAreExact) {
   EXPECT_GE(memory_reserved(cpu), memory_allocated(cpu));
 }
 
+TEST(Memory, CpuLargeBlocksAreCachedAndReleased) {
+  const Device cpu = kCPU;
+  empty_cache(cpu);
+  const int64_t reserved0 = memory_reserved(cpu);
+  const int64_t allocated0 = memory_allocated(cpu);
+  { Tensor t = empty({3 << 20}, kFloat32); }  // 12 MiB: a large block, cached when freed
+  const int64_t reserved1 = memory_reserved(cpu);
+  EXPECT_GE(reserved1 - reserved0, 12 << 20);
+  EXPECT_EQ(memory_allocated(cpu), allocated0);
+  {
+    Tensor u = empty({3 << 20}, kFloat32);  // same size: reuses the cached block
+    EXPECT_EQ(memory_reserved(cpu), reserved1);
+    EXPECT_EQ(memory_allocated(cpu) - allocated0, 12 << 20);
+  }
+  empty_cache(cpu);
+  EXPECT_EQ(memory_reserved(cpu), reserved0);
+}
+
 // ---- CUDA ----
 
 TEST(CudaTensor, RoundTripAndConversions) {
