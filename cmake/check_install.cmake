@@ -1,0 +1,22 @@
+# Installs the build tree into a scratch prefix, then configures, builds and runs a small
+# consumer project that uses find_package(kiln). Run by CTest (install.find_package).
+# Inputs: BUILD_DIR, SRC (consumer sources), WORK (scratch folder), GENERATOR.
+file(REMOVE_RECURSE ${WORK})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK}/prefix
+                RESULT_VARIABLE rc OUTPUT_QUIET)
+if(rc)
+  message(FATAL_ERROR "cmake --install failed (${rc})")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${WORK}/build -G ${GENERATOR}
+                        -DCMAKE_PREFIX_PATH=${WORK}/prefix RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(rc)
+  message(FATAL_ERROR "configuring the find_package(kiln) consumer failed:\n${out}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/build RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(rc)
+  message(FATAL_ERROR "building the consumer failed:\n${out}")
+endif()
+execute_process(COMMAND ${WORK}/build/app RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+if(rc OR NOT out MATCHES "^\\[4, 3\\]")
+  message(FATAL_ERROR "the consumer ran wrong (${rc}): ${out}")
+endif()
