@@ -436,5 +436,26 @@ TEST(LinearCrossEntropyCuda, AllIgnoredMeanIsNaN) {
   EXPECT_TRUE(std::isnan(nn::functional::linear_cross_entropy(x, w, y).item()));
 }
 
+// The benchmark's shape family (a 128k vocabulary, default chunk sizes): the other tests pin tiny
+// chunks, so this is where the automatic tiling and long rows are checked against float64.
+TEST(LinearCrossEntropyCuda, LargeVocabularyDefaultChunks) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(5);
+  Case c;
+  c.n = 64;
+  c.h = 64;
+  c.v = 128256;
+  c.ignore = true;
+  for (DType dt : {kFloat32, kBFloat16})
+    for (LceStrategy s : {LceStrategy::Memory, LceStrategy::Speed}) {
+      const RefIn in = make_inputs(c, dt);
+      const std::vector<double> cot = cotangent(c, dt);
+      const RefOut ref = lce_test::reference(in, cot);
+      const LceRun got = run(in, dt, s, cot, Device("cuda"), /*chunk_n=*/0, /*chunk_v=*/0);
+      expect_matches(got, in, ref, dt, detail::str_cat("large vocabulary, ", dtype_name(dt), ", strategy ",
+                                                       static_cast<int>(s)));
+    }
+}
+
 }  // namespace
 }  // namespace kiln
