@@ -75,7 +75,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False):
             target = dtype or "float32"
         else:
             raise _C.KilnError(f"[tensor] cannot make a tensor from data of NumPy dtype {arr.dtype}")
-        src = from_dlpack(np.ascontiguousarray(arr))
+        src = from_dlpack(arr if arr.flags.c_contiguous else arr.copy())
         out = empty(src.shape, dtype=target, device=device or "cpu")
     out.copy_(src)
     if requires_grad:

@@ -97,7 +97,7 @@ void bind_indexing(nb::class_<Tensor>& cls) {
     auto items = index_items(idx);
     if (is_expr_index(items)) return capture_index(t, items);
     return nb::cast(basic_index(t, items));
-  });
+  }, nb::arg("index").none());
   cls.def("__setitem__", [](const Tensor& t, nb::handle idx, nb::handle value) {
     auto items = index_items(idx);
     for (nb::handle h : items)
@@ -110,7 +110,7 @@ void bind_indexing(nb::class_<Tensor>& cls) {
       if (!nb::try_cast<double>(value, v)) KILN_FAIL("setitem", "value must be a Tensor or a Python number");
       view.fill_(v);
     }
-  });
+  }, nb::arg("index").none(), nb::arg("value"));
 }
 
 }  // namespace kiln::py
