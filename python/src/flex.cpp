@@ -139,6 +139,10 @@ void bind_flex(nb::module_& m) {
       .def("__bool__", [](const fx::Expr&) -> bool { not_traceable("a Python bool (if / and / or / not / a < b < c)"); })
       .def("__index__", [](const fx::Expr&) -> int64_t { not_traceable("a concrete int (__index__)"); })
       .def("__int__", [](const fx::Expr&) -> int64_t { not_traceable("a concrete int"); })
+      .def("__len__", [](const fx::Expr&) -> int64_t {
+        KILN_FAIL("flex", "a mod indexed something that is not a kiln tensor with an index expression at ",
+                  python_location(), "; capture kiln tensors (torch tensors: kiln.from_dlpack(t))");
+      })
       .def("__float__", [](const fx::Expr&) -> double { not_traceable("a concrete float"); })
       .def("__hash__", [](const fx::Expr& a) { return reinterpret_cast<uintptr_t>(a.node().get()); })
       .def("__repr__", [](const fx::Expr& a) { return fx::to_string(a); })
