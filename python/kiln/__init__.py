@@ -12,6 +12,8 @@ from . import _C
 from ._C import KilnError, Tensor
 from ._dtype import device, dtype
 
+Tensor.__module__ = KilnError.__module__ = "kiln"  # shown as kiln.Tensor / kiln.KilnError
+
 float32 = float = dtype(0)
 float64 = double = dtype(1)
 bfloat16 = dtype(2)
