@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache,)
 
-.PHONY: all setup configure build test test-cpp train bench clean
+.PHONY: all setup configure build test test-cpp test-python train bench clean
 
 all: build
 
@@ -23,7 +23,13 @@ build: configure
 test-cpp: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-test: test-cpp
+# The Python package's tests, built in the same build dir (kiln's objects are shared with the C++ build).
+test-python: configure
+	cmake -S . -B $(BUILD) -DKILN_PYTHON=ON
+	cmake --build $(BUILD) -j $(JOBS) --target kiln_python
+	PYTHONPATH=$(BUILD)/python python3 -m pytest python/tests -q
+
+test: test-cpp test-python
 
 # The main job. Until the GPT training job lands: a two-layer MLP trained on the CPU.
 train: build

@@ -1,0 +1,87 @@
+// Checkpoint I/O (kiln.load / kiln.save) and the CUDA / memory-statistics functions (kiln.cuda.*).
+#include <nanobind/stl/map.h>
+
+#include "bind.h"
+#include "kiln/cuda.h"
+#include "kiln/io.h"
+#include "kiln/memory.h"
+
+namespace kiln::py {
+namespace {
+
+io::TensorDict to_dict(nb::dict tensors, const char* op) {
+  io::TensorDict d;
+  for (auto [k, v] : tensors) {
+    KILN_CHECK(nb::isinstance<nb::str>(k), op, "tensor names must be strings");
+    KILN_CHECK(nb::isinstance<Tensor>(v), op, "'", nb::cast<std::string>(k), "' is not a kiln.Tensor");
+    d.insert(nb::cast<std::string>(k), nb::cast<Tensor>(v));
+  }
+  return d;
+}
+
+Device cuda_device(std::optional<Device> d) {
+  if (!d) return Device(DeviceType::CUDA, cuda::current_device());
+  return *d;
+}
+
+}  // namespace
+
+void bind_io(nb::module_& m) {
+  m.def("_load", [](const std::string& path, Device device, bool mmap, std::vector<std::string> names) {
+    io::LoadOptions o;
+    o.device = device;
+    o.mmap = mmap;
+    o.names = std::move(names);
+    io::Checkpoint ck;
+    {
+      nb::gil_scoped_release release;
+      ck = io::load(path, o);
+    }
+    nb::dict tensors;
+    for (const auto& e : ck.tensors) tensors[e.name.c_str()] = e.tensor;
+    return nb::make_tuple(tensors, ck.metadata, io::format_name(ck.format));
+  }, "path"_a, "device"_a, "mmap"_a, "names"_a);
+  m.def("_save", [](nb::dict tensors, const std::string& path, const std::string& format, io::Metadata metadata) {
+    io::TensorDict d = to_dict(tensors, "save");
+    nb::gil_scoped_release release;
+    if (format == "safetensors") {
+      io::save(path, d, metadata);
+    } else {
+      KILN_CHECK(format == "torch", "save", "format must be 'safetensors' or 'torch', got '", format, "'");
+      KILN_CHECK(metadata.empty(), "save", "metadata is only stored in safetensors files");
+      io::save_torch(path, d);
+    }
+  }, "tensors"_a, "path"_a, "format"_a, "metadata"_a);
+  m.def("_detect_format", [](const std::string& path) { return io::format_name(io::detect_format(path)); }, "path"_a);
+
+  auto c = m.def_submodule("_cuda", "CUDA devices, streams and memory statistics");
+  c.def("is_available", &cuda_is_available)
+      .def("device_count", &cuda_device_count)
+      .def("current_device", &cuda::current_device)
+      .def("set_device", &cuda::set_device, "device"_a)
+      .def("synchronize", [](std::optional<int> device) {
+        nb::gil_scoped_release release;
+        cuda::synchronize(device.value_or(-1));
+      }, "device"_a = nb::none());
+  // Memory statistics for any device (kiln.cuda.* pass CUDA devices, kiln.cpu.* the CPU).
+  m.def("memory_allocated", [](std::optional<Device> d) { return memory_allocated(cuda_device(d)); }, "device"_a = nb::none())
+      .def("max_memory_allocated", [](std::optional<Device> d) { return max_memory_allocated(cuda_device(d)); }, "device"_a = nb::none())
+      .def("memory_reserved", [](std::optional<Device> d) { return memory_reserved(cuda_device(d)); }, "device"_a = nb::none())
+      .def("max_memory_reserved", [](std::optional<Device> d) { return max_memory_reserved(cuda_device(d)); }, "device"_a = nb::none())
+      .def("reset_peak_memory_stats", [](std::optional<Device> d) { reset_peak_memory_stats(cuda_device(d)); }, "device"_a = nb::none())
+      .def("empty_cache", [](std::optional<Device> d) { empty_cache(cuda_device(d)); }, "device"_a = nb::none())
+      .def("memory_stats", [](std::optional<Device> d) {
+        MemoryStats s = memory_stats(cuda_device(d));
+        nb::dict out;
+        out["allocated_bytes.all.current"] = s.allocated;
+        out["allocated_bytes.all.peak"] = s.peak_allocated;
+        out["reserved_bytes.all.current"] = s.reserved;
+        out["reserved_bytes.all.peak"] = s.peak_reserved;
+        out["num_alloc_retries"] = 0;
+        out["num_allocs"] = s.num_allocs;
+        return out;
+      }, "device"_a = nb::none());
+}
+
+
+}  // namespace kiln::py
