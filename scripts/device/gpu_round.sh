@@ -17,7 +17,7 @@ commit=$(cat .device/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/nul
 
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/opt/deps/usr \
-  -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKILN_CUDA=ON > "$LOG/configure.log" 2>&1 || { tail -30 "$LOG/configure.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKILN_CUDA=ON -DKILN_PYTHON=ON > "$LOG/configure.log" 2>&1 || { tail -30 "$LOG/configure.log"; exit 1; }
 ninja -C build-gpu -j16 > "$LOG/build.log" 2>&1 || { grep -E -A5 "error|FAILED" "$LOG/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
@@ -27,6 +27,10 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   grep -E "tests passed|tests failed|Total Test time" "$LOG/ctest.log"
   grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|Subprocess|Exception)" "$LOG/ctest.log" | head -40
   summary+=("tests: $(grep -E 'tests passed' "$LOG/ctest.log")")
+  # Python: the same extension the build made, against torch 2.11 on the GPU.
+  PYTHONPATH=build-gpu/python timeout 300 python3 -m pytest python/tests -q -rs > "$LOG/pytest.log" 2>&1
+  tail -15 "$LOG/pytest.log"
+  summary+=("pytest: $(tail -1 "$LOG/pytest.log")")
   # Skipped tests on a GPU machine mean a check did not run: list them.
   grep -E "\*\*\*Skipped|Not Run" "$LOG/ctest.log" | head -20
 fi
