@@ -1,14 +1,16 @@
 # Installs the build tree into a scratch prefix, then configures, builds and runs a small
 # consumer project that uses find_package(kiln). Run by CTest (install.find_package).
-# Inputs: BUILD_DIR, SRC (consumer sources), WORK (scratch folder), GENERATOR.
+# Inputs: BUILD_DIR, SRC (consumer sources), WORK (scratch folder), GENERATOR, DEP_PREFIXES
+# ('|'-separated prefixes where kiln's dependencies live, e.g. unpacked packages on the GPU machine).
 file(REMOVE_RECURSE ${WORK})
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK}/prefix
                 RESULT_VARIABLE rc OUTPUT_QUIET)
 if(rc)
   message(FATAL_ERROR "cmake --install failed (${rc})")
 endif()
+string(REPLACE "|" ";" prefixes "${WORK}/prefix|${DEP_PREFIXES}")
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${WORK}/build -G ${GENERATOR}
-                        -DCMAKE_PREFIX_PATH=${WORK}/prefix RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+                        "-DCMAKE_PREFIX_PATH=${prefixes}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(rc)
   message(FATAL_ERROR "configuring the find_package(kiln) consumer failed:\n${out}")
 endif()
