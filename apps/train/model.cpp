@@ -41,14 +41,14 @@ Tensor uniform_init(const Shape& shape, int64_t fan_in, double scale = 1.0) {
 
 Block::Block(const ModelConfig& c, int64_t layer)
     : c_(c),
-      attn_norm(register_parameter("attn_norm.weight", ones({c.dim}))),
-      wqkv(register_parameter("attn.wqkv.weight", uniform_init({3 * c.dim, c.dim}, c.dim))),
-      wo(register_parameter("attn.wo.weight",
+      attn_norm(register_parameter("attn_norm", ones({c.dim}))),
+      wqkv(register_parameter("wqkv", uniform_init({3 * c.dim, c.dim}, c.dim))),
+      wo(register_parameter("wo",
                             uniform_init({c.dim, c.dim}, c.dim, 1.0 / std::sqrt(2.0 * c.n_layers)))),
-      mlp_norm(register_parameter("mlp_norm.weight", ones({c.dim}))),
-      w_gate(register_parameter("mlp.w_gate.weight", uniform_init({c.hidden(), c.dim}, c.dim))),
-      w_up(register_parameter("mlp.w_up.weight", uniform_init({c.hidden(), c.dim}, c.dim))),
-      w_down(register_parameter("mlp.w_down.weight",
+      mlp_norm(register_parameter("mlp_norm", ones({c.dim}))),
+      w_gate(register_parameter("w_gate", uniform_init({c.hidden(), c.dim}, c.dim))),
+      w_up(register_parameter("w_up", uniform_init({c.hidden(), c.dim}, c.dim))),
+      w_down(register_parameter("w_down",
                                 uniform_init({c.dim, c.hidden()}, c.hidden(), 1.0 / std::sqrt(2.0 * c.n_layers)))) {
   (void)layer;
 }
@@ -69,13 +69,15 @@ Tensor Block::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, con
 }
 
 GPT::GPT(const ModelConfig& c)
-    : tok_emb(register_parameter("tok_emb.weight", randn({c.vocab_size, c.dim}) * 0.02)),
-      final_norm(register_parameter("final_norm.weight", ones({c.dim}))),
+    : tok_emb(register_parameter("tok_emb", randn({c.vocab_size, c.dim}) * 0.02)),
+      final_norm(register_parameter("final_norm", ones({c.dim}))),
       c_(c) {
   KILN_CHECK(c.dim % c.n_heads == 0 && c.head_dim() % 2 == 0, "train", "dim ", c.dim, " must split into ",
              c.n_heads, " heads of an even size");
+  // Parameter names as in nn.ModuleList: "blocks.0.wqkv".
+  auto list = register_module("blocks", std::make_shared<nn::Module>());
   for (int64_t l = 0; l < c.n_layers; ++l)
-    blocks_.push_back(register_module("blocks." + std::to_string(l), std::make_shared<Block>(c, l)));
+    blocks_.push_back(list->register_module(std::to_string(l), std::make_shared<Block>(c, l)));
   std::tie(cos_, sin_) = F::rotary_tables(c.seq_len, c.head_dim(), c.rope_theta);
 }
 

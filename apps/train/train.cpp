@@ -231,7 +231,7 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
   const int64_t step0 = step;
   while (step < end) {
     const double t0 = now_s();
-    const double lr = optim::warmup_cosine_lr(step, cfg.warmup_steps, cfg.steps, cfg.lr, cfg.min_lr);
+    const double lr = optim::warmup_cosine_lr(step, std::min(cfg.warmup_steps, cfg.steps), cfg.steps, cfg.lr, cfg.min_lr);
     opt.set_lr(lr);
     double loss_sum = 0;
     int64_t tokens = 0;

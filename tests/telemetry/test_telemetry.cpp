@@ -18,7 +18,9 @@ TEST(Telemetry, CpuValuesArePlausibleOrAbsent) {
     EXPECT_GT(*r.memory_used_bytes, 0);
     EXPECT_LE(*r.memory_used_bytes, *r.memory_total_bytes);
   }
-  if (r.process_memory_bytes) EXPECT_GT(*r.process_memory_bytes, int64_t{1} << 20);
+  if (r.process_memory_bytes) {
+    EXPECT_GT(*r.process_memory_bytes, int64_t{1} << 20);
+  }
   if (r.utilization_percent) {
     EXPECT_GE(*r.utilization_percent, 0.0);
     EXPECT_LE(*r.utilization_percent, 100.0);
@@ -41,7 +43,9 @@ TEST(Telemetry, CpuValuesArePlausibleOrAbsent) {
   volatile double x = 0;
   for (int i = 0; i < 2000000; ++i) x = x + i * 1e-9;
   const telemetry::Reading r2 = s.sample();
-  if (r2.utilization_percent) EXPECT_LE(*r2.utilization_percent, 100.0);
+  if (r2.utilization_percent) {
+    EXPECT_LE(*r2.utilization_percent, 100.0);
+  }
   const std::string json = telemetry::to_json(r2);
   EXPECT_EQ(json.rfind("{\"device\":\"cpu\"", 0), 0u);
   EXPECT_EQ(json.back(), '}');
@@ -54,9 +58,15 @@ TEST(Telemetry, CudaWithoutNvmlIsUnavailable) {
     ASSERT_GT(telemetry::cuda_device_count(), 0);
     const telemetry::Reading r = telemetry::cuda(0);
     EXPECT_TRUE(r.available);
-    if (r.memory_total_bytes) EXPECT_GT(*r.memory_total_bytes, int64_t{1} << 30);
-    if (r.utilization_percent) EXPECT_LE(*r.utilization_percent, 100.0);
-    if (r.temperature_c) EXPECT_LT(*r.temperature_c, 150.0);
+    if (r.memory_total_bytes) {
+      EXPECT_GT(*r.memory_total_bytes, int64_t{1} << 30);
+    }
+    if (r.utilization_percent) {
+      EXPECT_LE(*r.utilization_percent, 100.0);
+    }
+    if (r.temperature_c) {
+      EXPECT_LT(*r.temperature_c, 150.0);
+    }
     const telemetry::Reading bad = telemetry::cuda(1 << 20);
     EXPECT_FALSE(bad.available);
     return;

@@ -147,7 +147,7 @@ TEST(Train, LossFallsAndCheckpointLoads) {
   c.eval_every = 10;
   c.checkpoint_every = 10;
   std::ostringstream out;
-  const TrainResult r = train(c, out);
+  const TrainResult r = kiln::train::train(c, out);
   ASSERT_EQ(r.train_losses.size(), 30u);
   EXPECT_LT(r.train_losses.back(), 0.8 * r.train_losses.front());
   EXPECT_LT(r.eval_losses.back().second, r.first_eval_loss);
@@ -170,16 +170,16 @@ TEST(Train, ResumeReproducesLossesBitForBit) {
   const std::string data = make_corpus("resume", 6);
   std::ostringstream sink;
   TrainConfig full = micro_config(data, data + "_full");
-  const TrainResult a = train(full, sink);
+  const TrainResult a = kiln::train::train(full, sink);
   ASSERT_EQ(a.train_losses.size(), 6u);
 
   TrainConfig half = micro_config(data, data + "_half");
   half.stop_after = 3;
-  const TrainResult b1 = train(half, sink);
+  const TrainResult b1 = kiln::train::train(half, sink);
   ASSERT_EQ(b1.train_losses.size(), 3u);
   half.stop_after = 0;
   half.resume = true;
-  const TrainResult b2 = train(half, sink);
+  const TrainResult b2 = kiln::train::train(half, sink);
   ASSERT_EQ(b2.train_losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(a.train_losses[i], b1.train_losses[i]) << "step " << i + 1;
@@ -202,7 +202,7 @@ TEST(TrainChild, Run) {
   c.checkpoint_every = 2;
   c.eval_every = 0;
   std::ostringstream sink;
-  train(c, sink);
+  kiln::train::train(c, sink);
 }
 
 TEST(Train, KillNineLosesOnlyStepsSinceCheckpoint) {
@@ -247,7 +247,7 @@ TEST(Train, KillNineLosesOnlyStepsSinceCheckpoint) {
   c.eval_every = 0;
   c.resume = true;
   std::ostringstream sink;
-  const TrainResult r = train(c, sink);
+  const TrainResult r = kiln::train::train(c, sink);
   EXPECT_EQ(r.train_losses.size(), 2u);
   EXPECT_EQ(r.last_step, st.step + 2);
   fs::remove_all(data);
