@@ -102,6 +102,7 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
       ->check(CLI::IsMember({"auto", "tty", "plain", "none"}));
   sub->add_option("--sample-tokens", c.sample_tokens, "tokens generated at the end (0: none)");
   sub->add_option("--prompt", c.sample_prompt, "prompt of the final sample");
+  sub->add_flag("--golden-dump", c.golden_dump, "save initial weights and the first 10 batches (scripts/golden_check.py)");
 }
 
 void add_generate_options(CLI::App* sub, GenerateConfig& c) {

@@ -19,6 +19,7 @@
 #include "data.h"
 #include "generate.h"
 #include "kiln/autograd.h"
+#include "kiln/io.h"
 #include "kiln/memory.h"
 #include "kiln/optim.h"
 #include "kiln/telemetry.h"
@@ -226,6 +227,12 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
   };
   if (step == 0) log_eval(0);
 
+  // For scripts/golden_check.py: the initial weights and the first ten steps' batches.
+  io::TensorDict golden_batches;
+  if (cfg.golden_dump && step == 0) {
+    fs::create_directories(fs::path(cfg.run_dir) / "golden");
+    io::save((fs::path(cfg.run_dir) / "golden" / "init.safetensors").string(), io::TensorDict(model.named_parameters()));
+  }
   const double t_loop = now_s();
   double step_time_ema = 0;
   const int64_t step0 = step;
@@ -237,6 +244,12 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     int64_t tokens = 0;
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       const Batch b = loader.next(cfg.batch_size);
+      if (cfg.golden_dump && step < 10) {
+        const std::string k = "step" + std::to_string(step) + ".micro" + std::to_string(micro) + ".";
+        golden_batches.insert(k + "input", b.input);
+        golden_batches.insert(k + "target", b.target);
+        golden_batches.insert(k + "doc_ids", b.doc_ids);
+      }
       const Tensor loss = model.loss(b.input, b.target, b.doc_ids);
       (cfg.grad_accum > 1 ? loss / static_cast<double>(cfg.grad_accum) : loss).backward();
       loss_sum += loss.item();
@@ -279,6 +292,8 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
   }
   progress.finish();
   metrics.close();
+  if (cfg.golden_dump && !golden_batches.empty())
+    io::save((fs::path(cfg.run_dir) / "golden" / "batches.safetensors").string(), golden_batches);
   result.first_eval_loss = state.first_eval_loss;
   result.last_step = step;
 

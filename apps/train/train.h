@@ -45,6 +45,7 @@ struct TrainConfig {
   std::string progress = "auto";  // auto | tty | plain | none
   int64_t sample_tokens = 200;  // generated at the end (0: none)
   std::string sample_prompt = "def ";
+  bool golden_dump = false;     // write golden/init.safetensors + golden/batches.safetensors (first 10 steps)
   bool quiet_summary = false;   // tests: no header/footer text
 };
 
