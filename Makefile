@@ -25,7 +25,7 @@ test-cpp: build
 
 test: test-cpp
 
-# The main job. Until the GPT training job lands: a two-layer MLP trained on the CPU.
+# The main job: a small GPT trained on the CPU on the Python standard library (kiln train --help).
 train: build
 	$(BUILD)/kiln train
 

@@ -13,13 +13,15 @@
 
 namespace kiln::train {
 
+// Defaults = the "tiny" preset: ~250k parameters, sized for a few minutes on 2 CPU cores (about
+// compute-optimal for that budget: a wider model learned less in the same time).
 struct ModelConfig {
-  int64_t vocab_size = 1024;
-  int64_t dim = 128;
+  int64_t vocab_size = 512;
+  int64_t dim = 64;
   int64_t n_layers = 4;
-  int64_t n_heads = 4;
+  int64_t n_heads = 2;
   int64_t mlp_hidden = 0;      // 0: 8/3 dim rounded up to a multiple of 32
-  int64_t seq_len = 256;
+  int64_t seq_len = 128;
   int64_t sliding_window = 0;  // 0: none
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
