@@ -31,7 +31,7 @@ test-python: configure
 
 test: test-cpp test-python
 
-# The main job. Until the GPT training job lands: a two-layer MLP trained on the CPU.
+# The main job: a small GPT trained on the CPU on the Python standard library (kiln train --help).
 train: build
 	$(BUILD)/kiln train
 

@@ -1,4 +1,4 @@
-// The `kiln` command: one subcommand per job (train, info, inspect, convert, bench lce). Errors from the library are printed, never aborted on.
+// The `kiln` command: one subcommand per job (train, generate, info, inspect, convert, bench lce). Errors from the library are printed, never aborted on.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include "bench_lce.h"
 #include "io_commands.h"
 #include "train_mlp.h"
+#include "train/train.h"
 
 namespace {
 
@@ -37,12 +38,18 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto* info = app.add_subcommand("info", "version, backends and devices");
 
-  // Until the GPT training job lands, `kiln train` runs the MLP demo on the CPU.
-  auto* train = app.add_subcommand("train", "train a model (for now: --demo mlp)");
-  std::string demo = "mlp";
+  // `kiln train`: the GPT job (default: the tiny CPU run on the Python stdlib); `--demo mlp`
+  // keeps the MLP demo reachable (its step count is --steps too).
+  auto* train = app.add_subcommand("train", "train a GPT (default: tiny, on the CPU, on the Python stdlib)");
+  std::string demo;
   kiln::apps::MlpDemoConfig mlp;
-  train->add_option("--demo", demo, "which demo job")->check(CLI::IsMember({"mlp"}));
-  train->add_option("--steps", mlp.steps, "optimizer steps");
+  kiln::train::TrainConfig train_cfg;
+  train->add_option("--demo", demo, "run a demo job instead")->check(CLI::IsMember({"mlp"}));
+  kiln::train::add_train_options(train, train_cfg);
+
+  auto* generate = app.add_subcommand("generate", "sample text from a training checkpoint");
+  kiln::train::GenerateConfig gen_cfg;
+  kiln::train::add_generate_options(generate, gen_cfg);
 
   auto* inspect = app.add_subcommand("inspect", "format, metadata and tensors of a checkpoint");
   std::string inspect_path;
@@ -62,7 +69,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*info) return run_info();
-    if (*train) return kiln::apps::run_mlp_demo(mlp);
+    if (*train && demo == "mlp") {
+      if (train->count("--steps") > 0) mlp.steps = train_cfg.steps;
+      return kiln::apps::run_mlp_demo(mlp);
+    }
+    if (*train) return kiln::train::run_train(train_cfg, std::cout);
+    if (*generate) return kiln::train::run_generate(gen_cfg, std::cout);
     if (*inspect) return kiln::apps::run_inspect(inspect_path, std::cout);
     if (*convert) return kiln::apps::run_convert(convert_in, convert_out, std::cout);
     if (*bench) {

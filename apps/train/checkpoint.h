@@ -1,0 +1,40 @@
+#pragma once
+// Training checkpoints: <run>/checkpoints/step-NNNNNN/{model.safetensors, optimizer.safetensors,
+// tokenizer.json, state.json}, then <run>/checkpoints/latest (a one-line file naming the folder)
+// is replaced atomically. A crash at any moment leaves `latest` naming a complete checkpoint.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/optim.h"
+#include "model.h"
+#include "tokenizer.h"
+
+namespace kiln::train {
+
+struct TrainState {
+  int64_t step = 0;              // optimizer steps done
+  int64_t data_epoch = 0, data_cursor = 0;
+  uint64_t seed = 0;
+  std::string config_json;       // the resolved model + training configuration
+  double first_eval_loss = 0;    // the held-out loss at step 0 (for the halving check)
+};
+
+// Writes a file atomically (temporary + fsync + rename + fsync of the folder).
+void write_file_atomic(const std::string& path, const std::string& contents);
+
+// opt_names: the parameter names in the optimizer's flat order (its groups in order).
+// Saves and returns the checkpoint folder; keeps the newest `keep` folders.
+std::string save_checkpoint(const std::string& run_dir, const GPT& model, const optim::AdamW& opt,
+                            const std::vector<std::string>& opt_names, const Tokenizer& tok,
+                            const TrainState& state, int keep = 2);
+
+// The folder `latest` names (run_dir/checkpoints/...), or `path` itself when it holds a
+// checkpoint; empty when there is none.
+std::string find_checkpoint(const std::string& path);
+TrainState load_state(const std::string& ckpt_dir);
+// Loads weights (and the optimizer state when `opt` is non-null) into already-built objects.
+void load_weights(const std::string& ckpt_dir, GPT& model, optim::AdamW* opt,
+                  const std::vector<std::string>& opt_names = {});
+
+}  // namespace kiln::train

@@ -1,0 +1,117 @@
+// Autoregressive sampling with temperature and top-k, drawn from a seeded mt19937_64 (so a seed
+// gives the same text every time).
+#include "generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <random>
+
+#include <CLI/CLI.hpp>
+
+#include "checkpoint.h"
+#include "kiln/autograd.h"
+#include "train.h"
+
+namespace kiln::train {
+
+std::string generate(GPT& model, const Tokenizer& tok, const std::string& prompt, const SampleOptions& o) {
+  NoGradGuard ng;
+  std::vector<int32_t> ids = tok.encode(prompt);
+  if (ids.empty()) ids.push_back(Tokenizer::kEot);
+  const size_t n_prompt = ids.size();
+  std::mt19937_64 rng(o.seed);
+  const int64_t T = model.config().seq_len;
+  for (int64_t i = 0; i < o.max_tokens; ++i) {
+    const size_t start = ids.size() > static_cast<size_t>(T) ? ids.size() - static_cast<size_t>(T) : 0;
+    Tensor idx = empty({1, static_cast<int64_t>(ids.size() - start)}, kInt64);
+    for (size_t j = start; j < ids.size(); ++j) idx.data_ptr<int64_t>()[j - start] = ids[j];
+    const std::vector<double> logits = model.last_logits(idx).to_vector();
+    std::vector<int32_t> order(logits.size());
+    for (size_t v = 0; v < order.size(); ++v) order[v] = static_cast<int32_t>(v);
+    int32_t next = 0;
+    if (o.temperature <= 0) {
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    } else {
+      const size_t k = o.top_k > 0 ? std::min(static_cast<size_t>(o.top_k), order.size()) : order.size();
+      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                        [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+      std::vector<double> p(k);
+      double total = 0;
+      for (size_t j = 0; j < k; ++j) total += p[j] = std::exp((logits[order[j]] - logits[order[0]]) / o.temperature);
+      double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
+      next = order[k - 1];
+      for (size_t j = 0; j < k; ++j) {
+        if (u < p[j]) {
+          next = order[j];
+          break;
+        }
+        u -= p[j];
+      }
+    }
+    if (next == Tokenizer::kEot) break;
+    ids.push_back(next);
+  }
+  return prompt + tok.decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt), ids.end()));
+}
+
+int run_generate(const GenerateConfig& cfg, std::ostream& out) {
+  const std::string dir = find_checkpoint(cfg.checkpoint);
+  KILN_CHECK(!dir.empty(), "generate", "no checkpoint in ", cfg.checkpoint,
+             " (give a run folder with checkpoints/latest, or a checkpoint folder)");
+  const TrainState st = load_state(dir);
+  const ModelConfig mc = model_from_json(st.config_json);
+  const Tokenizer tok = Tokenizer::load(dir + "/tokenizer.json");
+  GPT model(mc);
+  load_weights(dir, model, nullptr);
+  SampleOptions so;
+  so.max_tokens = cfg.max_tokens, so.temperature = cfg.temperature, so.top_k = cfg.top_k, so.seed = cfg.seed;
+  out << generate(model, tok, cfg.prompt, so) << "\n";
+  return 0;
+}
+
+void add_train_options(CLI::App* sub, TrainConfig& c) {
+  sub->add_option("--preset", c.preset, "model preset: tiny (CPU default), micro, small, gpt-125m");
+  sub->add_option("--data", c.data, "text file or folder (default: the Python standard library)");
+  sub->add_option("--max-data-bytes", c.max_data_bytes, "read at most this many bytes of the corpus");
+  sub->add_option("--run-dir", c.run_dir, "folder for checkpoints, metrics.jsonl, loss.svg");
+  sub->add_option("--device", c.device, "cpu (cuda: later)");
+  sub->add_option("--vocab-size", c.vocab_size, "BPE vocabulary size (default: the preset's)");
+  sub->add_option("--dim", c.dim, "model width");
+  sub->add_option("--layers", c.layers, "transformer blocks");
+  sub->add_option("--heads", c.heads, "attention heads");
+  sub->add_option("--seq-len", c.seq_len, "tokens per sequence");
+  sub->add_option("--sliding-window", c.sliding_window, "attention window in tokens (0: full causal)");
+  sub->add_option("--steps", c.steps, "optimizer steps");
+  sub->add_option("--batch-size", c.batch_size, "sequences per micro-batch");
+  sub->add_option("--grad-accum", c.grad_accum, "micro-batches per optimizer step");
+  sub->add_option("--lr", c.lr, "peak learning rate");
+  sub->add_option("--min-lr", c.min_lr, "final learning rate of the cosine decay");
+  sub->add_option("--warmup-steps", c.warmup_steps, "linear warm-up steps");
+  sub->add_option("--weight-decay", c.weight_decay, "AdamW weight decay (matrices only)");
+  sub->add_option("--grad-clip", c.grad_clip, "max global gradient norm");
+  sub->add_option("--eval-every", c.eval_every, "held-out loss every N steps");
+  sub->add_option("--eval-batches", c.eval_batches, "held-out batches per evaluation");
+  sub->add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps (0: at the end only)");
+  sub->add_option("--log-every", c.log_every, "progress line every N steps (plain output)");
+  sub->add_flag("--resume", c.resume, "continue from the run folder's latest checkpoint");
+  sub->add_option("--stop-after", c.stop_after, "stop after this step (the schedule still spans --steps)");
+  sub->add_option("--seed", c.seed, "initialisation and data-order seed");
+  sub->add_option("--threads", c.threads, "OpenMP threads (0: default)");
+  sub->add_option("--progress", c.progress, "auto, tty, plain or none")
+      ->check(CLI::IsMember({"auto", "tty", "plain", "none"}));
+  sub->add_option("--sample-tokens", c.sample_tokens, "tokens generated at the end (0: none)");
+  sub->add_option("--prompt", c.sample_prompt, "prompt of the final sample");
+  sub->add_flag("--golden-dump", c.golden_dump, "save initial weights and the first 10 batches (scripts/golden_check.py)");
+}
+
+void add_generate_options(CLI::App* sub, GenerateConfig& c) {
+  sub->add_option("--checkpoint", c.checkpoint, "run folder or checkpoint folder")->required();
+  sub->add_option("--prompt", c.prompt, "text to continue");
+  sub->add_option("--max-tokens", c.max_tokens, "tokens to generate");
+  sub->add_option("--temperature", c.temperature, "sampling temperature (0: greedy)");
+  sub->add_option("--top-k", c.top_k, "sample among the k most likely tokens (0: all)");
+  sub->add_option("--seed", c.seed, "sampling seed");
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,120 @@
+// The GPT built from kiln ops. Weights: N(0, 0.02) for the embedding (its scale sets the initial
+// logits of the tied head, so the first loss is close to ln V), nn.Linear's uniform bound for the
+// projections, with the residual outputs (wo, w_down) scaled by 1/sqrt(2 n_layers) as in GPT-2.
+#include "model.h"
+
+#include <cmath>
+
+#include "kiln/lce.h"
+#include "kiln/ops.h"
+
+namespace kiln::train {
+namespace F = kiln::nn::functional;
+
+ModelConfig model_preset(const std::string& name) {
+  ModelConfig c;
+  if (name == "tiny") return c;
+  if (name == "micro") {  // tests
+    c.vocab_size = 300, c.dim = 32, c.n_layers = 2, c.n_heads = 2, c.seq_len = 32;
+    return c;
+  }
+  if (name == "small") {
+    c.vocab_size = 4096, c.dim = 384, c.n_layers = 6, c.n_heads = 6, c.seq_len = 512;
+    return c;
+  }
+  if (name == "gpt-125m") {
+    c.vocab_size = 32768, c.dim = 768, c.n_layers = 12, c.n_heads = 12, c.seq_len = 1024, c.mlp_hidden = 2048;
+    return c;
+  }
+  KILN_CHECK(false, "train", "unknown model preset '", name, "' (tiny, micro, small, gpt-125m)");
+  return c;
+}
+
+std::vector<std::string> model_preset_names() { return {"tiny", "micro", "small", "gpt-125m"}; }
+
+namespace {
+Tensor uniform_init(const Shape& shape, int64_t fan_in, double scale = 1.0) {
+  const double bound = scale / std::sqrt(static_cast<double>(fan_in));
+  return (rand(shape) * 2.0 - 1.0) * bound;
+}
+}  // namespace
+
+Block::Block(const ModelConfig& c, int64_t layer)
+    : c_(c),
+      attn_norm(register_parameter("attn_norm", ones({c.dim}))),
+      wqkv(register_parameter("wqkv", uniform_init({3 * c.dim, c.dim}, c.dim))),
+      wo(register_parameter("wo",
+                            uniform_init({c.dim, c.dim}, c.dim, 1.0 / std::sqrt(2.0 * c.n_layers)))),
+      mlp_norm(register_parameter("mlp_norm", ones({c.dim}))),
+      w_gate(register_parameter("w_gate", uniform_init({c.hidden(), c.dim}, c.dim))),
+      w_up(register_parameter("w_up", uniform_init({c.hidden(), c.dim}, c.dim))),
+      w_down(register_parameter("w_down",
+                                uniform_init({c.dim, c.hidden()}, c.hidden(), 1.0 / std::sqrt(2.0 * c.n_layers)))) {
+  (void)layer;
+}
+
+Tensor Block::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const flex::BlockMask& mask) {
+  const int64_t B = x.size(0), T = x.size(1), H = c_.n_heads, Dh = c_.head_dim();
+  const Tensor a = F::rms_norm(x, attn_norm, c_.norm_eps);
+  const Tensor qkv = linear(a, wqkv).view({B, T, 3, H, Dh});
+  const Tensor q = F::apply_rotary_emb(qkv.select(2, 0), cos, sin).transpose(1, 2);
+  const Tensor k = F::apply_rotary_emb(qkv.select(2, 1), cos, sin).transpose(1, 2);
+  const Tensor v = qkv.select(2, 2).transpose(1, 2);
+  flex::FlexOptions fo;
+  fo.block_mask = &mask;
+  const Tensor o = flex::flex_attention(q, k, v, fo).out.transpose(1, 2).reshape({B, T, c_.dim});
+  const Tensor h = x + linear(o, wo);
+  const Tensor m = F::rms_norm(h, mlp_norm, c_.norm_eps);
+  return h + linear(silu(linear(m, w_gate)) * linear(m, w_up), w_down);
+}
+
+GPT::GPT(const ModelConfig& c)
+    : tok_emb(register_parameter("tok_emb", randn({c.vocab_size, c.dim}) * 0.02)),
+      final_norm(register_parameter("final_norm", ones({c.dim}))),
+      c_(c) {
+  KILN_CHECK(c.dim % c.n_heads == 0 && c.head_dim() % 2 == 0, "train", "dim ", c.dim, " must split into ",
+             c.n_heads, " heads of an even size");
+  // Parameter names as in nn.ModuleList: "blocks.0.wqkv".
+  auto list = register_module("blocks", std::make_shared<nn::Module>());
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    blocks_.push_back(list->register_module(std::to_string(l), std::make_shared<Block>(c, l)));
+  std::tie(cos_, sin_) = F::rotary_tables(c.seq_len, c.head_dim(), c.rope_theta);
+}
+
+flex::BlockMask GPT::block_mask(const Tensor& doc_ids) const {
+  const int64_t B = doc_ids.size(0), T = doc_ids.size(1);
+  const flex::Captured docs = flex::capture(doc_ids);
+  flex::MaskMod same_doc([&](flex::Expr b, flex::Expr, flex::Expr q, flex::Expr kv) {
+    return docs[b][q] == docs[b][kv];
+  });
+  std::vector<flex::MaskMod> mods{flex::causal_mask(), same_doc};
+  if (c_.sliding_window > 0) mods.push_back(flex::sliding_window_mask(c_.sliding_window));
+  // 64-token blocks: at T = 256 a 128 block would leave the causal mask no empty blocks to skip.
+  return flex::create_block_mask(flex::and_masks(mods), B, 1, T, T, T >= 512 ? 128 : 64);
+}
+
+Tensor GPT::hidden(const Tensor& idx, const flex::BlockMask& mask) {
+  const int64_t T = idx.size(1);
+  KILN_CHECK(T <= c_.seq_len, "train", "sequence of ", T, " tokens is longer than the model's ", c_.seq_len);
+  const Tensor cos = cos_.narrow(0, 0, T), sin = sin_.narrow(0, 0, T);
+  Tensor x = F::embedding(idx, tok_emb);
+  for (auto& blk : blocks_) x = blk->forward(x, cos, sin, mask);
+  return F::rms_norm(x, final_norm, c_.norm_eps);
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& target, const Tensor& doc_ids) {
+  const flex::BlockMask mask = block_mask(doc_ids);
+  const Tensor h = hidden(idx, mask);
+  F::LinearCrossEntropyOptions o;
+  o.ignore_index = -100;
+  return F::linear_cross_entropy(h.reshape({-1, c_.dim}), tok_emb, target.reshape({-1}), o);
+}
+
+Tensor GPT::last_logits(const Tensor& idx) {
+  const int64_t T = idx.size(1);
+  const flex::BlockMask mask = flex::create_block_mask(flex::causal_mask(), 1, 1, T, T, 64);
+  const Tensor h = hidden(idx, mask);
+  return linear(h.select(0, 0).select(0, T - 1), tok_emb);
+}
+
+}  // namespace kiln::train

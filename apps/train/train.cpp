@@ -1,0 +1,338 @@
+// The training job: corpus -> tokenizer -> packed windows -> GPT -> AdamW loop with warm-up +
+// cosine, clipping and accumulation; progress, JSON-lines metrics, held-out loss, checkpoints
+// every N steps (resumable bit for bit on the CPU), the loss-curve SVG, and a generated sample.
+#include "train.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint.h"
+#include "data.h"
+#include "generate.h"
+#include "kiln/autograd.h"
+#include "kiln/io.h"
+#include "kiln/memory.h"
+#include "kiln/optim.h"
+#include "kiln/telemetry.h"
+#include "report.h"
+
+namespace fs = std::filesystem;
+
+namespace kiln::train {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct ThreadsGuard {
+  int saved = omp_get_max_threads();
+  ~ThreadsGuard() { omp_set_num_threads(saved); }
+};
+
+// BPE sample: an equal share of every training document (cut at a line end), so the merges see
+// the whole corpus rather than its alphabetically first files.
+std::string tokenizer_sample(const std::vector<Document>& docs, int64_t budget) {
+  std::string s;
+  const size_t share = static_cast<size_t>(std::max<int64_t>(budget / static_cast<int64_t>(docs.size()), 256));
+  for (const Document& d : docs) {
+    size_t n = std::min(share, d.text.size());
+    const size_t nl = d.text.rfind('\n', n);
+    if (n < d.text.size() && nl != std::string::npos && nl > 0) n = nl + 1;
+    s.append(d.text, 0, n);
+  }
+  return s;
+}
+
+double evaluate(GPT& model, const Loader& loader, const std::vector<int64_t>& windows, int64_t batch) {
+  NoGradGuard ng;
+  double sum = 0;
+  int64_t tokens = 0;
+  for (size_t i = 0; i < windows.size(); i += static_cast<size_t>(batch)) {
+    const std::vector<int64_t> w(windows.begin() + static_cast<std::ptrdiff_t>(i),
+                                 windows.begin() + static_cast<std::ptrdiff_t>(std::min(windows.size(), i + static_cast<size_t>(batch))));
+    const Batch b = loader.window_batch(w);
+    if (b.tokens == 0) continue;
+    sum += model.loss(b.input, b.target, b.doc_ids).item() * static_cast<double>(b.tokens);
+    tokens += b.tokens;
+  }
+  return tokens > 0 ? sum / static_cast<double>(tokens) : std::nan("");
+}
+
+nlohmann::json model_json(const ModelConfig& c) {
+  return {{"vocab_size", c.vocab_size}, {"dim", c.dim},         {"n_layers", c.n_layers},
+          {"n_heads", c.n_heads},       {"mlp_hidden", c.hidden()}, {"seq_len", c.seq_len},
+          {"sliding_window", c.sliding_window}, {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps}};
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+}  // namespace
+
+ModelConfig model_from_json(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  const nlohmann::json& m = j.contains("model") ? j.at("model") : j;
+  ModelConfig c;
+  c.vocab_size = m.at("vocab_size").get<int64_t>();
+  c.dim = m.at("dim").get<int64_t>();
+  c.n_layers = m.at("n_layers").get<int64_t>();
+  c.n_heads = m.at("n_heads").get<int64_t>();
+  c.mlp_hidden = m.at("mlp_hidden").get<int64_t>();
+  c.seq_len = m.at("seq_len").get<int64_t>();
+  c.sliding_window = m.at("sliding_window").get<int64_t>();
+  c.rope_theta = m.at("rope_theta").get<double>();
+  c.norm_eps = m.at("norm_eps").get<double>();
+  return c;
+}
+
+ModelConfig resolve_model(const TrainConfig& cfg) {
+  ModelConfig c = model_preset(cfg.preset);
+  if (cfg.vocab_size > 0) c.vocab_size = cfg.vocab_size;
+  if (cfg.dim > 0) c.dim = cfg.dim;
+  if (cfg.layers > 0) c.n_layers = cfg.layers;
+  if (cfg.heads > 0) c.n_heads = cfg.heads;
+  if (cfg.seq_len > 0) c.seq_len = cfg.seq_len;
+  if (cfg.sliding_window > 0) c.sliding_window = cfg.sliding_window;
+  return c;
+}
+
+TrainResult train(const TrainConfig& cfg, std::ostream& out) {
+  ThreadsGuard threads_guard;
+  if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
+  KILN_CHECK(cfg.device == "cpu", "train", "device '", cfg.device,
+             "' is not supported yet: FlexAttention runs on the CPU only (use --device cpu)");
+  const double t_start = now_s();
+  fs::create_directories(cfg.run_dir);
+  ModelConfig mc = resolve_model(cfg);
+  std::string progress_mode = cfg.progress;
+  if (progress_mode == "auto") progress_mode = (&out == &std::cout && isatty(STDOUT_FILENO)) ? "tty" : "plain";
+  Progress progress(out, progress_mode);
+  const bool chatty = !cfg.quiet_summary;
+
+  // Resume: the checkpoint's tokenizer and data position; the model shape must match.
+  const std::string ckpt = cfg.resume ? find_checkpoint(cfg.run_dir) : std::string();
+  TrainState state;
+  state.seed = cfg.seed;
+  if (!ckpt.empty()) state = load_state(ckpt);
+
+  const std::string data_path = cfg.data.empty() ? default_corpus_path() : cfg.data;
+  std::vector<Document> docs = load_documents(data_path, cfg.max_data_bytes), train_docs, held_docs;
+  split_documents(docs, 20, train_docs, held_docs);
+  int64_t train_bytes = 0;
+  for (const auto& d : train_docs) train_bytes += static_cast<int64_t>(d.text.size());
+  const double t_tok = now_s();
+  const Tokenizer tok = ckpt.empty() ? Tokenizer::train(tokenizer_sample(train_docs, cfg.tokenizer_sample_bytes), mc.vocab_size)
+                                     : Tokenizer::from_json([&] {
+                                         std::ifstream f(fs::path(ckpt) / "tokenizer.json");
+                                         std::stringstream ss;
+                                         ss << f.rdbuf();
+                                         return ss.str();
+                                       }());
+  mc.vocab_size = tok.vocab_size();  // a small corpus may yield fewer merges than asked for
+  const TokenStream train_stream = pack(train_docs, tok), held_stream = pack(held_docs, tok);
+  if (chatty) {
+    out << "kiln train: " << data_path << ": " << train_docs.size() << " train / " << held_docs.size()
+        << " held-out files, " << format_bytes(static_cast<double>(train_bytes)) << "; BPE vocab " << tok.vocab_size()
+        << (ckpt.empty() ? " trained" : " loaded") << " in " << fmt("%.1fs", now_s() - t_tok) << ": "
+        << train_stream.tokens.size() << " train tokens ("
+        << fmt("%.2f", static_cast<double>(train_bytes) / static_cast<double>(train_stream.tokens.size()))
+        << " bytes/token), " << held_stream.tokens.size() << " held-out\n";
+  }
+
+  manual_seed(cfg.seed);
+  GPT model(mc);
+  // Weight decay on matrices only (norm gains and the like are left alone).
+  std::vector<Tensor> decay, no_decay;
+  std::vector<std::string> decay_names, no_decay_names;
+  for (const auto& [name, p] : model.named_parameters()) {
+    (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    (p.dim() >= 2 ? decay_names : no_decay_names).push_back(name);
+  }
+  std::vector<std::string> opt_names = decay_names;
+  opt_names.insert(opt_names.end(), no_decay_names.begin(), no_decay_names.end());
+  optim::AdamWOptions ao;
+  ao.lr = cfg.lr, ao.beta2 = cfg.beta2, ao.weight_decay = cfg.weight_decay;
+  optim::AdamWOptions ao_nd = ao;
+  ao_nd.weight_decay = 0;
+  optim::AdamW opt({optim::ParamGroup{decay, ao}, optim::ParamGroup{no_decay, ao_nd}});
+
+  nlohmann::json config_json = {{"model", model_json(mc)},
+                                {"train", {{"preset", cfg.preset}, {"steps", cfg.steps}, {"batch_size", cfg.batch_size},
+                                           {"grad_accum", cfg.grad_accum}, {"lr", cfg.lr}, {"min_lr", cfg.min_lr},
+                                           {"warmup_steps", cfg.warmup_steps}, {"weight_decay", cfg.weight_decay},
+                                           {"beta2", cfg.beta2}, {"grad_clip", cfg.grad_clip}, {"seed", cfg.seed},
+                                           {"data", data_path}}}};
+  Loader loader(train_stream, mc.seq_len, cfg.seed, /*shuffle=*/true);
+  const Loader held_loader(held_stream, mc.seq_len, cfg.seed, /*shuffle=*/false);
+  std::vector<int64_t> eval_windows;
+  const int64_t n_eval = std::min(cfg.eval_batches * cfg.batch_size, held_loader.num_windows());
+  for (int64_t i = 0; i < n_eval; ++i) eval_windows.push_back(i * held_loader.num_windows() / n_eval);
+
+  const std::string metrics_path = (fs::path(cfg.run_dir) / "metrics.jsonl").string();
+  int64_t step = 0;
+  if (!ckpt.empty()) {
+    const nlohmann::json saved = nlohmann::json::parse(state.config_json);
+    KILN_CHECK(saved.at("model") == model_json(mc), "train", "--resume: the checkpoint's model ",
+               saved.at("model").dump(), " differs from the requested ", model_json(mc).dump());
+    load_weights(ckpt, model, &opt, opt_names);
+    loader.set_position(state.data_epoch, state.data_cursor);
+    step = state.step;
+    // Drop metrics logged after the checkpoint (a killed run's lost steps).
+    std::ifstream in(metrics_path);
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t{0}) <= step) kept += line + "\n";
+    }
+    write_file_atomic(metrics_path, kept);
+    if (chatty) out << "resumed from " << ckpt << " at step " << step << "\n";
+  } else {
+    std::ofstream(metrics_path, std::ios::trunc);
+  }
+  write_file_atomic((fs::path(cfg.run_dir) / "config.json").string(), config_json.dump(2) + "\n");
+  state.config_json = config_json.dump();
+  std::ofstream metrics(metrics_path, std::ios::app);
+
+  if (chatty) {
+    out << "model " << cfg.preset << ": " << model.num_parameters() << " parameters (dim " << mc.dim << ", "
+        << mc.n_layers << " layers, " << mc.n_heads << " heads, seq " << mc.seq_len << ", vocab " << mc.vocab_size
+        << "); " << cfg.batch_size * cfg.grad_accum * mc.seq_len << " tokens/step, " << cfg.steps << " steps, "
+        << omp_get_max_threads() << " threads\n";
+  }
+
+  TrainResult result;
+  const int64_t end = cfg.stop_after > 0 ? std::min(cfg.stop_after, cfg.steps) : cfg.steps;
+  telemetry::CpuSampler cpu_sampler;
+  auto log_eval = [&](int64_t at) {
+    const double t0 = now_s();
+    const double l = evaluate(model, held_loader, eval_windows, cfg.batch_size);
+    if (at == 0 && state.first_eval_loss == 0) state.first_eval_loss = l;
+    result.eval_losses.emplace_back(at, l);
+    metrics << nlohmann::json{{"step", at}, {"heldout_loss", l}, {"eval_s", now_s() - t0}}.dump() << "\n" << std::flush;
+    progress.print("step " + std::to_string(at) + ": held-out loss " + fmt("%.4f", l) +
+                   (state.first_eval_loss > 0 ? " (" + fmt("%.2f", l / state.first_eval_loss) + " of the first)" : ""));
+  };
+  if (step == 0) log_eval(0);
+
+  // For scripts/golden_check.py: the initial weights and the first ten steps' batches.
+  io::TensorDict golden_batches;
+  if (cfg.golden_dump && step == 0) {
+    fs::create_directories(fs::path(cfg.run_dir) / "golden");
+    io::save((fs::path(cfg.run_dir) / "golden" / "init.safetensors").string(), io::TensorDict(model.named_parameters()));
+  }
+  const double t_loop = now_s();
+  double step_time_ema = 0;
+  const int64_t step0 = step;
+  while (step < end) {
+    const double t0 = now_s();
+    const double lr = optim::warmup_cosine_lr(step, std::min(cfg.warmup_steps, cfg.steps), cfg.steps, cfg.lr, cfg.min_lr);
+    opt.set_lr(lr);
+    double loss_sum = 0;
+    int64_t tokens = 0;
+    for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
+      const Batch b = loader.next(cfg.batch_size);
+      if (cfg.golden_dump && step < 10) {
+        const std::string k = "step" + std::to_string(step) + ".micro" + std::to_string(micro) + ".";
+        golden_batches.insert(k + "input", b.input);
+        golden_batches.insert(k + "target", b.target);
+        golden_batches.insert(k + "doc_ids", b.doc_ids);
+      }
+      const Tensor loss = model.loss(b.input, b.target, b.doc_ids);
+      (cfg.grad_accum > 1 ? loss / static_cast<double>(cfg.grad_accum) : loss).backward();
+      loss_sum += loss.item();
+      tokens += b.input.numel();
+    }
+    const double grad_norm = optim::clip_grad_norm_(model.parameters(), cfg.grad_clip).item();
+    opt.step();
+    opt.zero_grad();
+    ++step;
+    const double loss = loss_sum / static_cast<double>(cfg.grad_accum);
+    result.train_losses.push_back(loss);
+    const double dt = now_s() - t0;
+    step_time_ema = step == step0 + 1 ? dt : 0.9 * step_time_ema + 0.1 * dt;
+    const double tok_s = static_cast<double>(tokens) / dt;
+    const telemetry::Reading tel = cpu_sampler.sample();
+    const MemoryStats mem = memory_stats(kCPU);
+    nlohmann::json m = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"tokens", tokens},
+                        {"step_s", dt}, {"tokens_per_s", tok_s}, {"elapsed_s", now_s() - t_start},
+                        {"kiln_allocated_bytes", mem.allocated}, {"kiln_peak_bytes", mem.peak_allocated},
+                        {"telemetry", nlohmann::json::parse(telemetry::to_json(tel))}};
+    metrics << m.dump() << "\n";
+    if (step % cfg.log_every == 0 || step == end || progress_mode == "tty") {
+      std::string line = "step " + std::to_string(step) + "/" + std::to_string(cfg.steps) + " loss " + fmt("%.4f", loss) +
+                         " lr " + fmt("%.2e", lr) + " | " + fmt("%.0f", tok_s) + " tok/s | ETA " +
+                         format_duration(step_time_ema * static_cast<double>(end - step)) + " | mem " +
+                         format_bytes(static_cast<double>(tel.process_memory_bytes.value_or(mem.allocated))) +
+                         " (kiln peak " + format_bytes(static_cast<double>(mem.peak_allocated)) + ") | " +
+                         telemetry::summary(tel);
+      progress.update(line);
+    }
+    if ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == cfg.steps) log_eval(step);
+    if ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == end) {
+      state.step = step;
+      state.data_epoch = loader.epoch();
+      state.data_cursor = loader.cursor();
+      const std::string dir = save_checkpoint(cfg.run_dir, model, opt, opt_names, tok, state);
+      metrics << std::flush;
+      progress.print("checkpoint " + dir);
+    }
+  }
+  progress.finish();
+  metrics.close();
+  if (cfg.golden_dump && !golden_batches.empty())
+    io::save((fs::path(cfg.run_dir) / "golden" / "batches.safetensors").string(), golden_batches);
+  result.first_eval_loss = state.first_eval_loss;
+  result.last_step = step;
+
+  // The loss curve from the whole metrics file (so a resumed run draws its full history).
+  std::vector<std::pair<int64_t, double>> train_pts, held_pts;
+  {
+    std::ifstream in(metrics_path);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j.contains("loss")) train_pts.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>());
+      if (j.contains("heldout_loss") && j.at("heldout_loss").is_number())
+        held_pts.emplace_back(j.at("step").get<int64_t>(), j.at("heldout_loss").get<double>());
+    }
+  }
+  const std::string svg = (fs::path(cfg.run_dir) / "loss.svg").string();
+  write_loss_svg(svg, train_pts, held_pts, "kiln train: " + cfg.preset + " on " + fs::path(data_path).filename().string());
+  if (chatty) {
+    out << "trained " << (step - step0) << " steps in " << format_duration(now_s() - t_loop) << " (total "
+        << format_duration(now_s() - t_start) << "); metrics " << metrics_path << ", loss curve " << svg << "\n";
+  }
+  if (cfg.sample_tokens > 0 && step == cfg.steps) {
+    SampleOptions so;
+    so.max_tokens = cfg.sample_tokens;
+    so.seed = cfg.seed;
+    const std::string text = generate(model, tok, cfg.sample_prompt, so);
+    out << "---- sample (prompt \"" << cfg.sample_prompt << "\") ----\n" << text << "\n----\n";
+  }
+  return result;
+}
+
+int run_train(const TrainConfig& cfg, std::ostream& out) {
+  const TrainResult r = train(cfg, out);
+  if (r.last_step < cfg.steps || r.eval_losses.empty() || r.first_eval_loss <= 0) return 0;
+  const double last = r.eval_losses.back().second, ratio = last / r.first_eval_loss;
+  out << "held-out loss " << fmt("%.4f", r.first_eval_loss) << " -> " << fmt("%.4f", last) << " ("
+      << fmt("%.2f", ratio) << " of the first)" << (ratio <= 0.5 ? ": OK, at most half\n" : ": did NOT halve\n");
+  return ratio <= 0.5 ? 0 : 1;
+}
+
+}  // namespace kiln::train
