@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 LAUNCHER := $(if $(shell command -v ccache),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache,)
 
-.PHONY: all setup configure build test test-cpp test-python train bench clean
+.PHONY: all setup configure build test test-cpp test-python test-fuzz train bench clean
 
 all: build
 
@@ -29,7 +29,11 @@ test-python: configure
 	cmake --build $(BUILD) -j $(JOBS) --target kiln_python
 	PYTHONPATH=$(BUILD)/python python3 -m pytest python/tests -q
 
-test: test-cpp test-python
+# A short libFuzzer run of both checkpoint parsers under ASan + UBSan (corpora in fuzz/corpus).
+test-fuzz: setup
+	scripts/fuzz.sh 20
+
+test: test-cpp test-python test-fuzz
 
 # The main job: a small GPT trained on the CPU on the Python standard library (kiln train --help).
 train: build
