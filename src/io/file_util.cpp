@@ -100,6 +100,10 @@ Source Source::open_file(const std::string& path, bool map) {
     KILN_CHECK(p != MAP_FAILED, kOp, "cannot mmap ", path, ": ", errno_text());
     h->map = p;
     h->map_size = s.size_;
+    // Headers and directories are read with pread, not through the mapping: a fault there would
+    // make the kernel read around it (read_ahead_kb, 8 MiB on the dev machine), pulling tensor
+    // data in at load time. FADV_RANDOM keeps those small preads from reading ahead as well.
+    ::posix_fadvise(h->fd, 0, 0, POSIX_FADV_RANDOM);
     s.mem_ = static_cast<const uint8_t*>(p);
     s.zero_copy_ = true;
   }
@@ -120,7 +124,7 @@ void Source::read(void* dst, size_t n, uint64_t offset, const char* op) const {
              " run past the end of the file (", size_, " bytes)");
   if (n == 0) return;
   auto* out = static_cast<uint8_t*>(dst);
-  if (mem_ != nullptr) {
+  if (fd_ < 0) {  // in-memory source
     std::memcpy(out, mem_ + offset, n);
     return;
   }
