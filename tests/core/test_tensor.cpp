@@ -137,6 +137,13 @@ TEST(Tensor, FromBlobAndItem) {
   EXPECT_TRUE(freed);
 }
 
+TEST(Tensor, BoolBytesOtherThanZeroAndOneReadAsTrue) {
+  // A checkpoint or a foreign buffer may hold any byte in a bool tensor (found by the fuzzer).
+  std::vector<uint8_t> bytes{0, 1, 56, 255};
+  Tensor b = from_blob(bytes.data(), {4}, kBool);
+  EXPECT_EQ(b.to(kFloat32).to_vector(), (std::vector<double>{0, 1, 1, 1}));
+}
+
 TEST(Tensor, Printing) {
   const std::string s = tensor({1, 2.5}, kBFloat16).str();
   EXPECT_EQ(s, "tensor([1.0000, 2.5000], dtype=bfloat16)");

@@ -6,6 +6,18 @@
 #include "core/kernels.h"
 
 namespace kiln::cpu {
+namespace {
+// A bool tensor's bytes may be other than 0 and 1 (a checkpoint, from_blob, DLPack): read them
+// as bytes, so any nonzero byte is true and no invalid bool is ever loaded (UB the fuzzer found).
+template <typename S>
+S load_element(const char* p) {
+  if constexpr (std::is_same_v<S, bool>) {
+    return *reinterpret_cast<const uint8_t*>(p) != 0;
+  } else {
+    return *reinterpret_cast<const S*>(p);
+  }
+}
+}  // namespace
 
 void copy(const Tensor& dst, const Tensor& src) {
   StridedOperands<2> ops({&dst, &src});
@@ -24,7 +36,7 @@ void copy(const Tensor& dst, const Tensor& src) {
         char* d = p[0];
         const char* x = p[1];
         for (int64_t i = 0; i < n; ++i, d += s[0], x += s[1])
-          *reinterpret_cast<D*>(d) = cast_value<D>(*reinterpret_cast<const S*>(x));
+          *reinterpret_cast<D*>(d) = cast_value<D>(load_element<S>(x));
       });
     });
   });
