@@ -35,6 +35,9 @@ struct Args {
   int64_t n = 2048, h = 1024, v = 32000;
   int iters = 3;
   bool json = false;
+  int64_t chunk_tokens = 0, chunk_vocab = 0;  // 0: the op's own choice (memory/speed variants)
+  std::string variants = "memory,speed,unfused,gemm3";
+  bool wants(const char* name) const { return ("," + variants + ",").find(std::string(",") + name + ",") != std::string::npos; }
 };
 
 void sync(const Device& d) {
@@ -126,6 +129,9 @@ int parse(int argc, char** argv, Args& a) {
     else if (k == "--dtype") a.dtype = next();
     else if (k == "--iters") a.iters = std::stoi(next());
     else if (k == "--json") a.json = true;
+    else if (k == "--chunk-tokens") a.chunk_tokens = std::stoll(next());
+    else if (k == "--chunk-vocab") a.chunk_vocab = std::stoll(next());
+    else if (k == "--variants") a.variants = next();
     else if (k == "lce") continue;  // tolerated when called as `kiln bench lce ...`
     else throw Error("bench lce: unknown argument " + k);
   }
@@ -162,15 +168,17 @@ int run_bench_lce(int argc, char** argv) {
       return [&, s, chunk]() {
         LinearCrossEntropyOptions o;
         o.strategy = s;
-        o.chunk_tokens = chunk;
+        o.chunk_tokens = chunk > 0 ? chunk : a.chunk_tokens;
+        o.chunk_vocab = a.chunk_vocab;
         Tensor loss = nn::functional::linear_cross_entropy(x, w, y, o);
         auto g = autograd::grad({loss}, {x, w});
         return loss.item();
       };
     };
-    print(a, "memory", measure(dev, a.iters, fused(LceStrategy::Memory, 0)), gb);
-    print(a, "speed", measure(dev, a.iters, fused(LceStrategy::Speed, 0)), gb);
-    if (dev.is_cuda()) {
+    if (a.wants("memory")) print(a, "memory", measure(dev, a.iters, fused(LceStrategy::Memory, 0)), gb);
+    if (a.wants("speed")) print(a, "speed", measure(dev, a.iters, fused(LceStrategy::Speed, 0)), gb);
+    if (!a.wants("unfused")) {
+    } else if (dev.is_cuda()) {
       print(a, "unfused", measure(dev, a.iters, fused(LceStrategy::Speed, a.n)), gb);
     } else {
       print(a, "unfused", measure(dev, a.iters, [&]() {
@@ -183,7 +191,7 @@ int run_bench_lce(int argc, char** argv) {
             gb);
     }
     // The three GEMMs of a fused forward+backward, alone.
-    print(a, "gemm3", measure(dev, a.iters, [&]() -> double {
+    if (a.wants("gemm3")) print(a, "gemm3", measure(dev, a.iters, [&]() -> double {
             NoGradGuard ng;
             const int64_t N = a.n, H = a.h, V = a.v;
             if (dev.is_cuda()) {
