@@ -15,12 +15,15 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/dispatch.h"
 #include "kiln/kiln.h"
 #include "kiln/lce.h"
 #include "ops/cpu/gemm.h"
 #ifdef KILN_WITH_CUDA
+#include "lce/cuda/lce_kernels.h"
 #include "ops/cuda/gemm.h"
 #endif
 
@@ -28,6 +31,9 @@ namespace kiln::apps {
 namespace {
 
 using nn::functional::LceStrategy;
+#ifdef KILN_WITH_CUDA
+namespace lce_k = cuda::lce_k;
+#endif
 using nn::functional::LinearCrossEntropyOptions;
 
 struct Args {
@@ -115,6 +121,64 @@ void print(const Args& a, const char* variant, const Result& r, int64_t grad_byt
   std::fflush(stdout);
 }
 
+#ifdef KILN_WITH_CUDA
+// Where a fused step's time goes: the phases of one speed-strategy chunk of --chunk-tokens tokens
+// (default 1024) over the whole vocabulary, each timed alone with CUDA events (median of 5).
+void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& y) {
+  NoGradGuard ng;
+  const int64_t N = std::min<int64_t>(a.chunk_tokens > 0 ? a.chunk_tokens : 1024, a.n), H = a.h, V = a.v;
+  const int64_t ld = (V + 7) / 8 * 8;
+  const int dev = x.device().index;
+  void* stream = cuda::current_stream(dev).handle();
+  const TensorOptions f32 = TensorOptions().dtype(kFloat32).device(x.device());
+  Tensor z = empty({N, ld}, f32), dz = empty({N, ld}, x.options()), dx = empty({N, H}, x.options());
+  Tensor dw = empty({V, H}, x.options()), dwa = empty({V, H}, f32);
+  Tensor state = empty({4, N}, f32), lse = empty({N}, f32), terms = empty({2, N}, f32), tot = empty({4}, f32);
+  lce::Consts k;
+  k.n = N, k.h = H, k.v = V;
+  auto mm = [&](bool ta, bool tb, int64_t m, int64_t n, int64_t kk, const void* A, int64_t lda, const void* B,
+                int64_t ldb, const Tensor& C, int64_t ldc, double beta) {
+    cuda::GemmParams p;
+    p.trans_a = ta, p.trans_b = tb, p.m = m, p.n = n, p.k = kk;
+    p.a = A, p.lda = lda, p.b = B, p.ldb = ldb, p.c = C.data_ptr(), p.ldc = ldc;
+    p.ab_type = x.dtype(), p.c_type = C.dtype(), p.device = dev, p.stream = stream, p.beta = beta;
+    cuda::gemm(p);
+  };
+  const int64_t* yp = y.data_ptr<int64_t>();
+  lce_k::prepare(x.dtype(), yp, nullptr, k, tot.data_ptr(), stream);
+  const std::vector<std::pair<const char*, std::function<void()>>> phases = {
+      {"logits_gemm_f32", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, z, ld, 0.0); }},
+      {"stats", [&] { lce_k::stats(x.dtype(), z.data_ptr(), N, V, ld, 0, nullptr, nullptr, yp, k, true,
+                                   state.data_ptr(), N, stream); }},
+      {"finalize", [&] { lce_k::finalize(x.dtype(), N, 0, state.data_ptr(), N, yp, nullptr, tot.data_ptr(), k,
+                                         lse.data_ptr(), terms.data_ptr(), N, stream); }},
+      {"grad", [&] { lce_k::grad(x.dtype(), z.data_ptr(), N, V, ld, 0, 0, nullptr, nullptr, yp, lse.data_ptr(),
+                                 nullptr, false, tot.data_ptr(), k, dz.data_ptr(), ld, stream); }},
+      {"dx_gemm", [&] { mm(false, false, N, H, V, dz.data_ptr(), ld, w.data_ptr(), H, dx, H, 0.0); }},
+      {"dw_gemm_store", [&] { mm(true, false, V, H, N, dz.data_ptr(), ld, x.data_ptr(), H, dw, H, 0.0); }},
+      {"dw_gemm_acc_bf16", [&] { mm(true, false, V, H, N, dz.data_ptr(), ld, x.data_ptr(), H, dw, H, 1.0); }},
+      {"dw_gemm_acc_f32", [&] { mm(true, false, V, H, N, dz.data_ptr(), ld, x.data_ptr(), H, dwa, H, 1.0); }},
+      {"logits_gemm_16bit", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, dz, ld, 0.0); }},
+  };
+  for (const auto& [name, fn] : phases) {
+    fn();
+    std::vector<float> ts;
+    for (int i = 0; i < 5; ++i) {
+      cuda::Event e0, e1;
+      e0.record();
+      fn();
+      e1.record();
+      e1.synchronize();
+      ts.push_back(e0.elapsed_ms(e1));
+    }
+    std::sort(ts.begin(), ts.end());
+    std::printf("{\"variant\": \"phase\", \"phase\": \"%s\", \"tokens\": %lld, \"ms\": %.4f}\n", name,
+                static_cast<long long>(N), ts[2]);
+  }
+  std::fflush(stdout);
+}
+#endif
+
 int parse(int argc, char** argv, Args& a) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
@@ -148,9 +212,13 @@ int run_bench_lce(int argc, char** argv) {
     const Device dev(a.device);
     const DType dt = a.dtype == "bf16" ? kBFloat16 : kFloat32;
     const TensorOptions opt = TensorOptions().dtype(dt).device(dev);
+    // Separate seeds: the CPU and CUDA generators both start at offset 0 of the same seed, so x
+    // (CUDA) and W (CPU) from one seed would share their leading elements and make logit (i, i)
+    // ~ sqrt(H) (the "loss 64" of the first H200 runs).
     manual_seed(0);
     Tensor x = randn({a.n, a.h}, opt).requires_grad_(true);
     Tensor w;
+    manual_seed(1);
     {
       NoGradGuard ng;
       w = (randn({a.v, a.h}, TensorOptions().dtype(kFloat32)) * (1.0 / std::sqrt(static_cast<double>(a.h))))
@@ -158,6 +226,7 @@ int run_bench_lce(int argc, char** argv) {
               .detach()
               .requires_grad_(true);
     }
+    manual_seed(2);
     Tensor y = randint(0, a.v, {a.n}, TensorOptions().dtype(kInt64).device(dev));
     if (!a.json)
       std::printf("bench lce: device %s, N=%lld H=%lld V=%lld, %s\n", dev.str().c_str(), static_cast<long long>(a.n),
@@ -190,6 +259,9 @@ int run_bench_lce(int argc, char** argv) {
             }),
             gb);
     }
+#ifdef KILN_WITH_CUDA
+    if (dev.is_cuda() && a.wants("phases")) cuda_phases(a, x, w, y);
+#endif
     // The three GEMMs of a fused forward+backward, alone.
     if (a.wants("gemm3")) print(a, "gemm3", measure(dev, a.iters, [&]() -> double {
             NoGradGuard ng;

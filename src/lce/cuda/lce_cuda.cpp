@@ -71,6 +71,10 @@ struct Ctx {
   }
 };
 
+// Row stride of logit tiles: a multiple of 8 elements, so rows start 16-byte aligned for the
+// vector loads of the kernels and for cuBLASLt's fastest 16-bit operand paths.
+int64_t padded(int64_t cols) { return (std::max<int64_t>(cols, 1) + 7) / 8 * 8; }
+
 Tensor make_totals(const Ctx& c) {
   Tensor tot = c.buf({4}, c.acc);
   lce_k::prepare(c.t, c.target(), c.cw(), c.p.k, tot.data_ptr(), c.stream);
@@ -94,16 +98,17 @@ lce::Forward lce_forward_memory(const lce::Problem& p) {
   const lce::Consts& k = p.k;
   const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1)),
                 Vc = std::min(p.chunk_v, V);
+  const int64_t ld = padded(Vc);
   const Tensor tot = make_totals(c);
-  Tensor tile = c.buf({Nc, Vc}, c.acc), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
+  Tensor tile = c.buf({Nc, ld}, c.acc), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
     for (int64_t v0 = 0; v0 < V; v0 += Vc) {
       const int64_t cols = std::min(Vc, V - v0);
-      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), cols, c.acc, 0.0);
-      lce_k::stats(c.t, tile.data_ptr(), rows, cols, cols, v0, c.bias(), c.cw(), c.target() + n0, k, v0 == 0,
+      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.acc, 0.0);
+      lce_k::stats(c.t, tile.data_ptr(), rows, cols, ld, v0, c.bias(), c.cw(), c.target() + n0, k, v0 == 0,
                    state.data_ptr(), Nc, c.stream);
     }
     lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
@@ -135,9 +140,10 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
     if (nd.dx) c.zero(out.dx);
     return out;
   }
+  const int64_t ld = padded(Vc);
   const Tensor tot = make_totals(c);
-  Tensor tile = c.buf({Nc, Vc}, c.acc);
-  Tensor dz = c.low ? c.buf({Nc, Vc}, c.t) : tile;  // dz overwrites the fp32 tile in place otherwise
+  Tensor tile = c.buf({Nc, ld}, c.acc);
+  Tensor dz = c.low ? c.buf({Nc, ld}, c.t) : tile;  // dz overwrites the fp32 tile in place otherwise
   Tensor dwt = nd.dw && c.low ? c.buf({Vc, H}, c.acc) : Tensor();
   Tensor dbt = nd.db ? c.buf({Vc}, c.acc) : Tensor();
   const DType dzt = c.low ? c.t : c.acc;
@@ -147,15 +153,15 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
     void* dws = nd.dw ? (c.low ? dwt.data_ptr() : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize()) : nullptr;
     for (int64_t n0 = 0; n0 < N; n0 += Nc) {
       const int64_t rows = std::min(Nc, N - n0);
-      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), cols, c.acc, 0.0);
-      lce_k::grad(c.t, tile.data_ptr(), rows, cols, cols, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
-                  grad.data_ptr(), per_token, tot.data_ptr(), k, dz.data_ptr(), cols, c.stream);
+      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.acc, 0.0);
+      lce_k::grad(c.t, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
+                  grad.data_ptr(), per_token, tot.data_ptr(), k, dz.data_ptr(), ld, c.stream);
       if (nd.dx)
-        c.mm(false, false, rows, H, cols, dz.data_ptr(), cols, c.wp(v0), H, dzt,
+        c.mm(false, false, rows, H, cols, dz.data_ptr(), ld, c.wp(v0), H, dzt,
              static_cast<char*>(dx_acc.data_ptr()) + n0 * H * c.asize(), H, c.acc, 1.0);
       if (nd.dw)
-        c.mm(true, false, cols, H, rows, dz.data_ptr(), cols, c.xp(n0), H, dzt, dws, H, c.acc, n0 == 0 ? 0.0 : 1.0);
-      if (nd.db) lce_k::colsum(c.t, dz.data_ptr(), rows, cols, cols, n0 == 0, dbt.data_ptr(), c.stream);
+        c.mm(true, false, cols, H, rows, dz.data_ptr(), ld, c.xp(n0), H, dzt, dws, H, c.acc, n0 == 0 ? 0.0 : 1.0);
+      if (nd.db) lce_k::colsum(c.t, dz.data_ptr(), rows, cols, ld, n0 == 0, dbt.data_ptr(), c.stream);
     }
     if (nd.dw && c.low)
       lce_k::store(c.t, dwt.data_ptr(), static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize(), cols * H,
@@ -175,8 +181,9 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1));
   const bool one_chunk = Nc >= N;
   const Tensor tot = make_totals(c);
-  Tensor logits = c.buf({Nc, V}, c.acc), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
-  Tensor dz = c.low ? c.buf({Nc, V}, c.t) : logits;
+  const int64_t ld = padded(V);
+  Tensor logits = c.buf({Nc, ld}, c.acc), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
+  Tensor dz = c.low ? c.buf({Nc, ld}, c.t) : logits;
   const DType dzt = c.low ? c.t : c.acc;
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
@@ -193,25 +200,25 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   if (nd.dx && N == 0) c.zero(f.dx);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
-    c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), V, c.acc, 0.0);
-    lce_k::stats(c.t, logits.data_ptr(), rows, V, V, 0, c.bias(), c.cw(), c.target() + n0, k, true, state.data_ptr(),
+    c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.acc, 0.0);
+    lce_k::stats(c.t, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true, state.data_ptr(),
                  Nc, c.stream);
     lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
                     terms.data_ptr(), N, c.stream);
     if (!nd.any()) continue;
-    lce_k::grad(c.t, logits.data_ptr(), rows, V, V, 0, n0, c.bias(), c.cw(), c.target(), f.lse.data_ptr(), nullptr,
-                false, tot.data_ptr(), k, dz.data_ptr(), V, c.stream);
+    lce_k::grad(c.t, logits.data_ptr(), rows, V, ld, 0, n0, c.bias(), c.cw(), c.target(), f.lse.data_ptr(), nullptr,
+                false, tot.data_ptr(), k, dz.data_ptr(), ld, c.stream);
     if (nd.dx)  // each dx row block is produced once: written in T directly
-      c.mm(false, false, rows, H, V, dz.data_ptr(), V, c.wp(0), H, dzt,
+      c.mm(false, false, rows, H, V, dz.data_ptr(), ld, c.wp(0), H, dzt,
            static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(), H, c.t, 0.0);
     if (nd.dw) {
       if (dw_direct)
-        c.mm(true, false, V, H, rows, dz.data_ptr(), V, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t,
+        c.mm(true, false, V, H, rows, dz.data_ptr(), ld, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t,
              (n0 == 0 || c.low) ? 0.0 : 1.0);
       else
-        c.mm(true, false, V, H, rows, dz.data_ptr(), V, c.xp(n0), H, dzt, dw_acc.data_ptr(), H, c.acc, 1.0);
+        c.mm(true, false, V, H, rows, dz.data_ptr(), ld, c.xp(n0), H, dzt, dw_acc.data_ptr(), H, c.acc, 1.0);
     }
-    if (nd.db) lce_k::colsum(c.t, dz.data_ptr(), rows, V, V, n0 == 0, db_acc.data_ptr(), c.stream);
+    if (nd.db) lce_k::colsum(c.t, dz.data_ptr(), rows, V, ld, n0 == 0, db_acc.data_ptr(), c.stream);
   }
   if (nd.dw && !dw_direct) lce_k::store(c.t, dw_acc.data_ptr(), f.dw.data_ptr(), V * H, c.stream);
   if (nd.db) lce_k::store(c.t, db_acc.data_ptr(), f.db.data_ptr(), V, c.stream);

@@ -85,7 +85,15 @@ __global__ void prepare_kernel(const int64_t* target, const A* cw, lce::Consts k
   }
 }
 
-template <typename T, typename A>
+// VW consecutive elements of type E moved as one aligned vector (16 bytes for A tiles).
+template <typename E, int VW>
+struct alignas(sizeof(E) * VW) Vec {
+  E v[VW];
+};
+
+// Online (max, sum exp) over the row, VW columns per load and two loads in flight per thread
+// (the tile is read once; one scalar load at a time left the kernel latency-bound).
+template <typename T, typename A, int VW>
 __global__ void stats_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0, const T* bias, const A* cw,
                              const int64_t* target, lce::Consts k, bool first, A* state, int64_t st) {
   __shared__ A sm[kThreads], ss[kThreads], sw[kThreads];
@@ -94,8 +102,7 @@ __global__ void stats_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0
   const A cap = static_cast<A>(k.softcap);
   const int64_t y = target[r] - v0;
   A m = -INFINITY, s = 0, ws = 0;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    A v = z[j];
+  auto take = [&](A v, int64_t j) {
     if (bias) v += convert<A>(bias[v0 + j]);
     v = softcap(v, cap);
     if (v > m) {
@@ -106,7 +113,19 @@ __global__ void stats_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0
     }
     ws += cw ? cw[v0 + j] * v : v;
     if (j == y) state[2 * st + r] = v;  // exactly one thread of one tile holds the target
+  };
+  const int64_t step = static_cast<int64_t>(blockDim.x) * VW;
+  int64_t j = static_cast<int64_t>(threadIdx.x) * VW;
+  for (; j + step + VW <= cols; j += 2 * step) {  // two full vectors
+    const Vec<A, VW> a = *reinterpret_cast<const Vec<A, VW>*>(z + j);
+    const Vec<A, VW> b = *reinterpret_cast<const Vec<A, VW>*>(z + j + step);
+#pragma unroll
+    for (int e = 0; e < VW; ++e) take(a.v[e], j + e);
+#pragma unroll
+    for (int e = 0; e < VW; ++e) take(b.v[e], j + step + e);
   }
+  for (; j < cols; j += step)
+    for (int e = 0; e < VW && j + e < cols; ++e) take(z[j + e], j + e);
   sm[threadIdx.x] = m;
   ss[threadIdx.x] = s;
   sw[threadIdx.x] = ws;
@@ -152,34 +171,54 @@ __global__ void finalize_kernel(int64_t rows, int64_t n0, const A* state, int64_
   terms[n_total + i] = zl;
 }
 
-template <typename T, typename A, typename DZ>
+// VW columns per thread: one vector load of the tile, one vector store of dz; the row's
+// coefficients are computed once per thread.
+template <typename T, typename A, typename DZ, int VW>
 __global__ void grad_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const T* bias,
                             const A* cw, const int64_t* target, const A* lse_all, const A* g, bool g_per_token,
                             const A* totals, lce::Consts k, DZ* dz, int64_t ldz) {
   const int64_t r = blockIdx.x, i = n0 + r;
-  const int64_t j = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= cols) return;
+  const int64_t j0 = (blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VW;
+  if (j0 >= cols) return;
   const int64_t y = target[i];
   DZ* out = dz + r * ldz;
+  const bool full = j0 + VW <= cols;
+  Vec<DZ, VW> o;
   if (lce::is_ignored(y, k) || y < 0 || y >= k.v) {
-    out[j] = convert<DZ>(A(0));
-    return;
+#pragma unroll
+    for (int e = 0; e < VW; ++e) o.v[e] = convert<DZ>(A(0));
+  } else {
+    lce::Totals<A> tot;
+    tot.weight_sum = totals[0];
+    tot.count = totals[1];
+    tot.class_sum = totals[2];
+    const A lse = lse_all[i];
+    A gl, gz;
+    lce::token_scales<A>(g ? g[g_per_token ? i : 0] : A(1), tot, k, gl, gz);
+    const lce::CoefT<A> c = lce::row_coef<A>(gl, gz, lse, cw ? cw[y] : A(1), tot.class_sum, k);
+    const A cap = static_cast<A>(k.softcap);
+    Vec<A, VW> in;
+    if (full) {
+      in = *reinterpret_cast<const Vec<A, VW>*>(tile + r * ld + j0);
+    } else {
+      for (int e = 0; e < VW; ++e) in.v[e] = j0 + e < cols ? tile[r * ld + j0 + e] : A(0);
+    }
+#pragma unroll
+    for (int e = 0; e < VW; ++e) {
+      const int64_t j = j0 + e;
+      A sv = in.v[e];
+      if (bias && j < cols) sv += convert<A>(bias[v0 + j]);
+      sv = softcap(sv, cap);
+      A d = c.a * dexp<A>(sv - lse) - c.c * (cw && j < cols ? cw[v0 + j] : A(1)) - (v0 + j == y ? c.b : A(0));
+      if (cap > A(0)) d *= A(1) - (sv / cap) * (sv / cap);
+      o.v[e] = convert<DZ>(d);
+    }
   }
-  lce::Totals<A> tot;
-  tot.weight_sum = totals[0];
-  tot.count = totals[1];
-  tot.class_sum = totals[2];
-  const A lse = lse_all[i];
-  A gl, gz;
-  lce::token_scales<A>(g ? g[g_per_token ? i : 0] : A(1), tot, k, gl, gz);
-  const lce::CoefT<A> c = lce::row_coef<A>(gl, gz, lse, cw ? cw[y] : A(1), tot.class_sum, k);
-  const A cap = static_cast<A>(k.softcap);
-  A s = tile[r * ld + j];
-  if (bias) s += convert<A>(bias[v0 + j]);
-  s = softcap(s, cap);
-  A d = c.a * dexp<A>(s - lse) - c.c * (cw ? cw[v0 + j] : A(1)) - (v0 + j == y ? c.b : A(0));
-  if (cap > A(0)) d *= A(1) - (s / cap) * (s / cap);
-  out[j] = convert<DZ>(d);
+  if (full) {
+    *reinterpret_cast<Vec<DZ, VW>*>(out + j0) = o;
+  } else {
+    for (int e = 0; e < VW && j0 + e < cols; ++e) out[j0 + e] = o.v[e];
+  }
 }
 
 template <typename DZ, typename A>
@@ -248,6 +287,12 @@ void with_types(DType t, F&& f) {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// Rows of `ld` elements starting at p can be read as `bytes`-wide aligned vectors.
+template <typename P>
+bool vector_ok(const P* p, int64_t ld, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0 && (ld * sizeof(P)) % bytes == 0;
+}
+
 }  // namespace
 
 void prepare(DType t, const int64_t* target, const void* cw, const lce::Consts& k, void* totals, void* stream) {
@@ -266,9 +311,14 @@ void stats(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, in
   with_types(t, [&](auto tt, auto at) {
     using T = typename decltype(tt)::type;
     using A = typename decltype(at)::type;
-    stats_kernel<T, A><<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
-        static_cast<const A*>(tile), cols, ld, v0, static_cast<const T*>(bias), static_cast<const A*>(cw), target, k,
-        first, static_cast<A*>(state), state_stride);
+    constexpr int VW = 16 / sizeof(A);
+    auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
+          static_cast<const A*>(tile), cols, ld, v0, static_cast<const T*>(bias), static_cast<const A*>(cw), target,
+          k, first, static_cast<A*>(state), state_stride);
+    };
+    if (vector_ok(static_cast<const A*>(tile), ld, 16)) launch(stats_kernel<T, A, VW>);
+    else launch(stats_kernel<T, A, 1>);
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
   });
 }
@@ -294,11 +344,17 @@ void grad(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int
     using T = typename decltype(tt)::type;
     using A = typename decltype(at)::type;
     using DZ = std::conditional_t<is_16bit_float_v<T>, T, A>;
-    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((cols + kThreads - 1) / kThreads));
-    grad_kernel<T, A, DZ><<<grid, kThreads, 0, as_stream(stream)>>>(
-        static_cast<const A*>(tile), cols, ld, v0, n0, static_cast<const T*>(bias), static_cast<const A*>(cw), target,
-        static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token, static_cast<const A*>(totals), k,
-        static_cast<DZ*>(dz), ldz);
+    constexpr int VW = 16 / sizeof(A);
+    auto launch = [&](auto kernel, int64_t vw) {
+      const int64_t per_block = kThreads * vw;
+      const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((cols + per_block - 1) / per_block));
+      kernel<<<grid, kThreads, 0, as_stream(stream)>>>(
+          static_cast<const A*>(tile), cols, ld, v0, n0, static_cast<const T*>(bias), static_cast<const A*>(cw),
+          target, static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token, static_cast<const A*>(totals), k,
+          static_cast<DZ*>(dz), ldz);
+    };
+    if (vector_ok(static_cast<const A*>(tile), ld, 16) && vector_ok(static_cast<const DZ*>(dz), ldz, VW * sizeof(DZ))) launch(grad_kernel<T, A, DZ, VW>, VW);
+    else launch(grad_kernel<T, A, DZ, 1>, 1);
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
   });
 }
