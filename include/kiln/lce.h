@@ -18,14 +18,18 @@
 // Strategies (both bitwise deterministic run to run, and on the CPU for any thread count):
 //   memory: the forward keeps only lse [N] (fp32) for backward; the backward recomputes logit tiles
 //           (about four GEMMs). Working memory: one [chunk_tokens, chunk_vocab] tile, one
-//           [chunk_vocab, H] fp32 weight-gradient slice and one [N, H] fp32 input-gradient
-//           accumulator; never anything of size N * V.
+//           [chunk_vocab, H] fp32 weight-gradient slice (only when the tokens span several
+//           chunks) and one [N, H] fp32 input-gradient accumulator (16-bit inputs); never
+//           anything of size N * V. CUDA default tile: up to 8192 tokens x 2048 classes.
 //   speed:  (reductions mean/sum) the forward computes the gradients too, per [chunk_tokens, V]
 //           logit chunk (three GEMMs); backward only scales them by the upstream gradient.
-//           reduction none always uses memory.
+//           On CUDA, dW of 16-bit weights is summed over the chunks in the weight's dtype (one
+//           rounding per chunk; the memory strategy rounds once); on the CPU in a fp32
+//           accumulator. reduction none always uses memory.
 //   auto:   speed when gradients are needed, the reduction is mean/sum and a chunk of at least
-//           kMinSpeedChunk tokens (plus a V x H fp32 accumulator where needed) fits memory_budget;
-//           memory otherwise (and always without gradients: the forward is then one GEMM pass).
+//           kMinSpeedChunk tokens (plus, on the CPU, a V x H fp32 accumulator for 16-bit weights)
+//           fits memory_budget; memory otherwise (and always without gradients: the forward is
+//           then one GEMM pass).
 #include <cstdint>
 
 #include "kiln/ops.h"  // nn_functional.h (Reduction) needs the other op headers
@@ -47,8 +51,8 @@ struct LinearCrossEntropyOptions {
   LceStrategy strategy = LceStrategy::Auto;
   int64_t chunk_tokens = 0;           // 0: chosen from the shapes and the device
   int64_t chunk_vocab = 0;            // 0: chosen (memory strategy's V-tile)
-  int64_t memory_budget = 0;          // bytes auto/speed may use for working buffers; 0: 256 MiB
-                                      // on the CPU, 2 GiB on CUDA
+  int64_t memory_budget = 0;          // bytes auto/speed may use for working buffers; 0: 64 MiB
+                                      // on the CPU, 512 MiB on CUDA
 };
 
 struct LinearCrossEntropyResult {

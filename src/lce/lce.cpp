@@ -88,26 +88,32 @@ struct Plan {
 };
 
 // Chunk sizes and the strategy. Memory tiles: big enough that each GEMM fills the device (CUDA
-// 4096 x 2048: ~69 GFLOP per logit tile at H = 4096; CPU 2048 x 1024: 16 of cpu::gemm's tasks).
+// up to 8192 tokens x 2048 classes: a 64 MiB fp32 tile, ~137 GFLOP per logit tile at H = 4096, and
+// with all tokens in one chunk each dW slice is one GEMM; CPU 2048 x 1024: 16 of cpu::gemm's
+// tasks). Speed: token chunks of fp32 logits over the whole vocabulary within the budget (CUDA
+// default 512 MiB, about torch.compile's working memory at 8192 x 128k), equal-sized.
 Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& o, const lce::Needs& nd) {
   const bool cuda = x.is_cuda();
   Plan p;
   p.chunk_v = o.chunk_vocab > 0 ? o.chunk_vocab : (cuda ? 2048 : 1024);
   const int64_t n = std::max<int64_t>(s.n, 1);
-  const int64_t budget = o.memory_budget > 0 ? o.memory_budget : (cuda ? (int64_t{2} << 30) : (int64_t{64} << 20));
+  const int64_t budget = o.memory_budget > 0 ? o.memory_budget : (cuda ? (int64_t{512} << 20) : (int64_t{64} << 20));
   bool speed_ok = o.reduction != Reduction::None && nd.any();
   int64_t speed_chunk = 0;
   if (speed_ok) {
     const bool low = is_low_precision(x.dtype());
-    const int64_t per_token = s.v * (4 + (cuda && low ? 2 : 0));  // fp32 logits (+ 16-bit dz on CUDA)
+    const int64_t per_token = s.v * 4;  // fp32 logits (CUDA writes 16-bit dz over them in place)
     if (o.chunk_tokens > 0) {
       speed_chunk = std::min(o.chunk_tokens, n);
     } else {
-      // A fp32 weight-gradient accumulator is needed for 16-bit weights, except for one chunk on CUDA.
-      const int64_t acc = nd.dw && low ? s.v * s.h * 4 : 0;
+      // The CPU sums dW of 16-bit weights over chunks in a fp32 accumulator; CUDA sums in T.
+      const int64_t acc = !cuda && nd.dw && low ? s.v * s.h * 4 : 0;
       speed_chunk = std::min(n, budget / per_token);
-      if (speed_chunk < n && (!cuda || acc > 0)) speed_chunk = std::min(n, std::max<int64_t>(budget - acc, 0) / per_token);
-      if (speed_chunk < n) speed_chunk = speed_chunk / 64 * 64;
+      if (speed_chunk < n && acc > 0) speed_chunk = std::min(n, std::max<int64_t>(budget - acc, 0) / per_token);
+      if (speed_chunk < n && speed_chunk >= 64) {  // equal chunks, multiples of 64 tokens
+        const int64_t chunks = (n + speed_chunk - 1) / speed_chunk;
+        speed_chunk = std::min(speed_chunk, ((n + chunks - 1) / chunks + 63) / 64 * 64);
+      }
     }
     speed_ok = speed_chunk >= std::min(n, kMinSpeedChunk);
   }
@@ -119,7 +125,7 @@ Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& 
     p.chunk_n = speed_chunk;
   } else {
     p.strategy = LceStrategy::Memory;
-    p.chunk_n = o.chunk_tokens > 0 ? o.chunk_tokens : (cuda ? 4096 : 2048);
+    p.chunk_n = o.chunk_tokens > 0 ? o.chunk_tokens : (cuda ? 8192 : 2048);
   }
   return p;
 }

@@ -457,5 +457,27 @@ TEST(LinearCrossEntropyCuda, LargeVocabularyDefaultChunks) {
     }
 }
 
+// Several token chunks with long rows: the memory strategy's fp32 dW slices summed over chunks,
+// the speed strategy's dW summed in the weight dtype over chunks, and the in-place 16-bit dz
+// written over rows that span several kernel segments (V > 2048) with a ragged tail.
+TEST(LinearCrossEntropyCuda, SeveralTokenChunksLongRows) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(6);
+  Case c;
+  c.n = 300;
+  c.h = 64;
+  c.v = 5003;
+  c.ignore = true;
+  for (DType dt : {kFloat32, kBFloat16})
+    for (LceStrategy s : {LceStrategy::Memory, LceStrategy::Speed}) {
+      const RefIn in = make_inputs(c, dt);
+      const std::vector<double> cot = cotangent(c, dt);
+      const RefOut ref = lce_test::reference(in, cot);
+      const LceRun got = run(in, dt, s, cot, Device("cuda"), /*chunk_n=*/128, /*chunk_v=*/0);
+      expect_matches(got, in, ref, dt, detail::str_cat("several chunks, ", dtype_name(dt), ", strategy ",
+                                                       static_cast<int>(s)));
+    }
+}
+
 }  // namespace
 }  // namespace kiln

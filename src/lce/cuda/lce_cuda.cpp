@@ -2,9 +2,10 @@
 // (cuBLASLt, cached plans) and the kernels of lce_kernels.cu, all on the current stream of the
 // input's device. GEMM types: T in (bf16/fp16/fp32/fp64), fp32 (fp64) logit tiles; the dx/dW GEMMs
 // take dz in T's type for 16-bit inputs (bf16 x bf16 -> fp32 accumulate), in fp32 otherwise (TF32
-// only when set_float32_matmul_precision("high")). Accumulators: dx_acc [N, H] fp32 (memory, 16-bit
-// x only; fp32 x accumulates in dx itself), dW_t [Vc, H] fp32 per vocabulary tile (written once),
-// the speed strategy's [V, H] fp32 dW accumulator only for 16-bit weights over several chunks.
+// only when set_float32_matmul_precision("high")); dz is written over its logit tile in place.
+// Accumulators: dx_acc [N, H] fp32 (memory, 16-bit x only; fp32 x accumulates in dx itself),
+// dW_t [Vc, H] fp32 per vocabulary tile when the tokens span several chunks (else the GEMM writes
+// the dW slice in T); the speed strategy sums dW over token chunks in T itself.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -143,27 +144,31 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
   const int64_t ld = padded(Vc);
   const Tensor tot = make_totals(c);
   Tensor tile = c.buf({Nc, ld}, c.acc);
-  Tensor dz = c.low ? c.buf({Nc, ld}, c.t) : tile;  // dz overwrites the fp32 tile in place otherwise
-  Tensor dwt = nd.dw && c.low ? c.buf({Vc, H}, c.acc) : Tensor();
+  void* dz = tile.data_ptr();                // dz overwrites the tile in place
+  const int64_t ldz = c.low ? 2 * ld : ld;   // 16-bit dz: the first half of each fp32 tile row
+  const bool one_chunk = Nc >= N;            // dW slices written in T directly, no fp32 tile
+  Tensor dwt = nd.dw && c.low && !one_chunk ? c.buf({Vc, H}, c.acc) : Tensor();
   Tensor dbt = nd.db ? c.buf({Vc}, c.acc) : Tensor();
   const DType dzt = c.low ? c.t : c.acc;
   const bool per_token = k.red == lce::Red::None;
   for (int64_t v0 = 0; v0 < V; v0 += Vc) {
     const int64_t cols = std::min(Vc, V - v0);
-    void* dws = nd.dw ? (c.low ? dwt.data_ptr() : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize()) : nullptr;
+    const bool dw_acc = c.low && !one_chunk;
+    void* dws = nd.dw ? (dw_acc ? dwt.data_ptr() : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize()) : nullptr;
     for (int64_t n0 = 0; n0 < N; n0 += Nc) {
       const int64_t rows = std::min(Nc, N - n0);
       c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.acc, 0.0);
       lce_k::grad(c.t, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
-                  grad.data_ptr(), per_token, tot.data_ptr(), k, dz.data_ptr(), ld, c.stream);
+                  grad.data_ptr(), per_token, tot.data_ptr(), k, dz, ldz, c.stream);
       if (nd.dx)
-        c.mm(false, false, rows, H, cols, dz.data_ptr(), ld, c.wp(v0), H, dzt,
+        c.mm(false, false, rows, H, cols, dz, ldz, c.wp(v0), H, dzt,
              static_cast<char*>(dx_acc.data_ptr()) + n0 * H * c.asize(), H, c.acc, 1.0);
       if (nd.dw)
-        c.mm(true, false, cols, H, rows, dz.data_ptr(), ld, c.xp(n0), H, dzt, dws, H, c.acc, n0 == 0 ? 0.0 : 1.0);
-      if (nd.db) lce_k::colsum(c.t, dz.data_ptr(), rows, cols, ld, n0 == 0, dbt.data_ptr(), c.stream);
+        c.mm(true, false, cols, H, rows, dz, ldz, c.xp(n0), H, dzt, dws, H, dw_acc || !c.low ? c.acc : c.t,
+             n0 == 0 ? 0.0 : 1.0);
+      if (nd.db) lce_k::colsum(c.t, dz, rows, cols, ldz, n0 == 0, dbt.data_ptr(), c.stream);
     }
-    if (nd.dw && c.low)
+    if (nd.dw && dw_acc)
       lce_k::store(c.t, dwt.data_ptr(), static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize(), cols * H,
                      c.stream);
     if (nd.db)
@@ -179,24 +184,23 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   const Ctx c(p);
   const lce::Consts& k = p.k;
   const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1));
-  const bool one_chunk = Nc >= N;
   const Tensor tot = make_totals(c);
   const int64_t ld = padded(V);
   Tensor logits = c.buf({Nc, ld}, c.acc), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
-  Tensor dz = c.low ? c.buf({Nc, ld}, c.t) : logits;
+  void* dz = logits.data_ptr();               // dz overwrites the logits in place
+  const int64_t ldz = c.low ? 2 * ld : ld;    // 16-bit dz: the first half of each fp32 row
   const DType dzt = c.low ? c.t : c.acc;
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
   if (nd.dx) f.dx = c.buf({N, H}, c.t);
   if (nd.dw) f.dw = c.buf({V, H}, c.t);
   if (nd.db) f.db = c.buf({V}, c.t);
-  // dW: written by the GEMM directly (one chunk, or fp32/fp64 weights accumulating in place), else
-  // accumulated in fp32 over chunks and converted once.
-  const bool dw_direct = !c.low || one_chunk;
-  Tensor dw_acc = nd.dw && !dw_direct ? c.buf({V, H}, c.acc) : Tensor();
+  // dW accumulates over token chunks in the GEMM's output, in T: for 16-bit weights one rounding
+  // per chunk (the memory strategy rounds once); a [V, H] fp32 accumulator would cost more
+  // memory than the logits chunk and a slower GEMM epilogue.
   Tensor db_acc = nd.db ? c.buf({V}, c.acc) : Tensor();
   if (nd.db && N == 0) c.zero(db_acc);
-  if (nd.dw && (N == 0 || (!dw_direct))) c.zero(nd.dw && !dw_direct ? dw_acc : f.dw);
+  if (nd.dw && N == 0) c.zero(f.dw);
   if (nd.dx && N == 0) c.zero(f.dx);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
@@ -207,20 +211,14 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
                     terms.data_ptr(), N, c.stream);
     if (!nd.any()) continue;
     lce_k::grad(c.t, logits.data_ptr(), rows, V, ld, 0, n0, c.bias(), c.cw(), c.target(), f.lse.data_ptr(), nullptr,
-                false, tot.data_ptr(), k, dz.data_ptr(), ld, c.stream);
+                false, tot.data_ptr(), k, dz, ldz, c.stream);
     if (nd.dx)  // each dx row block is produced once: written in T directly
-      c.mm(false, false, rows, H, V, dz.data_ptr(), ld, c.wp(0), H, dzt,
+      c.mm(false, false, rows, H, V, dz, ldz, c.wp(0), H, dzt,
            static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(), H, c.t, 0.0);
-    if (nd.dw) {
-      if (dw_direct)
-        c.mm(true, false, V, H, rows, dz.data_ptr(), ld, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t,
-             (n0 == 0 || c.low) ? 0.0 : 1.0);
-      else
-        c.mm(true, false, V, H, rows, dz.data_ptr(), ld, c.xp(n0), H, dzt, dw_acc.data_ptr(), H, c.acc, 1.0);
-    }
-    if (nd.db) lce_k::colsum(c.t, dz.data_ptr(), rows, V, ld, n0 == 0, db_acc.data_ptr(), c.stream);
+    if (nd.dw)
+      c.mm(true, false, V, H, rows, dz, ldz, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t, n0 == 0 ? 0.0 : 1.0);
+    if (nd.db) lce_k::colsum(c.t, dz, rows, V, ldz, n0 == 0, db_acc.data_ptr(), c.stream);
   }
-  if (nd.dw && !dw_direct) lce_k::store(c.t, dw_acc.data_ptr(), f.dw.data_ptr(), V * H, c.stream);
   if (nd.db) lce_k::store(c.t, db_acc.data_ptr(), f.db.data_ptr(), V, c.stream);
   outputs(c, terms, tot, f);
   return f;

@@ -171,53 +171,65 @@ __global__ void finalize_kernel(int64_t rows, int64_t n0, const A* state, int64_
   terms[n_total + i] = zl;
 }
 
-// VW columns per thread: one vector load of the tile, one vector store of dz; the row's
-// coefficients are computed once per thread.
+// One block per tile row, VW columns per thread per segment of blockDim.x * VW columns; the
+// row's coefficients are computed once per thread. In place (dz over the tile, 16-bit dz with
+// twice the row stride): a segment's dz bytes only cover tile columns of this or earlier
+// segments, so one barrier between a segment's loads and its stores keeps every read first.
 template <typename T, typename A, typename DZ, int VW>
 __global__ void grad_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const T* bias,
                             const A* cw, const int64_t* target, const A* lse_all, const A* g, bool g_per_token,
-                            const A* totals, lce::Consts k, DZ* dz, int64_t ldz) {
+                            const A* totals, lce::Consts k, DZ* dz, int64_t ldz, bool in_place) {
   const int64_t r = blockIdx.x, i = n0 + r;
-  const int64_t j0 = (blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x) * VW;
-  if (j0 >= cols) return;
-  const int64_t y = target[i];
+  const A* z = tile + r * ld;
   DZ* out = dz + r * ldz;
-  const bool full = j0 + VW <= cols;
-  Vec<DZ, VW> o;
-  if (lce::is_ignored(y, k) || y < 0 || y >= k.v) {
-#pragma unroll
-    for (int e = 0; e < VW; ++e) o.v[e] = convert<DZ>(A(0));
-  } else {
+  const int64_t y = target[i];
+  const bool dead = lce::is_ignored(y, k) || y < 0 || y >= k.v;  // uniform over the block
+  lce::CoefT<A> c;
+  A lse = 0;
+  if (!dead) {
     lce::Totals<A> tot;
     tot.weight_sum = totals[0];
     tot.count = totals[1];
     tot.class_sum = totals[2];
-    const A lse = lse_all[i];
+    lse = lse_all[i];
     A gl, gz;
     lce::token_scales<A>(g ? g[g_per_token ? i : 0] : A(1), tot, k, gl, gz);
-    const lce::CoefT<A> c = lce::row_coef<A>(gl, gz, lse, cw ? cw[y] : A(1), tot.class_sum, k);
-    const A cap = static_cast<A>(k.softcap);
+    c = lce::row_coef<A>(gl, gz, lse, cw ? cw[y] : A(1), tot.class_sum, k);
+  }
+  const A cap = static_cast<A>(k.softcap);
+  const int64_t step = static_cast<int64_t>(blockDim.x) * VW;
+  for (int64_t base = 0; base < cols; base += step) {
+    const int64_t j0 = base + static_cast<int64_t>(threadIdx.x) * VW;
+    const bool full = j0 + VW <= cols;
     Vec<A, VW> in;
-    if (full) {
-      in = *reinterpret_cast<const Vec<A, VW>*>(tile + r * ld + j0);
-    } else {
-      for (int e = 0; e < VW; ++e) in.v[e] = j0 + e < cols ? tile[r * ld + j0 + e] : A(0);
+    if (!dead) {
+      if (full) {
+        in = *reinterpret_cast<const Vec<A, VW>*>(z + j0);
+      } else {
+        for (int e = 0; e < VW; ++e) in.v[e] = j0 + e < cols ? z[j0 + e] : A(0);
+      }
     }
+    if (in_place) __syncthreads();
+    if (j0 >= cols) continue;
+    Vec<DZ, VW> o;
 #pragma unroll
     for (int e = 0; e < VW; ++e) {
       const int64_t j = j0 + e;
-      A sv = in.v[e];
-      if (bias && j < cols) sv += convert<A>(bias[v0 + j]);
-      sv = softcap(sv, cap);
-      A d = c.a * dexp<A>(sv - lse) - c.c * (cw && j < cols ? cw[v0 + j] : A(1)) - (v0 + j == y ? c.b : A(0));
-      if (cap > A(0)) d *= A(1) - (sv / cap) * (sv / cap);
+      A d = 0;
+      if (!dead) {
+        A sv = in.v[e];
+        if (bias && j < cols) sv += convert<A>(bias[v0 + j]);
+        sv = softcap(sv, cap);
+        d = c.a * dexp<A>(sv - lse) - c.c * (cw && j < cols ? cw[v0 + j] : A(1)) - (v0 + j == y ? c.b : A(0));
+        if (cap > A(0)) d *= A(1) - (sv / cap) * (sv / cap);
+      }
       o.v[e] = convert<DZ>(d);
     }
-  }
-  if (full) {
-    *reinterpret_cast<Vec<DZ, VW>*>(out + j0) = o;
-  } else {
-    for (int e = 0; e < VW && j0 + e < cols; ++e) out[j0 + e] = o.v[e];
+    if (full) {
+      *reinterpret_cast<Vec<DZ, VW>*>(out + j0) = o;
+    } else {
+      for (int e = 0; e < VW && j0 + e < cols; ++e) out[j0 + e] = o.v[e];
+    }
   }
 }
 
@@ -344,17 +356,18 @@ void grad(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int
     using T = typename decltype(tt)::type;
     using A = typename decltype(at)::type;
     using DZ = std::conditional_t<is_16bit_float_v<T>, T, A>;
-    constexpr int VW = 16 / sizeof(A);
-    auto launch = [&](auto kernel, int64_t vw) {
-      const int64_t per_block = kThreads * vw;
-      const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((cols + per_block - 1) / per_block));
-      kernel<<<grid, kThreads, 0, as_stream(stream)>>>(
+    constexpr int VW = 32 / sizeof(A);  // two 16-byte loads per thread per segment
+    const bool in_place = dz == tile;
+    auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
           static_cast<const A*>(tile), cols, ld, v0, n0, static_cast<const T*>(bias), static_cast<const A*>(cw),
           target, static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token, static_cast<const A*>(totals), k,
-          static_cast<DZ*>(dz), ldz);
+          static_cast<DZ*>(dz), ldz, in_place);
     };
-    if (vector_ok(static_cast<const A*>(tile), ld, 16) && vector_ok(static_cast<const DZ*>(dz), ldz, VW * sizeof(DZ))) launch(grad_kernel<T, A, DZ, VW>, VW);
-    else launch(grad_kernel<T, A, DZ, 1>, 1);
+    if (vector_ok(static_cast<const A*>(tile), ld, 32) && vector_ok(static_cast<const DZ*>(dz), ldz, VW * sizeof(DZ)))
+      launch(grad_kernel<T, A, DZ, VW>);
+    else
+      launch(grad_kernel<T, A, DZ, 1>);
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
   });
 }
