@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/engine.h"
 #include "core/tensor_impl.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
@@ -50,8 +51,15 @@ void count_dependencies(GraphTask& task, const std::vector<Edge>& roots) {
   }
 }
 
+thread_local bool t_graph_freed = false;
+
 void run(GraphTask& task, const std::vector<Edge>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
          bool create_graph, bool accumulate_leaves) {
+  struct FreedFlag {  // restored on exit: a backward may run inside another's closure
+    bool saved = t_graph_freed;
+    explicit FreedFlag(bool v) { t_graph_freed = v; }
+    ~FreedFlag() { t_graph_freed = saved; }
+  } freed_flag(!retain_graph);
   count_dependencies(task, roots);
   std::priority_queue<Node*, std::vector<Node*>, NewestFirst> ready;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -130,6 +138,10 @@ std::vector<Edge> root_edges(const std::vector<Tensor>& roots, const std::vector
 }
 
 }  // namespace
+
+namespace detail {
+bool graph_freed_after_use() { return t_graph_freed; }
+}  // namespace detail
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, bool retain_graph,
               bool create_graph) {

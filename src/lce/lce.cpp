@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/engine.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 #include "kiln/autograd.h"
@@ -130,15 +131,16 @@ Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& 
   return p;
 }
 
-// src * g (g: one acc-dtype element) into a new tensor; no copy on the CPU when g == 1.
-Tensor scale_by(const Tensor& src, const Tensor& g) {
+// src * g (g: one acc-dtype element); no copy on the CPU when g == 1. in_place: src is the node's
+// own buffer and the node never runs again, so it is scaled where it is (no second [V, H] dW).
+Tensor scale_by(const Tensor& src, const Tensor& g, bool in_place) {
   if (!src.defined()) return src;
   if (src.is_cuda()) {
-    KILN_CUDA_ONLY(kOp, return cuda::lce_scale(src, g));
+    KILN_CUDA_ONLY(kOp, return cuda::lce_scale(src, g, in_place));
   }
   const double gv = g.item();
   if (gv == 1.0) return src;
-  Tensor out = empty(src.sizes(), src.options());
+  Tensor out = in_place ? src : empty(src.sizes(), src.options());
   dispatch_floating(src.dtype(), kOp, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* in = src.data_ptr<T>();
@@ -213,9 +215,10 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
                            NoGradGuard ng;
                            gs = g[0].detach().to(acc).contiguous();
                          }
-                         Tensor gx = scale_by(dx, gs);
-                         return std::vector<Tensor>{gx.defined() ? gx.reshape(xshape) : gx, scale_by(dw, gs),
-                                                    scale_by(db, gs)};
+                         const bool last_use = autograd::detail::graph_freed_after_use();
+                         Tensor gx = scale_by(dx, gs, last_use);
+                         return std::vector<Tensor>{gx.defined() ? gx.reshape(xshape) : gx,
+                                                    scale_by(dw, gs, last_use), scale_by(db, gs, last_use)};
                        });
     } else {
       const Tensor lse = f.lse;

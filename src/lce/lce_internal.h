@@ -47,6 +47,6 @@ namespace kiln::cuda {
 lce::Forward lce_forward_memory(const lce::Problem& p);
 lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& needs);
 lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& grad, const lce::Needs& needs);
-// out = src * (*scale), elementwise, for the speed strategy's backward (scale: a 1-element acc tensor).
-Tensor lce_scale(const Tensor& src, const Tensor& scale);
+// out = src * (*scale) (in_place: out is src), elementwise, for the speed strategy's backward (scale: a 1-element acc tensor).
+Tensor lce_scale(const Tensor& src, const Tensor& scale, bool in_place);
 }  // namespace kiln::cuda

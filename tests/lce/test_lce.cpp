@@ -479,5 +479,34 @@ TEST(LinearCrossEntropyCuda, SeveralTokenChunksLongRows) {
     }
 }
 
+// The speed strategy scales its forward-computed gradients in place only when the graph is freed
+// after the backward: a retained graph gives the same gradients on every backward.
+void check_speed_retain_graph(const Device& dev) {
+  manual_seed(7);
+  Tensor x = randn({20, 8}, TensorOptions().device(dev)).requires_grad_(true);
+  Tensor w = randn({11, 8}, TensorOptions().device(dev)).requires_grad_(true);
+  Tensor y = randint(0, 11, {20}, TensorOptions().dtype(kInt64).device(dev));
+  LinearCrossEntropyOptions o;
+  o.strategy = LceStrategy::Speed;
+  Tensor loss = nn::functional::linear_cross_entropy(x, w, y, o) * 3.0;
+  const auto g1 = autograd::grad({loss}, {x, w}, {}, /*retain_graph=*/true);
+  const auto g2 = autograd::grad({loss}, {x, w}, {}, /*retain_graph=*/true);
+  const auto g3 = autograd::grad({loss}, {x, w});  // frees the graph: may scale in place
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(g1[i].cpu().to_vector(), g2[i].cpu().to_vector()) << dev.str() << " input " << i;
+    EXPECT_EQ(g1[i].cpu().to_vector(), g3[i].cpu().to_vector()) << dev.str() << " input " << i;
+  }
+  Tensor loss1 = nn::functional::linear_cross_entropy(x, w, y, o);
+  const auto g0 = autograd::grad({loss1}, {x, w});
+  EXPECT_LT(kiln::testing::rel_error(g1[1], g0[1] * 3.0), 1e-6) << dev.str();
+}
+
+TEST(LinearCrossEntropy, SpeedRetainGraphGivesSameGradients) { check_speed_retain_graph(kCPU); }
+
+TEST(LinearCrossEntropyCuda, SpeedRetainGraphGivesSameGradients) {
+  KILN_REQUIRE_CUDA();
+  check_speed_retain_graph(Device("cuda"));
+}
+
 }  // namespace
 }  // namespace kiln

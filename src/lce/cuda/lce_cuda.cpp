@@ -224,10 +224,10 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   return f;
 }
 
-Tensor lce_scale(const Tensor& src, const Tensor& g) {
+Tensor lce_scale(const Tensor& src, const Tensor& g, bool in_place) {
   NoGradGuard ng;
   DeviceGuard dg(src.device().index);
-  Tensor out = empty(src.sizes(), src.options());
+  Tensor out = in_place ? src : empty(src.sizes(), src.options());
   lce_k::scale(src.dtype(), src.data_ptr(), g.data_ptr(), out.data_ptr(), src.numel(),
                current_raw_stream(src.device().index));
   return out;
