@@ -178,7 +178,9 @@ void bind_flex(nb::module_& m) {
       .def("__hash__", [](const fx::Expr& a) { return reinterpret_cast<uintptr_t>(a.node().get()); })
       .def("__repr__", [](const fx::Expr& a) { return fx::to_string(a); })
       .def_prop_ro("kind", [](const fx::Expr& a) { return kind_name(a.kind()); })
-      .def_prop_ro("reads_tensors", &fx::Expr::reads_tensors);
+      .def_prop_ro("reads_tensors", &fx::Expr::reads_tensors)
+      .def_prop_ro("captured_tensors", [](const fx::Expr& a) { return fx::captured_tensors(a); },
+                   "the tensors the expression loads from (each once)");
 
   // Function forms on expressions (overloads next to the tensor ops of the same names).
   m.def("where", [](const fx::Expr& c, nb::handle x, nb::handle y) {
