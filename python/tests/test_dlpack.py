@@ -98,6 +98,19 @@ def test_bfloat16_numpy_with_ml_dtypes(monkeypatch):
     assert t.tolist()[0] == 4.0
 
 
+@pytest.mark.skipif(kiln.cuda.is_available(), reason="checks the error of a build / machine without CUDA")
+def test_cuda_producer_without_cuda_raises():
+    class FakeCudaArray:  # claims to live on cuda:0
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, **kwargs):
+            raise AssertionError("kiln must refuse before asking for the capsule")
+
+    with pytest.raises(kiln.KilnError, match=r"\[from_dlpack\] a CUDA tensor.*without CUDA"):
+        kiln.from_dlpack(FakeCudaArray())
+
+
 def test_capsule_consumed_once():
     t = kiln.ones(3)
     cap = t.__dlpack__()
@@ -109,6 +122,7 @@ def test_capsule_consumed_once():
 
 
 def test_unconsumed_capsules_are_freed():
+    gc.collect()  # garbage of earlier tests (e.g. tensors held by exception tracebacks) first
     before = kiln.cpu.memory_allocated()
     for _ in range(10):
         kiln.ones(1000).__dlpack__()
