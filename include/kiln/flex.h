@@ -121,6 +121,9 @@ Expr log(const Expr& a);
 // Printable, fully parenthesised C-like form; captured tensors print as buf0, buf1, ... in order
 // of first appearance, e.g. "((q_idx >= kv_idx) & ((q_idx - kv_idx) < 256))".
 std::string to_string(const Expr& e);
+// The tensors `e` loads from, each once, in order of first appearance (the same handles the mod
+// holds: e.g. the Python adapters route gradients of captured torch tensors through them).
+std::vector<Tensor> captured_tensors(const Expr& e);
 
 // mask_mod(b, h, q_idx, kv_idx) -> bool. Default: noop (everything attends).
 struct MaskMod {

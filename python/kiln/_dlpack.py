@@ -21,6 +21,9 @@ def from_dlpack(ext):
     kwargs = {}
     dev_type, dev_id = ext.__dlpack_device__()
     if int(dev_type) in (_kDLCUDA, _kDLCUDAManaged):
+        if not _C._cuda.is_available():
+            raise _C.KilnError("[from_dlpack] a CUDA tensor was given but kiln was built without CUDA or sees no "
+                               "CUDA device; move it to the CPU first (t.cpu())")
         kwargs["stream"] = _C._consumer_stream(int(dev_id))
     try:
         capsule = ext.__dlpack__(max_version=(1, 0), **kwargs)

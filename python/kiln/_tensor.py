@@ -11,16 +11,20 @@ _NUMPY_TO_KILN = {"float32": "float32", "float64": "float64", "float16": "float1
 
 
 def _ml_dtypes():
+    # NumPy has no bfloat16; ml_dtypes provides one. Without it, fail like torch does (TypeError)
+    # rather than hand back raw uint16 bit patterns that would be read as integers.
     try:
         import ml_dtypes
     except ImportError:
-        raise _C.KilnError("[numpy] a bfloat16 tensor needs the ml_dtypes package to become a NumPy array "
-                           "(pip install ml_dtypes), or convert first: t.float().numpy()") from None
+        raise TypeError("[numpy] Got unsupported ScalarType BFloat16: NumPy has no bfloat16; convert first "
+                        "(t.float().numpy()) or install ml_dtypes (pip install ml_dtypes) to get an "
+                        "ml_dtypes.bfloat16 array sharing the tensor's memory") from None
     return ml_dtypes
 
 
 def _numpy(self, *, force=False):
-    """A NumPy array sharing this CPU tensor's memory (strides kept; bfloat16 via ml_dtypes).
+    """A NumPy array sharing this CPU tensor's memory (strides kept). bfloat16 gives an
+    ml_dtypes.bfloat16 array when ml_dtypes is installed, else a TypeError (use t.float().numpy()).
     force=True detaches and copies to the CPU first, as in PyTorch."""
     t = self.detach().cpu() if force else self
     arr = t._numpy_view()

@@ -4,6 +4,10 @@
     loss = kiln.torch.linear_cross_entropy(hidden, lm_head.weight, target)  # torch tensors
     loss.backward()                                                          # grads reach torch
 
+    bm = kiln.nn.attention.flex_attention.create_block_mask(causal, None, None, L, L)
+    out = kiln.torch.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + bias[h, qi - kv],
+                                    block_mask=bm)  # bias: a torch Parameter; its grad reaches torch
+
 Tensors cross in both directions through DLPack without copies. On CUDA, kiln orders its work
 after torch's current stream (torch passes kiln's stream a wait) and torch's stream after kiln's
 (kiln passes torch's stream an event wait): no host synchronisation. Importing kiln never imports
@@ -18,7 +22,7 @@ import torch
 from . import _C
 from ._dlpack import from_dlpack
 
-__all__ = ["to_kiln", "to_torch", "linear_cross_entropy"]
+__all__ = ["to_kiln", "to_torch", "linear_cross_entropy", "flex_attention"]
 
 
 def to_kiln(t: "torch.Tensor"):
@@ -56,13 +60,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        loss, x, w, b = ctx.kiln
-        del ctx.kiln  # kiln's graph is freed by its backward; drop our handles too
+        loss, x, w, b = _take(ctx, "linear_cross_entropy")  # kiln's graph is freed by its backward; drop our handles too
         if not loss.requires_grad:
             return None, None, None, None, None, None
         loss.backward(to_kiln(grad_loss.contiguous()))
         grads = [to_torch(t.grad) if t is not None and t.grad is not None else None for t in (x, w, b)]
         return grads[0], grads[1], grads[2], None, None, None
+
+
+def _take(ctx, name):
+    # kiln's graph is freed by its backward (as torch frees saved tensors): drop our handles too.
+    state = getattr(ctx, "kiln", None)
+    if state is None:
+        raise RuntimeError(f"Trying to backward through kiln.torch.{name} a second time (its kiln graph was freed "
+                           "by the first backward); retain_graph is not supported by kiln's adapters")
+    del ctx.kiln
+    return state
 
 
 class _C_grad:
@@ -85,3 +98,71 @@ def linear_cross_entropy(input, linear_weight, target, linear_bias=None, weight=
     kiln_options: z_loss, logit_softcap, strategy, chunk_tokens, chunk_vocab, memory_budget."""
     options = dict(reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing, **kiln_options)
     return _LinearCrossEntropy.apply(input, linear_weight, linear_bias, target, weight, options)
+
+
+class _FlexAttention(torch.autograd.Function):
+    # apply(score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query, key, value,
+    #       *captured_torch): the torch tensors a score_mod captured are inputs, so torch routes
+    # their gradients; captured_kiln are the kiln views of them inside score_mod's IR.
+    @staticmethod
+    def forward(ctx, score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query, key, value,
+                *captured):
+        needs = ctx.needs_input_grad[6:]
+        q, k, v = (_leaf(t, n) for t, n in zip((query, key, value), needs))
+        for kt, n in zip(captured_kiln, needs[3:]):
+            kt.requires_grad_(bool(n))
+        with _C_grad(any(needs)):
+            r = _C.flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, return_lse)
+        out, lse = r if return_lse else (r, None)
+        ctx.kiln = (out, lse, [q, k, v, *captured_kiln], needs)
+        ctx.set_materialize_grads(False)
+        return (to_torch(out), to_torch(lse)) if return_lse else to_torch(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        out, lse, inputs, needs = _take(ctx, "flex_attention")
+        outs, gouts = [], []
+        for o, g in zip((out, lse), grads):
+            if o is not None and g is not None and o.requires_grad:
+                outs.append(o)
+                gouts.append(to_kiln(g.contiguous()))
+        result = [None] * len(inputs)
+        want = [i for i, (t, n) in enumerate(zip(inputs, needs)) if n and t.requires_grad]
+        if outs and want:
+            gs = _C._autograd_grad(outs, [inputs[i] for i in want], gouts, False, False)
+            for i, g in zip(want, gs):
+                result[i] = to_torch(g) if g is not None else None
+        return (None,) * 6 + tuple(result)
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+                   return_lse=False, kernel_options=None):
+    """kiln.nn.attention.flex_attention.flex_attention on torch tensors, differentiable through torch's
+    autograd: gradients to query, key, value and to torch tensors score_mod captures (a learned
+    bias `bias[h, q_idx - kv_idx]` that is a torch Parameter gets its .grad).
+
+    query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] -> out [B, Hq, L, Ev] (+ lse
+    [B, Hq, L] fp32 with return_lse=True). score_mod: a function (score, b, h, q_idx, kv_idx) ->
+    score, traced once into kiln's IR (torch.where / tanh / ... on its arguments are fine), or a
+    kiln ScoreMod. block_mask: a kiln BlockMask (kiln.nn.attention.flex_attention.create_block_mask).
+    kernel_options is accepted for PyTorch compatibility and ignored."""
+    from .nn.attention import flex_attention as fa
+    from . import _capture
+
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"kiln.torch.flex_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if block_mask is not None and not isinstance(block_mask, fa.BlockMask):
+        raise TypeError("kiln.torch.flex_attention: block_mask must be a kiln BlockMask "
+                        "(kiln.nn.attention.flex_attention.create_block_mask), got " + type(block_mask).__name__)
+    if score_mod is not None and not isinstance(score_mod, fa.ScoreMod):
+        score_mod = fa.ScoreMod(score_mod)
+    captured_kiln, captured = [], []
+    if score_mod is not None:
+        for kt in score_mod.expr.captured_tensors:
+            src = _capture.torch_source(kt)
+            if src is not None and src.is_floating_point():
+                captured_kiln.append(kt)
+                captured.append(src)
+    return _FlexAttention.apply(score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln,
+                                query, key, value, *captured)

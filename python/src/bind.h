@@ -39,6 +39,9 @@ nb::object tensor_or_none(const Tensor& t);
 // A Python number as the value it means in `dtype`'s kind (float / int / bool).
 nb::object scalar_to_python(double v, DType dtype);
 
+// file:line of the innermost Python frame (the traced mod, for flex errors).
+std::string python_location();
+
 void bind_tensor(nb::module_& m);
 void bind_indexing(nb::class_<Tensor>& cls);
 void bind_dlpack(nb::module_& m, nb::class_<Tensor>& cls);

@@ -25,23 +25,9 @@ std::optional<fx::Expr> try_expr(nb::handle h) {
 fx::Expr to_expr(nb::handle h, const char* what) {
   auto e = try_expr(h);
   KILN_CHECK(e.has_value(), "flex", what, " must be an index expression or a Python number, got ",
-             Py_TYPE(h.ptr())->tp_name, " (captured tensors must be kiln tensors: kiln.from_dlpack(t))");
+             Py_TYPE(h.ptr())->tp_name, " at ", python_location(),
+             " (a tensor can only appear indexed by index expressions, e.g. bias[h][q_idx - kv_idx])");
   return *e;
-}
-
-// Where in the user's Python code tracing hit a data-dependent construct.
-std::string python_location() {
-  PyFrameObject* frame = PyEval_GetFrame();  // borrowed: the innermost Python frame (the mod)
-  if (!frame) return "<unknown>";
-  PyCodeObject* code = PyFrame_GetCode(frame);
-  std::string file = "<unknown>";
-  if (PyObject* f = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_filename")) {
-    if (const char* s = PyUnicode_AsUTF8(f)) file = s;
-    Py_DECREF(f);
-  }
-  PyErr_Clear();
-  Py_DECREF(code);
-  return file + ":" + std::to_string(PyFrame_GetLineNumber(frame));
 }
 
 [[noreturn]] void not_traceable(const char* what) {
@@ -90,14 +76,54 @@ void def_bin(nb::class_<fx::Expr>& cls, const char* name, const char* rname, F f
     }, nb::is_operator());
 }
 
+// Calls a mod with symbolic arguments through kiln/_capture.py (NumPy captures rebound, errors
+// from indexing uncapturable objects re-raised naming the line).
+nb::object call_traced(nb::handle f, nb::tuple args) {
+  return nb::module_::import_("kiln._capture").attr("call")(f, args);
+}
+
+// A traced mod's return value as an Expr; otherwise an error naming where the mod is defined.
+fx::Expr result_expr(nb::handle f, nb::handle r, const char* what) {
+  if (auto e = try_expr(r)) return *e;
+  nb::str where = nb::borrow<nb::str>(nb::module_::import_("kiln._capture").attr("definition")(f));
+  KILN_FAIL("flex", what, " defined at ", std::string(where.c_str()), " returned ", Py_TYPE(r.ptr())->tp_name,
+            "; it must return an expression of its arguments (a tensor can only appear indexed by index "
+            "expressions, e.g. bias[h][q_idx - kv_idx])");
+}
+
 }  // namespace
+
+// Where in the user's Python code tracing hit a data-dependent construct.
+std::string python_location() {
+  // The innermost Python frame outside kiln/_capture.py (which forwards torch indexing to kiln).
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  nb::object keep;                           // owns frames returned by PyFrame_GetBack
+  std::string file = "<unknown>";
+  while (frame) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    file = "<unknown>";
+    if (PyObject* f = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_filename")) {
+      if (const char* s = PyUnicode_AsUTF8(f)) file = s;
+      Py_DECREF(f);
+    }
+    PyErr_Clear();
+    Py_DECREF(code);
+    const std::string tail = "_capture.py";
+    if (file.size() < tail.size() || file.compare(file.size() - tail.size(), tail.size(), tail) != 0) break;
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference (or null)
+    keep = nb::steal(reinterpret_cast<PyObject*>(back));
+    frame = back;
+  }
+  if (!frame) return "<unknown>";
+  return file + ":" + std::to_string(PyFrame_GetLineNumber(frame));
+}
 
 fx::MaskMod as_mask_mod(nb::handle f) {
   if (f.is_none()) return fx::noop_mask();
   if (nb::isinstance<fx::MaskMod>(f)) return nb::cast<fx::MaskMod>(f);
   KILN_CHECK(PyCallable_Check(f.ptr()), "flex", "mask_mod must be a MaskMod or a function (b, h, q_idx, kv_idx) -> bool");
-  nb::object r = nb::borrow<nb::callable>(f)(fx::b(), fx::h(), fx::q_idx(), fx::kv_idx());
-  fx::Expr e = to_expr(r, "a mask_mod's result");
+  nb::object r = call_traced(f, nb::make_tuple(fx::b(), fx::h(), fx::q_idx(), fx::kv_idx()));
+  fx::Expr e = result_expr(f, r, "mask_mod");
   KILN_CHECK(e.kind() == fx::Kind::Bool, "flex", "mask_mod must return a bool expression, got ", kind_name(e.kind()),
              ": ", fx::to_string(e));
   return fx::MaskMod(e);
@@ -108,8 +134,8 @@ fx::ScoreMod as_score_mod(nb::handle f) {
   if (nb::isinstance<fx::ScoreMod>(f)) return nb::cast<fx::ScoreMod>(f);
   KILN_CHECK(PyCallable_Check(f.ptr()), "flex",
              "score_mod must be a ScoreMod or a function (score, b, h, q_idx, kv_idx) -> score");
-  nb::object r = nb::borrow<nb::callable>(f)(fx::score(), fx::b(), fx::h(), fx::q_idx(), fx::kv_idx());
-  fx::Expr e = to_expr(r, "a score_mod's result");
+  nb::object r = call_traced(f, nb::make_tuple(fx::score(), fx::b(), fx::h(), fx::q_idx(), fx::kv_idx()));
+  fx::Expr e = result_expr(f, r, "score_mod");
   KILN_CHECK(e.kind() != fx::Kind::Bool, "flex", "score_mod must return a number expression, got bool: ", fx::to_string(e));
   if (e.kind() == fx::Kind::Int) e = e * fx::Expr(1.0);
   return fx::ScoreMod(e);
@@ -137,17 +163,24 @@ void bind_flex(nb::module_& m) {
       .def("__abs__", [](const fx::Expr& a) { return fx::abs(a); })
       .def("__getitem__", [](const fx::Expr& a, nb::handle i) { return a[to_expr(i, "an index")]; })
       .def("__bool__", [](const fx::Expr&) -> bool { not_traceable("a Python bool (if / and / or / not / a < b < c)"); })
-      .def("__index__", [](const fx::Expr&) -> int64_t { not_traceable("a concrete int (__index__)"); })
+      .def("__index__", [](const fx::Expr&) -> int64_t {
+        KILN_FAIL("flex", "a mod used an index expression as a concrete int at ", python_location(),
+                  ": indexing a Python list / tuple, or a NumPy array the tracer cannot see (it rebinds arrays "
+                  "read from the mod's closure or globals), needs a concrete index; capture a kiln tensor, a "
+                  "torch tensor or a NumPy array in the closure, or use kiln.where instead of control flow");
+      })
       .def("__int__", [](const fx::Expr&) -> int64_t { not_traceable("a concrete int"); })
       .def("__len__", [](const fx::Expr&) -> int64_t {
         KILN_FAIL("flex", "a mod indexed something that is not a kiln tensor with an index expression at ",
-                  python_location(), "; capture kiln tensors (torch tensors: kiln.from_dlpack(t))");
+                  python_location(), "; capture kiln tensors, torch tensors or NumPy arrays");
       })
       .def("__float__", [](const fx::Expr&) -> double { not_traceable("a concrete float"); })
       .def("__hash__", [](const fx::Expr& a) { return reinterpret_cast<uintptr_t>(a.node().get()); })
       .def("__repr__", [](const fx::Expr& a) { return fx::to_string(a); })
       .def_prop_ro("kind", [](const fx::Expr& a) { return kind_name(a.kind()); })
-      .def_prop_ro("reads_tensors", &fx::Expr::reads_tensors);
+      .def_prop_ro("reads_tensors", &fx::Expr::reads_tensors)
+      .def_prop_ro("captured_tensors", [](const fx::Expr& a) { return fx::captured_tensors(a); },
+                   "the tensors the expression loads from (each once)");
 
   // Function forms on expressions (overloads next to the tensor ops of the same names).
   m.def("where", [](const fx::Expr& c, nb::handle x, nb::handle y) {

@@ -28,7 +28,12 @@ bool is_expr_index(const std::vector<nb::handle>& items) {
 
 // t[expr][...]: a load from t in a mod's IR (ints become int constants).
 nb::object capture_index(const Tensor& t, const std::vector<nb::handle>& items) {
-  flex::Captured c = flex::capture(t);
+  flex::Captured c;
+  try {
+    c = flex::capture(t);
+  } catch (const Error& e) {
+    KILN_FAIL("flex", "cannot capture a tensor (", e.what(), ") at ", python_location());
+  }
   auto as_expr = [](nb::handle h) {
     if (nb::isinstance<flex::Expr>(h)) return nb::cast<flex::Expr>(h);
     KILN_CHECK(PyLong_Check(h.ptr()), "flex", "a captured tensor is indexed by ints or index expressions");

@@ -1,5 +1,7 @@
 """DLPack and NumPy interop: zero-copy both ways (same data pointer), strides, lifetimes."""
 import gc
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -69,17 +71,44 @@ def test_negative_strides_raise():
         kiln.from_dlpack(np.arange(5.0)[::-1])
 
 
-def test_bfloat16_numpy_needs_ml_dtypes():
+def test_bfloat16_numpy_without_ml_dtypes_raises_type_error(monkeypatch):
     t = kiln.tensor([1.0, 2.5], dtype=kiln.bfloat16)
-    try:
-        import ml_dtypes
-    except ImportError:
-        with pytest.raises(kiln.KilnError, match="ml_dtypes"):
-            t.numpy()
-        return
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # makes `import ml_dtypes` raise ImportError
+    with pytest.raises(TypeError, match=r"BFloat16.*\.float\(\)\.numpy\(\).*ml_dtypes"):
+        t.numpy()
+    with pytest.raises(TypeError, match="ml_dtypes"):
+        np.asarray(t)
+    assert t.float().numpy().tolist() == [1.0, 2.5] and t.tolist() == [1.0, 2.5]  # the suggested ways work
+
+
+def test_bfloat16_numpy_with_ml_dtypes(monkeypatch):
+    t = kiln.tensor([1.0, 2.5, -3.0], dtype=kiln.bfloat16)
+    # The path itself, with a stand-in module (runs even where ml_dtypes is not installed).
+    fake = types.ModuleType("ml_dtypes")
+    fake.bfloat16 = np.dtype("<u2")
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "ml_dtypes", fake)
+        a = t.numpy()
+        assert a.dtype == np.dtype("<u2") and ptr(a) == t.data_ptr()
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed: real bfloat16 arrays untested")
     a = t.numpy()
     assert a.dtype == ml_dtypes.bfloat16 and ptr(a) == t.data_ptr()
-    np.testing.assert_array_equal(a.astype(np.float32), [1.0, 2.5])
+    np.testing.assert_array_equal(a.astype(np.float32), [1.0, 2.5, -3.0])
+    a[0] = 4.0  # a view: writes reach the tensor
+    assert t.tolist()[0] == 4.0
+
+
+@pytest.mark.skipif(kiln.cuda.is_available(), reason="checks the error of a build / machine without CUDA")
+def test_cuda_producer_without_cuda_raises():
+    class FakeCudaArray:  # claims to live on cuda:0
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, **kwargs):
+            raise AssertionError("kiln must refuse before asking for the capsule")
+
+    with pytest.raises(kiln.KilnError, match=r"\[from_dlpack\] a CUDA tensor.*without CUDA"):
+        kiln.from_dlpack(FakeCudaArray())
 
 
 def test_capsule_consumed_once():
@@ -93,6 +122,7 @@ def test_capsule_consumed_once():
 
 
 def test_unconsumed_capsules_are_freed():
+    gc.collect()  # garbage of earlier tests (e.g. tensors held by exception tracebacks) first
     before = kiln.cpu.memory_allocated()
     for _ in range(10):
         kiln.ones(1000).__dlpack__()

@@ -133,12 +133,61 @@ def test_flex_errors():
     bm = create_block_mask(causal_mask(), 1, 1, 64, 64, BLOCK_SIZE=32)
     with pytest.raises(kiln.KilnError, match="block_mask"):
         flex_attention(q, k, v, block_mask=bm)
-    torch = None
-    try:
-        import torch
-    except ImportError:
-        pass
-    if torch is not None:
-        tb = torch.randn(4)
-        with pytest.raises(kiln.KilnError):  # captured tensors must be kiln tensors
-            flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + tb[h])
+    with pytest.raises(kiln.KilnError, match=r"test_flex.py:\d+.*list"):
+        flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + [1.0, 2.0][h])  # a list: no capture
+
+
+# ---- captured torch tensors and NumPy arrays ----
+
+NP_BIAS = np.linspace(-1, 1, 2 * (2 * 48 - 1)).reshape(2, -1)  # read from the module's globals
+
+
+def test_numpy_captures_closure_and_globals():
+    L = 48
+    q, k, v = qkv(1, 2, L, 8)
+    local = NP_BIAS.copy()
+    kb = kiln.from_numpy(NP_BIAS)
+    ref = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + kb[h][qi - kv + L - 1])
+    for mod in (lambda s, b, h, qi, kv: s + local[h, qi - kv + L - 1],      # closure
+                lambda s, b, h, qi, kv: s + NP_BIAS[h][qi - kv + L - 1]):   # module global
+        out = flex_attention(q, k, v, score_mod=mod)
+        assert (out - ref).abs().max().item() == 0.0
+    docs = np.array([0] * 20 + [1] * 28)
+    bm = create_block_mask(lambda b, h, qi, kv: docs[qi] == docs[kv], None, None, L, L, BLOCK_SIZE=16)
+    np.testing.assert_array_equal(bm.to_dense().numpy()[0, 0], [[1, 1, 0], [1, 1, 1], [0, 1, 1]])
+
+
+def test_uncapturable_numpy_names_the_line():
+    class Holder:
+        arr = np.zeros((2, 100))
+
+    q, k, v = qkv(1, 2, 32, 8)
+    with pytest.raises(kiln.KilnError, match=r"test_flex.py:\d+.*IndexError"):
+        flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + Holder.arr[h, qi])
+    with pytest.raises(kiln.KilnError, match=r"score_mod defined at .*test_flex.py:\d+ returned numpy.ndarray"):
+        flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: Holder.arr)
+
+
+def test_torch_captures_and_torch_functions():
+    torch = pytest.importorskip("torch", reason="torch is not installed: torch captures untested")
+    L = 40
+    q, k, v = qkv(1, 2, L, 8)
+    tb = torch.randn(2, 2 * L - 1, dtype=torch.float64)
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64)
+    kb = kiln.from_dlpack(tb)
+    ref = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + kb[h][qi - kv + L - 1])
+    out = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + tb[h, qi - kv + L - 1])
+    assert (out - ref).abs().max().item() == 0.0
+    # PyTorch-style mods (torch.where / tanh / clamp on the symbolic arguments) trace unchanged.
+    torch_style = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: torch.where(
+        qi >= kv, torch.tanh(s / 2.0) * 2.0, torch.clamp(s, min=-1.0, max=1.0)))
+    kiln_style = flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: kiln.where(
+        qi >= kv, kiln.tanh(s / 2.0) * 2.0, kiln.minimum(kiln.maximum(s, -1.0), 1.0)))
+    assert (torch_style - kiln_style).abs().max().item() == 0.0
+    assert (flex_attention(q, k, v, score_mod=alibi(slopes)) -
+            flex_attention(q, k, v, score_mod=alibi(kiln.from_dlpack(slopes)))).abs().max().item() == 0.0
+    with pytest.raises(kiln.KilnError, match=r"torch.sin cannot be traced.*test_flex.py:\d+"):
+        flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: torch.sin(s))
+    with pytest.raises(kiln.KilnError, match=r"cannot capture.*1-d to 3-d.*test_flex.py:\d+"):
+        t4 = torch.zeros(1, 1, 1, 4)
+        flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + t4[b, h, qi, kv])

@@ -2,6 +2,7 @@
 // nodes), printing them, and compiling them into a flat program.
 #include "flex/ir.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <unordered_map>
@@ -129,6 +130,18 @@ Expr Expr::operator[](const Expr& index) const {
 
 bool Expr::reads_tensors() const {
   return any_node(node_, [](const ExprNode& n) { return n.op == Op::Load; });
+}
+std::vector<Tensor> captured_tensors(const Expr& e) {
+  std::vector<const CapturedTensor*> seen;
+  std::vector<Tensor> out;
+  any_node(e.node(), [&](const ExprNode& n) {
+    if (n.op == Op::Load && n.tensor && std::find(seen.begin(), seen.end(), n.tensor.get()) == seen.end()) {
+      seen.push_back(n.tensor.get());
+      out.push_back(n.tensor->tensor);
+    }
+    return false;  // visit every node
+  });
+  return out;
 }
 bool Expr::uses_b() const {
   return any_node(node_, [](const ExprNode& n) { return n.op == Op::B; });

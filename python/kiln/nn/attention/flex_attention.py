@@ -3,21 +3,40 @@
 score_mod(score, b, h, q_idx, kv_idx) and mask_mod(b, h, q_idx, kv_idx) may be Python functions:
 they are traced once with symbolic arguments into kiln's IR (operators + - * / // %, comparisons,
 & | ~, kiln.where / minimum / maximum / abs / exp / log / tanh, and indexing captured kiln
-tensors, e.g. `bias[h][q_idx - kv_idx]`). Python control flow on the arguments (if / and / or)
-cannot be traced and raises a KilnError naming the line. Built-in mods (causal_mask,
+tensors, e.g. `bias[h][q_idx - kv_idx]`). Captured tensors may be kiln tensors, torch tensors
+(zero-copy; torch.where / minimum / maximum / abs / tanh / exp / log / clamp trace too, so PyTorch's
+own mods run unchanged) or NumPy arrays read from the function's closure or globals. Python control
+flow on the arguments (if / and / or) cannot be traced and raises a KilnError naming the line.
+Built-in mods (causal_mask,
 sliding_window_mask, document_mask, prefix_lm_mask, chunked_mask, alibi, softcap,
 relative_position_bias) are kiln extras.
 """
 from ... import _C
 from ..._C import BlockMask, Expr, MaskMod, ScoreMod  # noqa: F401
 from ..._C import (  # noqa: F401
-    alibi, and_masks, causal_mask, chunked_mask, document_mask, noop_mask, or_masks, prefix_lm_mask,
-    relative_position_bias, sliding_window_mask, softcap,
+    and_masks, causal_mask, chunked_mask, noop_mask, or_masks, prefix_lm_mask, sliding_window_mask, softcap,
 )
+from ..._capture import to_capture as _to_capture
 
 __all__ = ["flex_attention", "create_block_mask", "BlockMask", "MaskMod", "ScoreMod", "Expr", "and_masks",
            "or_masks", "noop_mask", "causal_mask", "sliding_window_mask", "document_mask", "prefix_lm_mask",
            "chunked_mask", "alibi", "softcap", "relative_position_bias"]
+
+
+def document_mask(doc_ids):
+    """doc_ids [L] int (kiln, torch or NumPy): attend within a document, doc[q_idx] == doc[kv_idx]."""
+    return _C.document_mask(_to_capture(doc_ids))
+
+
+def alibi(slopes):
+    """slopes [H] float (kiln, torch or NumPy): score + slopes[h] * (kv_idx - q_idx)."""
+    return _C.alibi(_to_capture(slopes))
+
+
+def relative_position_bias(bias, offset):
+    """bias [H, n] float, learned (kiln or torch tensor): score + bias[h][q_idx - kv_idx + offset].
+    Gradients flow into bias (through kiln.torch.flex_attention for a torch tensor)."""
+    return _C.relative_position_bias(_to_capture(bias), offset)
 
 
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device="cpu", BLOCK_SIZE=128, _compile=False):

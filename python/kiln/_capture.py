@@ -1,0 +1,188 @@
+"""Tensors captured by traced score_mod / mask_mod functions: kiln tensors, torch tensors, NumPy arrays.
+
+While a mod is traced its arguments are kiln Exprs. Indexing a captured tensor with one turns the
+tensor into a load in the mod's IR:
+  - kiln.Tensor.__getitem__ handles kiln tensors (python/src/index.cpp);
+  - torch tensors dispatch to Expr.__torch_function__ (torch consults it for any index holding an
+    Expr), which views the tensor as a kiln tensor (DLPack, no copy); torch.where / minimum /
+    maximum / abs / tanh / exp / log / clamp on Exprs map to kiln's IR too, so PyTorch's own
+    score_mod examples trace unchanged;
+  - NumPy arrays have no such hook: before tracing, prepare() rebinds the arrays a function reads
+    from its closure or module globals to zero-copy kiln views. An array reached another way (an
+    attribute, a container) fails at its first index with the line named.
+A torch tensor captured this way is remembered (weakly, by the kiln view's storage) so that
+kiln.torch.flex_attention can send the captured tensor's gradient back to torch.
+"""
+import os
+import sys
+import threading
+import types
+import weakref
+
+from . import _C
+from ._dlpack import from_dlpack
+
+__all__ = ["call", "definition", "prepare", "to_capture", "torch_source", "user_location"]
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_lock = threading.Lock()  # guards _torch_sources (free-threaded builds run tracers concurrently)
+_torch_sources = {}        # kiln view key -> weakref to the torch tensor it views
+
+
+def user_location():
+    """file:line of the innermost frame outside kiln and torch (the user's mod)."""
+    f = sys._getframe(1)
+    while f is not None:
+        path = os.path.abspath(f.f_code.co_filename)
+        if not path.startswith(_PKG_DIR) and f"{os.sep}torch{os.sep}" not in path:
+            return f"{f.f_code.co_filename}:{f.f_lineno}"
+        f = f.f_back
+    return "<unknown>"
+
+
+def _fail(msg):
+    raise _C.KilnError(f"[flex] {msg} at {user_location()}")
+
+
+def _key(t):
+    return (t.data_ptr(), str(t.device), tuple(t.shape), tuple(t.stride()), t.dtype.name)
+
+
+def _is_torch(obj):
+    mod = type(obj).__module__
+    return mod.startswith("torch") and hasattr(obj, "__dlpack__") and hasattr(obj, "requires_grad")
+
+
+def _is_numpy(obj):
+    return type(obj).__module__ == "numpy" and type(obj).__name__ == "ndarray"
+
+
+def to_capture(obj):
+    """A kiln tensor viewing `obj` (kiln / torch / NumPy) for use as a captured tensor."""
+    if isinstance(obj, _C.Tensor):
+        return obj
+    try:
+        if _is_torch(obj):
+            k = from_dlpack(obj.detach())
+            with _lock:
+                for dead in [key for key, ref in _torch_sources.items() if ref() is None]:
+                    del _torch_sources[dead]
+                _torch_sources[_key(k)] = weakref.ref(obj)
+            return k
+        if _is_numpy(obj):
+            import numpy as np
+            return from_dlpack(obj if obj.flags.writeable and all(s >= 0 for s in obj.strides)
+                               else np.ascontiguousarray(obj).copy())
+    except _C.KilnError as e:
+        _fail(f"cannot capture a {type(obj).__module__}.{type(obj).__name__} ({e})")
+    _fail(f"cannot capture a {type(obj).__module__}.{type(obj).__name__}: captured tensors are kiln tensors, "
+          "torch tensors or NumPy arrays")
+
+
+def torch_source(kiln_tensor):
+    """The live torch tensor a captured kiln tensor views, or None."""
+    with _lock:
+        ref = _torch_sources.get(_key(kiln_tensor))
+    return ref() if ref is not None else None
+
+
+def _swap(value):
+    return to_capture(value) if _is_numpy(value) and value.ndim >= 1 else value
+
+
+def prepare(fn):
+    """`fn` with the NumPy arrays it reads from its closure and globals replaced by kiln views (the
+    function itself when it reads none). Called by the tracer before it calls fn."""
+    if isinstance(fn, types.MethodType):
+        f = prepare(fn.__func__)
+        return fn if f is fn.__func__ else types.MethodType(f, fn.__self__)
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    closure, changed = fn.__closure__, False
+    if closure:
+        cells = []
+        for cell in closure:
+            try:
+                v = cell.cell_contents
+            except ValueError:  # an empty cell
+                cells.append(cell)
+                continue
+            nv = _swap(v)
+            changed |= nv is not v
+            cells.append(types.CellType(nv) if nv is not v else cell)
+        closure = tuple(cells)
+    g = fn.__globals__
+    repl = {n: _swap(g[n]) for n in fn.__code__.co_names if n in g and _is_numpy(g[n])}
+    repl = {n: v for n, v in repl.items() if v is not g[n]}
+    if not changed and not repl:
+        return fn
+    if repl:
+        g = dict(g)
+        g.update(repl)
+    out = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, closure)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    return out
+
+
+def definition(fn):
+    """file:line where a mod function is defined (for errors about its result)."""
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__func__", None), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(fn)
+
+
+def call(fn, args):
+    """Calls mod `fn` with symbolic arguments (the tracer's entry point)."""
+    try:
+        return prepare(fn)(*args)
+    except (IndexError, TypeError) as e:  # e.g. NumPy refusing an Expr index: name the user's line
+        tb, where = e.__traceback__, None
+        while tb is not None:
+            path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+            if not path.startswith(_PKG_DIR) and f"{os.sep}torch{os.sep}" not in path:
+                where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+            tb = tb.tb_next
+        raise _C.KilnError(f"[flex] tracing the mod failed at {where or definition(fn)}: {type(e).__name__}: {e} "
+                           "(captured tensors are kiln tensors, torch tensors, or NumPy arrays read from the "
+                           "mod's closure or globals; index them with index expressions)") from None
+
+
+# ---- torch interop: torch consults Expr.__torch_function__ whenever an Expr meets a torch API ----
+
+def _torch_function(cls, func, types_=(), args=(), kwargs=None):
+    kwargs = kwargs or {}
+    name = getattr(func, "__name__", str(func))
+    if name == "__getitem__" and len(args) == 2 and not kwargs:
+        return to_capture(args[0])[args[1]]
+    if name in _TORCH_FUNCS and not kwargs:
+        return _TORCH_FUNCS[name](*args)
+    if name == "clamp":
+        x, lo, hi = (list(args) + [None, None])[:3]
+        lo, hi = kwargs.get("min", lo), kwargs.get("max", hi)
+        if lo is not None:
+            x = _C.maximum(x, lo)
+        return _C.minimum(x, hi) if hi is not None else x
+    _fail(f"torch.{name} cannot be traced into kiln's IR (supported on index expressions: operators, "
+          "indexing captured tensors, where / minimum / maximum / abs / tanh / exp / log / clamp)")
+
+
+def _torch_where(c, x, y):
+    return _C.where(c, _scalar(x), _scalar(y))
+
+
+def _scalar(v):
+    # torch.tensor(-inf) and friends: 0-d torch tensors become Python numbers.
+    if _is_torch(v) and v.dim() == 0:
+        return v.item()
+    return v
+
+
+def _binary(f):
+    return lambda a, b: f(a, _scalar(b)) if isinstance(a, _C.Expr) else f(b, _scalar(a))
+
+
+_TORCH_FUNCS = {
+    "where": _torch_where, "minimum": _binary(_C.minimum), "maximum": _binary(_C.maximum),
+    "abs": _C.abs, "tanh": _C.tanh, "exp": _C.exp, "log": _C.log,
+}
+
+_C.Expr.__torch_function__ = classmethod(_torch_function)
