@@ -164,7 +164,7 @@ TEST(Autocast, MatmulMmBmmRunInBf16) {
   EXPECT_TRUE(bitwise_equal(bmm_out, bmm(a.to(kBFloat16), b.to(kBFloat16))));
   EXPECT_TRUE(bitwise_equal(mat_out, bmm_out));
   EXPECT_TRUE(bitwise_equal(mm_out, bmm_out.select(0, 0)));
-  (bmm_out.to(kFloat32).sum() + mm_out.to(kFloat32).sum()).backward();
+  (sum(bmm_out.to(kFloat32)) + sum(mm_out.to(kFloat32))).backward();
   EXPECT_EQ(a.grad().dtype(), kFloat32);
   EXPECT_EQ(b.grad().dtype(), kFloat32);
   // Outside the region nothing is cast; mixed dtypes raise as before.
@@ -210,7 +210,7 @@ TEST(Autocast, CpuRegionDoesNotTouchCudaTensorsAndViceVersa) {
     y = linear(x, w);
   }
   EXPECT_EQ(y.dtype(), kBFloat16);
-  y.to(kFloat32).sum().backward();
+  sum(y.to(kFloat32)).backward();
   EXPECT_EQ(w.grad().dtype(), kFloat32);
   EXPECT_TRUE(w.grad().is_cuda());
   EXPECT_CLOSE(y.cpu(), linear(x.cpu().to(kBFloat16), w.detach().cpu().to(kBFloat16)), tolerance(kBFloat16));
