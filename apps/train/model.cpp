@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kiln/autocast.h"
+#include "kiln/autograd.h"
 #include "kiln/lce.h"
 #include "kiln/ops.h"
 #include "profile.h"
@@ -136,10 +137,24 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& target, const Tensor& doc_ids)
   F::LinearCrossEntropyOptions o;
   o.ignore_index = -100;
   // Under autocast the fused head runs in bf16 like a linear (its softmax statistics are fp32
-  // inside); the loss is returned in fp32.
-  const Tensor loss = F::linear_cross_entropy(autocast::cast_lower(h.reshape({-1, c_.dim})),
-                                              autocast::cast_lower(tok_emb), target.reshape({-1}), o);
-  return loss.dtype() == kBFloat16 || loss.dtype() == kFloat16 ? loss.to(kFloat32) : loss;
+  // inside), so its loss comes back in bf16: 3 significant digits, too coarse for a loss curve.
+  // The returned fp32 loss keeps that loss's gradient but takes its value from the fp32 per-token
+  // logsumexp and target logit (the same bf16 operands, fp32 arithmetic).
+  const Tensor x = autocast::cast_lower(h.reshape({-1, c_.dim})), w = autocast::cast_lower(tok_emb);
+  const Tensor t = target.reshape({-1});
+  const F::LinearCrossEntropyResult r = F::linear_cross_entropy_with_stats(x, w, t, o);
+  if (r.loss.dtype() != kBFloat16 && r.loss.dtype() != kFloat16) return r.loss;
+  const Tensor loss = r.loss.to(kFloat32);
+  Tensor exact;
+  {
+    NoGradGuard ng;
+    const Tensor valid = ne(t, static_cast<double>(o.ignore_index));
+    const Tensor wy = F::embedding(where(valid, t, zeros_like(t)), w.detach());
+    const Tensor s_y = sum(x.detach().to(kFloat32) * wy.to(kFloat32), {-1});
+    const Tensor validf = valid.to(kFloat32);
+    exact = sum((r.lse - s_y) * validf) / sum(validf);
+  }
+  return loss + (exact - loss.detach());
 }
 
 Tensor GPT::last_logits(const Tensor& idx) {
