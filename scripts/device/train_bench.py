@@ -53,7 +53,10 @@ def run_kiln(args, m, device):
         cmd += ["--threads", "0"]
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"framework": "kiln", "error": f"timed out after {args.timeout} s"}
     sys.stdout.write(p.stdout[-4000:])
     if p.returncode != 0:
         sys.stdout.write(p.stderr[-4000:])
@@ -137,7 +140,10 @@ def run_torch(args, m, variant, device):
            "--warmup", str(args.warmup), "--torch-attn", args.torch_attn, "--seed", str(args.seed)]
     print(f"$ torch {variant} ({args.torch_attn} attention) on {device}", flush=True)
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"framework": "torch-" + variant, "error": f"timed out after {args.timeout} s"}
     if p.returncode != 0:
         sys.stdout.write(p.stderr[-4000:])
         return {"framework": "torch-" + variant, "error": p.stderr[-2000:], "returncode": p.returncode}
@@ -200,6 +206,7 @@ def main():
     ap.add_argument("--device", default="", help="cuda or cpu (default: cuda when torch sees one, else cpu)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test)")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--timeout", type=int, default=200, help="seconds per framework run")
     ap.add_argument("--out", default="", help="JSON path (default: $OUT/train_bench.json when OUT is set)")
     # worker mode (internal)
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
