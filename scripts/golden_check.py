@@ -9,73 +9,12 @@ compares the ten training losses: max relative difference must be <= 1e-4.
 
 usage: scripts/golden_check.py [--kiln build/kiln] [--run-dir runs/golden] [extra kiln train flags]
 """
-import argparse, json, math, os, struct, subprocess, sys
+import argparse, json, os, subprocess, sys
 
 import torch
-import torch.nn.functional as F
 
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = e["data_offsets"]
-        t = torch.frombuffer(bytearray(data[base + a:base + b]), dtype=DTYPES[e["dtype"]])
-        out[name] = t.reshape(e["shape"]).clone()
-    return out
-
-
-def rms_norm(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def rotary(x, T, D, theta):  # x [B, T, H, D], half-split convention
-    i = torch.arange(D // 2, dtype=torch.float64)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * theta ** (-2.0 * i / D)
-    cos, sin = ang.cos().float()[None, :, None, :], ang.sin().float()[None, :, None, :]
-    x1, x2 = x[..., : D // 2], x[..., D // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
-
-
-def loss_fn(W, m, idx, target, docs):
-    B, T = idx.shape
-    D, H, L = m["dim"], m["n_heads"], m["n_layers"]
-    Dh = D // H
-    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))[None] & (docs[:, :, None] == docs[:, None, :])
-    if m["sliding_window"] > 0:
-        q = torch.arange(T)
-        mask = mask & ((q[:, None] - q[None, :]) < m["sliding_window"])[None]
-    x = W["tok_emb"][idx]
-    for l in range(L):
-        p = lambda n: W[f"blocks.{l}.{n}"]
-        a = rms_norm(x, p("attn_norm"), m["norm_eps"])
-        qkv = (a @ p("wqkv").T).view(B, T, 3, H, Dh)
-        q = rotary(qkv[:, :, 0], T, Dh, m["rope_theta"]).transpose(1, 2)
-        k = rotary(qkv[:, :, 1], T, Dh, m["rope_theta"]).transpose(1, 2)
-        v = qkv[:, :, 2].transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
-        x = x + o.transpose(1, 2).reshape(B, T, D) @ p("wo").T
-        h = rms_norm(x, p("mlp_norm"), m["norm_eps"])
-        x = x + (F.silu(h @ p("w_gate").T) * (h @ p("w_up").T)) @ p("w_down").T
-    x = rms_norm(x, W["final_norm"], m["norm_eps"])
-    return F.cross_entropy((x @ W["tok_emb"].T).reshape(B * T, -1), target.reshape(-1), ignore_index=-100)
-
-
-def lr_at(step, warmup, total, max_lr, min_lr):
-    if step < warmup:
-        return max_lr * (step + 1) / warmup
-    if step >= total:
-        return min_lr
-    prog = (step - warmup) / max(1, total - warmup)
-    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * prog))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_gpt import load_safetensors, loss_fn, lr_at  # noqa: E402
 
 
 def main():

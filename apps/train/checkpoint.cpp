@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/autograd.h"
+#include "kiln/cuda.h"
 #include "kiln/io.h"
 
 namespace fs = std::filesystem;
@@ -53,8 +54,9 @@ std::string save_checkpoint(const std::string& run_dir, const GPT& model, const 
   const fs::path dir = root / name;
   fs::create_directories(dir);
 
-  const auto named = model.named_parameters();
-  io::save((dir / "model.safetensors").string(), io::TensorDict(named), {{"format", "kiln-gpt"}});
+  io::TensorDict weights;
+  for (const auto& [pname, p] : model.named_parameters()) weights.insert(pname, p.detach().cpu());
+  io::save((dir / "model.safetensors").string(), weights, {{"format", "kiln-gpt"}});
   io::TensorDict moments;
   nlohmann::json adam_steps = nlohmann::json::array();
   const auto& st = opt.state();
@@ -63,17 +65,25 @@ std::string save_checkpoint(const std::string& run_dir, const GPT& model, const 
   for (size_t i = 0; i < st.size(); ++i) {
     adam_steps.push_back(st[i].step);
     if (st[i].exp_avg.defined()) {
-      moments.insert("exp_avg." + opt_names[i], st[i].exp_avg);
-      moments.insert("exp_avg_sq." + opt_names[i], st[i].exp_avg_sq);
+      moments.insert("exp_avg." + opt_names[i], st[i].exp_avg.cpu());
+      moments.insert("exp_avg_sq." + opt_names[i], st[i].exp_avg_sq.cpu());
     }
   }
   io::save((dir / "optimizer.safetensors").string(), moments);
+  io::TensorDict rng;
+  nlohmann::json rng_json = {{"seed", state.seed}};
+  for (const auto& [key, t] : state.rng) {
+    const Tensor c = t.cpu().contiguous();
+    rng.insert(key, c);
+    rng_json[key] = {{"seed_bits", c.data_ptr<int64_t>()[0]}, {"offset", c.data_ptr<int64_t>()[1]}};
+  }
+  io::save((dir / "rng.safetensors").string(), rng);
   write_file_atomic((dir / "tokenizer.json").string(), tok.to_json());
 
   nlohmann::json j;
   j["step"] = state.step;
   j["data"] = {{"epoch", state.data_epoch}, {"cursor", state.data_cursor}};
-  j["rng"] = {{"seed", state.seed}};
+  j["rng"] = rng_json;  // informative; rng.safetensors holds the exact states
   j["config"] = nlohmann::json::parse(state.config_json);
   j["adam_steps"] = adam_steps;
   j["first_eval_loss"] = state.first_eval_loss;
@@ -113,7 +123,29 @@ TrainState load_state(const std::string& ckpt_dir) {
   s.seed = j.at("rng").at("seed").get<uint64_t>();
   s.config_json = j.at("config").dump();
   s.first_eval_loss = j.value("first_eval_loss", 0.0);
+  const fs::path rng = fs::path(ckpt_dir) / "rng.safetensors";
+  if (fs::exists(rng)) {
+    const io::Checkpoint ck = io::load(rng.string());
+    for (const auto& name : ck.tensors.names()) s.rng.emplace_back(name, ck.tensors.at(name));
+  }
   return s;
+}
+
+std::vector<std::pair<std::string, Tensor>> capture_rng(Device device) {
+  std::vector<std::pair<std::string, Tensor>> r{{"cpu", get_rng_state()}};
+  if (device.is_cuda()) r.emplace_back("cuda:" + std::to_string(device.index), cuda::get_rng_state(device.index));
+  return r;
+}
+
+void restore_rng(const std::vector<std::pair<std::string, Tensor>>& rng) {
+  for (const auto& [key, t] : rng) {
+    if (key == "cpu") {
+      set_rng_state(t);
+    } else {
+      KILN_CHECK(key.rfind("cuda:", 0) == 0, "checkpoint", "unknown generator '", key, "' in rng.safetensors");
+      cuda::set_rng_state(t, std::stoi(key.substr(5)));
+    }
+  }
 }
 
 void load_weights(const std::string& ckpt_dir, GPT& model, optim::AdamW* opt,

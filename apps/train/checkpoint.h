@@ -1,9 +1,10 @@
 #pragma once
 // Training checkpoints: <run>/checkpoints/step-NNNNNN/{model.safetensors, optimizer.safetensors,
-// tokenizer.json, state.json}, then <run>/checkpoints/latest (a one-line file naming the folder)
+// rng.safetensors, tokenizer.json, state.json}, then <run>/checkpoints/latest (a one-line file naming the folder)
 // is replaced atomically. A crash at any moment leaves `latest` naming a complete checkpoint.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/optim.h"
@@ -18,12 +19,20 @@ struct TrainState {
   uint64_t seed = 0;
   std::string config_json;       // the resolved model + training configuration
   double first_eval_loss = 0;    // the held-out loss at step 0 (for the halving check)
+  // Generator states (get_rng_state / cuda::get_rng_state): "cpu", "cuda:N". Restored on resume so
+  // random ops after it (dropout) replay; empty in checkpoints written before they were saved.
+  std::vector<std::pair<std::string, Tensor>> rng;
 };
+
+// The generator states a run on `device` depends on, and their restoration.
+std::vector<std::pair<std::string, Tensor>> capture_rng(Device device);
+void restore_rng(const std::vector<std::pair<std::string, Tensor>>& rng);
 
 // Writes a file atomically (temporary + fsync + rename + fsync of the folder).
 void write_file_atomic(const std::string& path, const std::string& contents);
 
-// opt_names: the parameter names in the optimizer's flat order (its groups in order).
+// Tensors are written from the CPU (device tensors are copied). opt_names: the parameter names in
+// the optimizer's flat order (its groups in order).
 // Saves and returns the checkpoint folder; keeps the newest `keep` folders.
 std::string save_checkpoint(const std::string& run_dir, const GPT& model, const optim::AdamW& opt,
                             const std::vector<std::string>& opt_names, const Tokenizer& tok,

@@ -189,4 +189,26 @@ Batch Loader::window_batch(const std::vector<int64_t>& windows) const {
   return b;
 }
 
+TokenStream synthetic_stream(int64_t n_tokens, int64_t vocab, int64_t mean_doc_len, uint64_t seed) {
+  KILN_CHECK(n_tokens > 0 && vocab > 1 && mean_doc_len >= 1, "train", "synthetic data needs tokens > 0, vocab > 1 and a ",
+             "mean document length >= 1, got ", n_tokens, ", ", vocab, ", ", mean_doc_len);
+  std::mt19937_64 rng(seed ^ 0x73796e7468ULL);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::uniform_int_distribution<int64_t> length(1, 2 * mean_doc_len - 1);
+  TokenStream s;
+  s.tokens.resize(static_cast<size_t>(n_tokens));
+  s.doc.resize(static_cast<size_t>(n_tokens));
+  int32_t doc = 0;
+  int64_t left = length(rng);
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    if (left-- == 0) {
+      ++doc;
+      left = length(rng) - 1;
+    }
+    s.tokens[i] = token(rng);
+    s.doc[i] = doc;
+  }
+  return s;
+}
+
 }  // namespace kiln::train

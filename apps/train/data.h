@@ -34,6 +34,9 @@ struct TokenStream {
   std::vector<int32_t> doc;     // document index of each token
 };
 TokenStream pack(const std::vector<Document>& docs, const Tokenizer& tok);
+// Benchmark data: n_tokens random tokens in [0, vocab) in documents of random lengths (uniform in
+// [1, 2 * mean_doc_len - 1]), deterministic in `seed`. No tokenizer needed.
+TokenStream synthetic_stream(int64_t n_tokens, int64_t vocab, int64_t mean_doc_len, uint64_t seed);
 
 struct Batch {
   Tensor input;    // [B, T] int64

@@ -17,6 +17,14 @@ namespace kiln::train {
 
 std::string generate(GPT& model, const Tokenizer& tok, const std::string& prompt, const SampleOptions& o) {
   NoGradGuard ng;
+  // Sampling runs in eval mode (no dropout); the model's mode is restored on return.
+  struct EvalMode {
+    GPT& m;
+    bool was;
+    ~EvalMode() { m.train(was); }
+  } eval_mode{model, model.is_training()};
+  model.eval();
+  const Device dev = model.tok_emb.device();
   std::vector<int32_t> ids = tok.encode(prompt);
   if (ids.empty()) ids.push_back(Tokenizer::kEot);
   const size_t n_prompt = ids.size();
@@ -26,7 +34,7 @@ std::string generate(GPT& model, const Tokenizer& tok, const std::string& prompt
     const size_t start = ids.size() > static_cast<size_t>(T) ? ids.size() - static_cast<size_t>(T) : 0;
     Tensor idx = empty({1, static_cast<int64_t>(ids.size() - start)}, kInt64);
     for (size_t j = start; j < ids.size(); ++j) idx.data_ptr<int64_t>()[j - start] = ids[j];
-    const std::vector<double> logits = model.last_logits(idx).to_vector();
+    const std::vector<double> logits = model.last_logits(idx.to(dev)).to_vector();
     std::vector<int32_t> order(logits.size());
     for (size_t v = 0; v < order.size(); ++v) order[v] = static_cast<int32_t>(v);
     int32_t next = 0;
@@ -71,12 +79,20 @@ int run_generate(const GenerateConfig& cfg, std::ostream& out) {
 }
 
 void add_train_options(CLI::App* sub, TrainConfig& c) {
-  sub->add_option("--preset", c.preset, "model preset: tiny (CPU default), micro, small, gpt-125m");
+  sub->add_option("--preset", c.preset, "model preset: tiny (CPU default), micro, small, gpt125m");
   sub->add_option("--data", c.data, "text file or folder (default: the Python standard library)");
   sub->add_option("--max-data-bytes", c.max_data_bytes, "read at most this many bytes of the corpus");
   sub->add_option("--run-dir", c.run_dir, "folder for checkpoints, metrics.jsonl, loss.svg");
-  sub->add_option("--device", c.device, "cpu (cuda: later)");
-  sub->add_option("--vocab-size", c.vocab_size, "BPE vocabulary size (default: the preset's)");
+  sub->add_option("--device", c.device, "cpu or cuda (cuda:N)");
+  sub->add_option("--autocast", c.autocast, "mixed precision: bf16 or none (default: bf16 on CUDA, none on the CPU)")
+      ->check(CLI::IsMember({"auto", "bf16", "none"}));
+  sub->add_option("--dropout", c.dropout, "dropout on the embedding and residual branches");
+  sub->add_flag("--synthetic", c.synthetic, "random tokens in documents of random lengths (no corpus, no BPE)");
+  sub->add_option("--synthetic-doc-len", c.synthetic_doc_len, "mean document length of --synthetic data (0: seq/4)");
+  sub->add_option("--bench-steps", c.bench_steps,
+                  "benchmark: N timed steps after --bench-warmup, then one JSON line (tokens/s, peak memory, phases)");
+  sub->add_option("--bench-warmup", c.bench_warmup, "benchmark warm-up steps (not timed)");
+  sub->add_option("--vocab-size", c.vocab_size, "vocabulary size (BPE merges up to it; with --synthetic, the token range)");
   sub->add_option("--dim", c.dim, "model width");
   sub->add_option("--layers", c.layers, "transformer blocks");
   sub->add_option("--heads", c.heads, "attention heads");

@@ -5,8 +5,11 @@
 
 #include <cmath>
 
+#include "kiln/autocast.h"
+#include "kiln/autograd.h"
 #include "kiln/lce.h"
 #include "kiln/ops.h"
+#include "profile.h"
 
 namespace kiln::train {
 namespace F = kiln::nn::functional;
@@ -22,15 +25,15 @@ ModelConfig model_preset(const std::string& name) {
     c.vocab_size = 4096, c.dim = 384, c.n_layers = 6, c.n_heads = 6, c.seq_len = 512;
     return c;
   }
-  if (name == "gpt-125m") {
-    c.vocab_size = 32768, c.dim = 768, c.n_layers = 12, c.n_heads = 12, c.seq_len = 1024, c.mlp_hidden = 2048;
+  if (name == "gpt125m" || name == "gpt-125m") {
+    c.vocab_size = 131072, c.dim = 768, c.n_layers = 12, c.n_heads = 12, c.seq_len = 4096;  // SwiGLU 2048
     return c;
   }
-  KILN_CHECK(false, "train", "unknown model preset '", name, "' (tiny, micro, small, gpt-125m)");
+  KILN_CHECK(false, "train", "unknown model preset '", name, "' (tiny, micro, small, gpt125m)");
   return c;
 }
 
-std::vector<std::string> model_preset_names() { return {"tiny", "micro", "small", "gpt-125m"}; }
+std::vector<std::string> model_preset_names() { return {"tiny", "micro", "small", "gpt125m"}; }
 
 namespace {
 Tensor uniform_init(const Shape& shape, int64_t fan_in, double scale = 1.0) {
@@ -53,25 +56,41 @@ Block::Block(const ModelConfig& c, int64_t layer)
   (void)layer;
 }
 
+// Under autocast the projections run in bf16 (linear casts), norms in fp32 (rms_norm casts), and
+// the residual stream stays fp32 (fp32 + bf16 promotes).
 Tensor Block::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const flex::BlockMask& mask) {
   const int64_t B = x.size(0), T = x.size(1), H = c_.n_heads, Dh = c_.head_dim();
-  const Tensor a = F::rms_norm(x, attn_norm, c_.norm_eps);
-  const Tensor qkv = linear(a, wqkv).view({B, T, 3, H, Dh});
-  const Tensor q = F::apply_rotary_emb(qkv.select(2, 0), cos, sin).transpose(1, 2);
-  const Tensor k = F::apply_rotary_emb(qkv.select(2, 1), cos, sin).transpose(1, 2);
-  const Tensor v = qkv.select(2, 2).transpose(1, 2);
-  flex::FlexOptions fo;
-  fo.block_mask = &mask;
-  const Tensor o = flex::flex_attention(q, k, v, fo).out.transpose(1, 2).reshape({B, T, c_.dim});
-  const Tensor h = x + linear(o, wo);
-  const Tensor m = F::rms_norm(h, mlp_norm, c_.norm_eps);
-  return h + linear(silu(linear(m, w_gate)) * linear(m, w_up), w_down);
+  Tensor a, m, h;
+  {
+    Phase ph("norms");
+    a = F::rms_norm(x, attn_norm, c_.norm_eps);
+  }
+  {
+    Phase ph("attention");
+    const Tensor qkv = linear(a, wqkv).view({B, T, 3, H, Dh});
+    // FlexAttention's inputs follow autocast like a matmul's (bf16 q, k, v; fp32 softmax inside).
+    const Tensor q = autocast::cast_lower(F::apply_rotary_emb(qkv.select(2, 0), cos, sin)).transpose(1, 2);
+    const Tensor k = autocast::cast_lower(F::apply_rotary_emb(qkv.select(2, 1), cos, sin)).transpose(1, 2);
+    const Tensor v = autocast::cast_lower(qkv.select(2, 2)).transpose(1, 2);
+    flex::FlexOptions fo;
+    fo.block_mask = &mask;
+    const Tensor o = flex::flex_attention(q, k, v, fo).out.transpose(1, 2).reshape({B, T, c_.dim});
+    h = x + F::dropout(linear(o, wo), c_.dropout, is_training());
+  }
+  {
+    Phase ph("norms");
+    m = F::rms_norm(h, mlp_norm, c_.norm_eps);
+  }
+  Phase ph("mlp");
+  return h + F::dropout(linear(silu(linear(m, w_gate)) * linear(m, w_up), w_down), c_.dropout, is_training());
 }
 
 GPT::GPT(const ModelConfig& c)
     : tok_emb(register_parameter("tok_emb", randn({c.vocab_size, c.dim}) * 0.02)),
       final_norm(register_parameter("final_norm", ones({c.dim}))),
-      c_(c) {
+      c_(c),
+      cos_(register_buffer("rope_cos", Tensor())),
+      sin_(register_buffer("rope_sin", Tensor())) {
   KILN_CHECK(c.dim % c.n_heads == 0 && c.head_dim() % 2 == 0, "train", "dim ", c.dim, " must split into ",
              c.n_heads, " heads of an even size");
   // Parameter names as in nn.ModuleList: "blocks.0.wqkv".
@@ -81,7 +100,11 @@ GPT::GPT(const ModelConfig& c)
   std::tie(cos_, sin_) = F::rotary_tables(c.seq_len, c.head_dim(), c.rope_theta);
 }
 
-flex::BlockMask GPT::block_mask(const Tensor& doc_ids) const {
+flex::BlockMask GPT::block_mask(const Tensor& doc_ids_in) const {
+  Phase ph("block_mask");
+  // The mask is analysed on the host (captured tensors live on the CPU); FlexAttention takes the
+  // resulting BlockMask for CUDA inputs as well.
+  const Tensor doc_ids = doc_ids_in.is_cuda() ? doc_ids_in.cpu() : doc_ids_in;
   const int64_t B = doc_ids.size(0), T = doc_ids.size(1);
   const flex::Captured docs = flex::capture(doc_ids);
   flex::MaskMod same_doc([&](flex::Expr b, flex::Expr, flex::Expr q, flex::Expr kv) {
@@ -97,17 +120,41 @@ Tensor GPT::hidden(const Tensor& idx, const flex::BlockMask& mask) {
   const int64_t T = idx.size(1);
   KILN_CHECK(T <= c_.seq_len, "train", "sequence of ", T, " tokens is longer than the model's ", c_.seq_len);
   const Tensor cos = cos_.narrow(0, 0, T), sin = sin_.narrow(0, 0, T);
-  Tensor x = F::embedding(idx, tok_emb);
+  Tensor x;
+  {
+    Phase ph("embedding");
+    x = F::dropout(F::embedding(idx, tok_emb), c_.dropout, is_training());
+  }
   for (auto& blk : blocks_) x = blk->forward(x, cos, sin, mask);
+  Phase ph("norms");
   return F::rms_norm(x, final_norm, c_.norm_eps);
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& target, const Tensor& doc_ids) {
   const flex::BlockMask mask = block_mask(doc_ids);
   const Tensor h = hidden(idx, mask);
+  Phase ph("lce");
   F::LinearCrossEntropyOptions o;
   o.ignore_index = -100;
-  return F::linear_cross_entropy(h.reshape({-1, c_.dim}), tok_emb, target.reshape({-1}), o);
+  // Under autocast the fused head runs in bf16 like a linear (its softmax statistics are fp32
+  // inside), so its loss comes back in bf16: 3 significant digits, too coarse for a loss curve.
+  // The returned fp32 loss keeps that loss's gradient but takes its value from the fp32 per-token
+  // logsumexp and target logit (the same bf16 operands, fp32 arithmetic).
+  const Tensor x = autocast::cast_lower(h.reshape({-1, c_.dim})), w = autocast::cast_lower(tok_emb);
+  const Tensor t = target.reshape({-1});
+  const F::LinearCrossEntropyResult r = F::linear_cross_entropy_with_stats(x, w, t, o);
+  if (r.loss.dtype() != kBFloat16 && r.loss.dtype() != kFloat16) return r.loss;
+  const Tensor loss = r.loss.to(kFloat32);
+  Tensor exact;
+  {
+    NoGradGuard ng;
+    const Tensor valid = ne(t, static_cast<double>(o.ignore_index));
+    const Tensor wy = F::embedding(where(valid, t, zeros_like(t)), w.detach());
+    const Tensor s_y = sum(x.detach().to(kFloat32) * wy.to(kFloat32), {-1});
+    const Tensor validf = valid.to(kFloat32);
+    exact = sum((r.lse - s_y) * validf) / sum(validf);
+  }
+  return loss + (exact - loss.detach());
 }
 
 Tensor GPT::last_logits(const Tensor& idx) {

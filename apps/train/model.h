@@ -25,11 +25,14 @@ struct ModelConfig {
   int64_t sliding_window = 0;  // 0: none
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
+  double dropout = 0.0;        // on the embedding and the residual branches (training mode only)
   int64_t hidden() const { return mlp_hidden > 0 ? mlp_hidden : (8 * dim / 3 + 31) / 32 * 32; }
   int64_t head_dim() const { return dim / n_heads; }
 };
 
-// Named presets: "tiny" (the default CPU run), "small", "gpt-125m" (GPT-2 small's shape).
+// Named presets: "tiny" (the default CPU run), "micro" (tests), "small", "gpt125m" (12 layers,
+// d 768, 12 heads, 128k vocabulary, sequence 4096: the GPU benchmark's model; "gpt-125m" is an
+// alias).
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 
@@ -65,7 +68,8 @@ class GPT : public nn::Module {
  private:
   ModelConfig c_;
   std::vector<std::shared_ptr<Block>> blocks_;
-  Tensor cos_, sin_;
+  Tensor& cos_;  // rotary tables, registered as buffers so module.to(device) moves them
+  Tensor& sin_;
 };
 
 }  // namespace kiln::train

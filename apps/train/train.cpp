@@ -11,6 +11,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -18,11 +21,14 @@
 #include "checkpoint.h"
 #include "data.h"
 #include "generate.h"
+#include "kiln/autocast.h"
 #include "kiln/autograd.h"
+#include "kiln/cuda.h"
 #include "kiln/io.h"
 #include "kiln/memory.h"
 #include "kiln/optim.h"
 #include "kiln/telemetry.h"
+#include "profile.h"
 #include "report.h"
 
 namespace fs = std::filesystem;
@@ -53,8 +59,29 @@ std::string tokenizer_sample(const std::vector<Document>& docs, int64_t budget) 
   return s;
 }
 
-double evaluate(GPT& model, const Loader& loader, const std::vector<int64_t>& windows, int64_t batch) {
+// Where the model runs and in which precision.
+struct Placement {
+  Device device;
+  bool autocast = false;  // bf16 autocast around the forward
+};
+
+// The loss of one batch on the model's device (doc ids stay on the host: the block mask is built there).
+Tensor batch_loss(GPT& model, const Batch& b, const Placement& pl) {
+  Tensor input = b.input, target = b.target;
+  if (pl.device.is_cuda()) {
+    Phase ph("data");
+    input = input.to(pl.device);
+    target = target.to(pl.device);
+  }
+  std::optional<AutocastGuard> ac;
+  if (pl.autocast) ac.emplace(pl.device.type, kBFloat16);
+  return model.loss(input, target, b.doc_ids);
+}
+
+double evaluate(GPT& model, const Loader& loader, const std::vector<int64_t>& windows, int64_t batch,
+                const Placement& pl) {
   NoGradGuard ng;
+  model.eval();
   double sum = 0;
   int64_t tokens = 0;
   for (size_t i = 0; i < windows.size(); i += static_cast<size_t>(batch)) {
@@ -62,16 +89,60 @@ double evaluate(GPT& model, const Loader& loader, const std::vector<int64_t>& wi
                                  windows.begin() + static_cast<std::ptrdiff_t>(std::min(windows.size(), i + static_cast<size_t>(batch))));
     const Batch b = loader.window_batch(w);
     if (b.tokens == 0) continue;
-    sum += model.loss(b.input, b.target, b.doc_ids).item() * static_cast<double>(b.tokens);
+    sum += batch_loss(model, b, pl).item() * static_cast<double>(b.tokens);
     tokens += b.tokens;
   }
+  model.train();
   return tokens > 0 ? sum / static_cast<double>(tokens) : std::nan("");
 }
 
 nlohmann::json model_json(const ModelConfig& c) {
   return {{"vocab_size", c.vocab_size}, {"dim", c.dim},         {"n_layers", c.n_layers},
           {"n_heads", c.n_heads},       {"mlp_hidden", c.hidden()}, {"seq_len", c.seq_len},
-          {"sliding_window", c.sliding_window}, {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps}};
+          {"sliding_window", c.sliding_window}, {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps},
+          {"dropout", c.dropout}};
+}
+
+// The benchmark's JSON line: throughput over the timed steps, peak memory, and the mean time per
+// step of each phase (device time on CUDA); "other" is the step time no phase covers (host work,
+// syncs, launch gaps).
+std::string bench_report(const TrainConfig& cfg, const ModelConfig& mc, int64_t params, const Placement& pl,
+                         const std::vector<double>& step_s, const std::map<std::string, double>& phase_ms,
+                         const std::vector<double>& losses, const MemoryStats& mem, const telemetry::Reading& tel) {
+  const double n = static_cast<double>(std::max<size_t>(step_s.size(), 1));
+  double total = 0;
+  for (double s : step_s) total += s;
+  const double mean_s = total / n;
+  const int64_t tokens = cfg.batch_size * cfg.grad_accum * mc.seq_len;
+  nlohmann::json phases = nlohmann::json::object();
+  double covered = 0;
+  for (const auto& [name, ms] : phase_ms) {
+    phases[name] = ms / n;
+    covered += ms / n;
+  }
+  phases["other"] = std::max(0.0, mean_s * 1e3 - covered);
+  return nlohmann::json{{"kind", "kiln_train_bench"},
+                        {"framework", "kiln"},
+                        {"device", pl.device.str()},
+                        {"autocast", pl.autocast ? "bf16" : "none"},
+                        {"preset", cfg.preset},
+                        {"model", model_json(mc)},
+                        {"params", params},
+                        {"batch_size", cfg.batch_size},
+                        {"grad_accum", cfg.grad_accum},
+                        {"seq_len", mc.seq_len},
+                        {"tokens_per_step", tokens},
+                        {"warmup_steps", cfg.bench_warmup},
+                        {"steps", step_s.size()},
+                        {"step_s", step_s},
+                        {"step_s_mean", mean_s},
+                        {"tokens_per_s", static_cast<double>(tokens) / mean_s},
+                        {"peak_allocated_bytes", mem.peak_allocated},
+                        {"peak_reserved_bytes", mem.peak_reserved},
+                        {"phases_ms_per_step", phases},
+                        {"losses", losses},
+                        {"telemetry", nlohmann::json::parse(telemetry::to_json(tel))}}
+      .dump();
 }
 
 std::string fmt(const char* f, double v) {
@@ -95,6 +166,7 @@ ModelConfig model_from_json(const std::string& text) {
   c.sliding_window = m.at("sliding_window").get<int64_t>();
   c.rope_theta = m.at("rope_theta").get<double>();
   c.norm_eps = m.at("norm_eps").get<double>();
+  c.dropout = m.value("dropout", 0.0);
   return c;
 }
 
@@ -106,14 +178,19 @@ ModelConfig resolve_model(const TrainConfig& cfg) {
   if (cfg.heads > 0) c.n_heads = cfg.heads;
   if (cfg.seq_len > 0) c.seq_len = cfg.seq_len;
   if (cfg.sliding_window > 0) c.sliding_window = cfg.sliding_window;
+  c.dropout = cfg.dropout;
   return c;
 }
 
 TrainResult train(const TrainConfig& cfg, std::ostream& out) {
   ThreadsGuard threads_guard;
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
-  KILN_CHECK(cfg.device == "cpu", "train", "device '", cfg.device,
-             "' is not supported yet: FlexAttention runs on the CPU only (use --device cpu)");
+  Placement pl{Device(cfg.device)};
+  KILN_CHECK(cfg.autocast == "auto" || cfg.autocast == "bf16" || cfg.autocast == "none", "train",
+             "--autocast must be bf16, none or auto, got '", cfg.autocast, "'");
+  pl.autocast = cfg.autocast == "bf16" || (cfg.autocast == "auto" && pl.device.is_cuda());
+  const bool bench = cfg.bench_steps > 0;
+  KILN_CHECK(!(bench && cfg.resume), "train", "--bench-steps and --resume do not combine");
   const double t_start = now_s();
   fs::create_directories(cfg.run_dir);
   ModelConfig mc = resolve_model(cfg);
@@ -128,22 +205,41 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
   state.seed = cfg.seed;
   if (!ckpt.empty()) state = load_state(ckpt);
 
-  const std::string data_path = cfg.data.empty() ? default_corpus_path() : cfg.data;
-  std::vector<Document> docs = load_documents(data_path, cfg.max_data_bytes), train_docs, held_docs;
-  split_documents(docs, 20, train_docs, held_docs);
+  const std::string data_path = cfg.synthetic ? std::string("synthetic") : cfg.data.empty() ? default_corpus_path() : cfg.data;
+  std::vector<Document> docs, train_docs, held_docs;
+  if (!cfg.synthetic) {
+    docs = load_documents(data_path, cfg.max_data_bytes);
+    split_documents(docs, 20, train_docs, held_docs);
+  }
   int64_t train_bytes = 0;
   for (const auto& d : train_docs) train_bytes += static_cast<int64_t>(d.text.size());
   const double t_tok = now_s();
-  const Tokenizer tok = ckpt.empty() ? Tokenizer::train(tokenizer_sample(train_docs, cfg.tokenizer_sample_bytes), mc.vocab_size)
-                                     : Tokenizer::from_json([&] {
-                                         std::ifstream f(fs::path(ckpt) / "tokenizer.json");
-                                         std::stringstream ss;
-                                         ss << f.rdbuf();
-                                         return ss.str();
-                                       }());
-  mc.vocab_size = tok.vocab_size();  // a small corpus may yield fewer merges than asked for
-  const TokenStream train_stream = pack(train_docs, tok), held_stream = pack(held_docs, tok);
-  if (chatty) {
+  // Synthetic data needs no merges: the byte tokenizer is saved (generation then shows bytes).
+  const Tokenizer tok = cfg.synthetic ? Tokenizer()
+                        : ckpt.empty() ? Tokenizer::train(tokenizer_sample(train_docs, cfg.tokenizer_sample_bytes), mc.vocab_size)
+                                       : Tokenizer::from_json([&] {
+                                           std::ifstream f(fs::path(ckpt) / "tokenizer.json");
+                                           std::stringstream ss;
+                                           ss << f.rdbuf();
+                                           return ss.str();
+                                         }());
+  TokenStream train_stream, held_stream;
+  if (cfg.synthetic) {
+    // Enough windows that a benchmark or short run rarely repeats one; the loader cycles epochs.
+    const int64_t windows = std::max<int64_t>(64, 8 * cfg.batch_size * cfg.grad_accum);
+    const int64_t doc_len = cfg.synthetic_doc_len > 0 ? cfg.synthetic_doc_len : std::max<int64_t>(1, mc.seq_len / 4);
+    train_stream = synthetic_stream(windows * mc.seq_len + 1, mc.vocab_size, doc_len, cfg.seed);
+    held_stream = synthetic_stream(std::max<int64_t>(cfg.eval_batches * cfg.batch_size, 1) * mc.seq_len + 1,
+                                   mc.vocab_size, doc_len, cfg.seed + 1);
+  } else {
+    mc.vocab_size = tok.vocab_size();  // a small corpus may yield fewer merges than asked for
+    train_stream = pack(train_docs, tok);
+    held_stream = pack(held_docs, tok);
+  }
+  if (chatty && cfg.synthetic) {
+    out << "kiln train: synthetic data: " << train_stream.tokens.size() << " random train tokens, vocab "
+        << mc.vocab_size << "\n";
+  } else if (chatty) {
     out << "kiln train: " << data_path << ": " << train_docs.size() << " train / " << held_docs.size()
         << " held-out files, " << format_bytes(static_cast<double>(train_bytes)) << "; BPE vocab " << tok.vocab_size()
         << (ckpt.empty() ? " trained" : " loaded") << " in " << fmt("%.1fs", now_s() - t_tok) << ": "
@@ -152,8 +248,10 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
         << " bytes/token), " << held_stream.tokens.size() << " held-out\n";
   }
 
+  // Weights are drawn on the CPU (the same initial model on every device), then moved.
   manual_seed(cfg.seed);
   GPT model(mc);
+  if (pl.device.is_cuda()) model.to(pl.device);
   // Weight decay on matrices only (norm gains and the like are left alone).
   std::vector<Tensor> decay, no_decay;
   std::vector<std::string> decay_names, no_decay_names;
@@ -188,6 +286,7 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     KILN_CHECK(saved.at("model") == model_json(mc), "train", "--resume: the checkpoint's model ",
                saved.at("model").dump(), " differs from the requested ", model_json(mc).dump());
     load_weights(ckpt, model, &opt, opt_names);
+    restore_rng(state.rng);  // after model init, which drew from the generator
     loader.set_position(state.data_epoch, state.data_cursor);
     step = state.step;
     // Drop metrics logged after the checkpoint (a killed run's lost steps).
@@ -209,23 +308,29 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
   if (chatty) {
     out << "model " << cfg.preset << ": " << model.num_parameters() << " parameters (dim " << mc.dim << ", "
         << mc.n_layers << " layers, " << mc.n_heads << " heads, seq " << mc.seq_len << ", vocab " << mc.vocab_size
-        << "); " << cfg.batch_size * cfg.grad_accum * mc.seq_len << " tokens/step, " << cfg.steps << " steps, "
-        << omp_get_max_threads() << " threads\n";
+        << "); " << cfg.batch_size * cfg.grad_accum * mc.seq_len << " tokens/step, "
+        << (bench ? cfg.bench_warmup + cfg.bench_steps : cfg.steps) << " steps on " << pl.device.str()
+        << (pl.autocast ? " (bf16 autocast)" : "") << ", " << omp_get_max_threads() << " threads\n";
   }
 
   TrainResult result;
-  const int64_t end = cfg.stop_after > 0 ? std::min(cfg.stop_after, cfg.steps) : cfg.steps;
+  const int64_t end = bench ? cfg.bench_warmup + cfg.bench_steps
+                            : cfg.stop_after > 0 ? std::min(cfg.stop_after, cfg.steps) : cfg.steps;
+  const int64_t total_steps = bench ? end : cfg.steps;  // the LR schedule's length
   telemetry::CpuSampler cpu_sampler;
+  auto sample_telemetry = [&] {
+    return pl.device.is_cuda() ? telemetry::cuda(pl.device.index) : cpu_sampler.sample();
+  };
   auto log_eval = [&](int64_t at) {
     const double t0 = now_s();
-    const double l = evaluate(model, held_loader, eval_windows, cfg.batch_size);
+    const double l = evaluate(model, held_loader, eval_windows, cfg.batch_size, pl);
     if (at == 0 && state.first_eval_loss == 0) state.first_eval_loss = l;
     result.eval_losses.emplace_back(at, l);
     metrics << nlohmann::json{{"step", at}, {"heldout_loss", l}, {"eval_s", now_s() - t0}}.dump() << "\n" << std::flush;
     progress.print("step " + std::to_string(at) + ": held-out loss " + fmt("%.4f", l) +
                    (state.first_eval_loss > 0 ? " (" + fmt("%.2f", l / state.first_eval_loss) + " of the first)" : ""));
   };
-  if (step == 0) log_eval(0);
+  if (step == 0 && !bench) log_eval(0);
 
   // For scripts/golden_check.py: the initial weights and the first ten steps' batches.
   io::TensorDict golden_batches;
@@ -236,9 +341,21 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
   const double t_loop = now_s();
   double step_time_ema = 0;
   const int64_t step0 = step;
+  // Benchmark: peak memory over the whole run (weights, optimizer state, activations); phase
+  // times and step times over the timed steps only.
+  std::unique_ptr<PhaseTimer> timer;
+  std::map<std::string, double> phase_ms;
+  std::vector<double> bench_step_s;
+  if (bench) {
+    if (pl.device.is_cuda()) cuda::synchronize(pl.device.index);
+    reset_peak_memory_stats(pl.device);
+    timer = std::make_unique<PhaseTimer>(pl.device);
+  }
   while (step < end) {
+    const bool timed = bench && step >= cfg.bench_warmup;
+    if (timed) PhaseTimer::set_active(timer.get());
     const double t0 = now_s();
-    const double lr = optim::warmup_cosine_lr(step, std::min(cfg.warmup_steps, cfg.steps), cfg.steps, cfg.lr, cfg.min_lr);
+    const double lr = optim::warmup_cosine_lr(step, std::min(cfg.warmup_steps, total_steps), total_steps, cfg.lr, cfg.min_lr);
     opt.set_lr(lr);
     double loss_sum = 0;
     int64_t tokens = 0;
@@ -250,41 +367,58 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
         golden_batches.insert(k + "target", b.target);
         golden_batches.insert(k + "doc_ids", b.doc_ids);
       }
-      const Tensor loss = model.loss(b.input, b.target, b.doc_ids);
-      (cfg.grad_accum > 1 ? loss / static_cast<double>(cfg.grad_accum) : loss).backward();
+      const Tensor loss = batch_loss(model, b, pl);
+      {
+        Phase ph("backward");  // outside autocast, as PyTorch recommends
+        (cfg.grad_accum > 1 ? loss / static_cast<double>(cfg.grad_accum) : loss).backward();
+      }
       loss_sum += loss.item();
       tokens += b.input.numel();
     }
-    const double grad_norm = optim::clip_grad_norm_(model.parameters(), cfg.grad_clip).item();
-    opt.step();
-    opt.zero_grad();
+    Tensor grad_norm_t;
+    {
+      Phase ph("optimizer");
+      grad_norm_t = optim::clip_grad_norm_(model.parameters(), cfg.grad_clip);
+      opt.step();
+      opt.zero_grad();
+    }
+    const double grad_norm = grad_norm_t.item();  // waits for the step on CUDA
     ++step;
+    if (timed) {
+      PhaseTimer::set_active(nullptr);
+      timer->collect(phase_ms);
+      bench_step_s.push_back(now_s() - t0);
+    }
     const double loss = loss_sum / static_cast<double>(cfg.grad_accum);
     result.train_losses.push_back(loss);
     const double dt = now_s() - t0;
     step_time_ema = step == step0 + 1 ? dt : 0.9 * step_time_ema + 0.1 * dt;
     const double tok_s = static_cast<double>(tokens) / dt;
-    const telemetry::Reading tel = cpu_sampler.sample();
-    const MemoryStats mem = memory_stats(kCPU);
+    const telemetry::Reading tel = sample_telemetry();
+    const MemoryStats mem = memory_stats(pl.device);
     nlohmann::json m = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"tokens", tokens},
                         {"step_s", dt}, {"tokens_per_s", tok_s}, {"elapsed_s", now_s() - t_start},
                         {"kiln_allocated_bytes", mem.allocated}, {"kiln_peak_bytes", mem.peak_allocated},
                         {"telemetry", nlohmann::json::parse(telemetry::to_json(tel))}};
     metrics << m.dump() << "\n";
     if (step % cfg.log_every == 0 || step == end || progress_mode == "tty") {
-      std::string line = "step " + std::to_string(step) + "/" + std::to_string(cfg.steps) + " loss " + fmt("%.4f", loss) +
+      std::string line = "step " + std::to_string(step) + "/" + std::to_string(total_steps) + " loss " + fmt("%.4f", loss) +
                          " lr " + fmt("%.2e", lr) + " | " + fmt("%.0f", tok_s) + " tok/s | ETA " +
                          format_duration(step_time_ema * static_cast<double>(end - step)) + " | mem " +
-                         format_bytes(static_cast<double>(tel.process_memory_bytes.value_or(mem.allocated))) +
+                         (pl.device.is_cuda()
+                              ? format_bytes(static_cast<double>(mem.allocated)) + " " + pl.device.str()
+                              : format_bytes(static_cast<double>(tel.process_memory_bytes.value_or(mem.allocated)))) +
                          " (kiln peak " + format_bytes(static_cast<double>(mem.peak_allocated)) + ") | " +
                          telemetry::summary(tel);
       progress.update(line);
     }
+    if (bench) continue;
     if ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == cfg.steps) log_eval(step);
     if ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == end) {
       state.step = step;
       state.data_epoch = loader.epoch();
       state.data_cursor = loader.cursor();
+      state.rng = capture_rng(pl.device);
       const std::string dir = save_checkpoint(cfg.run_dir, model, opt, opt_names, tok, state);
       metrics << std::flush;
       progress.print("checkpoint " + dir);
@@ -296,6 +430,12 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     io::save((fs::path(cfg.run_dir) / "golden" / "batches.safetensors").string(), golden_batches);
   result.first_eval_loss = state.first_eval_loss;
   result.last_step = step;
+  if (bench) {
+    result.bench_json = bench_report(cfg, mc, model.num_parameters(), pl, bench_step_s, phase_ms, result.train_losses,
+                                     memory_stats(pl.device), sample_telemetry());
+    out << result.bench_json << "\n" << std::flush;
+    return result;
+  }
 
   // The loss curve from the whole metrics file (so a resumed run draws its full history).
   std::vector<std::pair<int64_t, double>> train_pts, held_pts;
@@ -316,7 +456,7 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     out << "trained " << (step - step0) << " steps in " << format_duration(now_s() - t_loop) << " (total "
         << format_duration(now_s() - t_start) << "); metrics " << metrics_path << ", loss curve " << svg << "\n";
   }
-  if (cfg.sample_tokens > 0 && step == cfg.steps) {
+  if (cfg.sample_tokens > 0 && step == cfg.steps && !cfg.synthetic) {
     SampleOptions so;
     so.max_tokens = cfg.sample_tokens;
     so.seed = cfg.seed;

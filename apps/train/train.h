@@ -24,7 +24,13 @@ struct TrainConfig {
   int64_t max_data_bytes = 0;   // 0: all
   int64_t tokenizer_sample_bytes = 1 << 20;  // BPE is trained on this many bytes of the train split
   std::string run_dir = "runs/tiny";
-  std::string device = "cpu";
+  std::string device = "cpu";   // cpu, cuda, cuda:N
+  std::string autocast = "auto";  // bf16 | none | auto (bf16 on CUDA, none on the CPU)
+  double dropout = 0.0;
+  bool synthetic = false;         // random tokens (benchmarks): no corpus, no tokenizer training
+  int64_t synthetic_doc_len = 0;  // mean document length (0: seq_len / 4)
+  int64_t bench_steps = 0;        // > 0: benchmark mode (no eval/checkpoints), prints one JSON line
+  int64_t bench_warmup = 2;
   int64_t steps = 800;  // the default run: held-out loss 0.48 of its first at 600 steps (94 s here), 0.45 at 800
   int64_t batch_size = 16;       // sequences per micro-batch
   int64_t grad_accum = 1;
@@ -73,6 +79,7 @@ struct TrainResult {
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, held-out loss) in this call
   double first_eval_loss = 0;                           // the run's first held-out loss
   int64_t last_step = 0;
+  std::string bench_json;                               // benchmark mode: the JSON printed
 };
 TrainResult train(const TrainConfig& cfg, std::ostream& out);
 

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "kiln/device.h"
+#include "kiln/tensor.h"
 
 namespace kiln::cuda {
 
@@ -50,5 +51,11 @@ class Event {
  private:
   std::shared_ptr<void> handle_;
 };
+
+// The Philox state of one CUDA device as an int64 [2] CPU tensor {seed (bits), counter offset}
+// (torch.cuda.get_rng_state). It is generator bookkeeping only, so it works without a GPU.
+// device -1: the current device.
+Tensor get_rng_state(int device = -1);
+void set_rng_state(const Tensor& state, int device = -1);
 
 }  // namespace kiln::cuda

@@ -1,5 +1,6 @@
 #pragma once
 // Everything a kiln user needs.
+#include "kiln/autocast.h"
 #include "kiln/autograd.h"
 #include "kiln/cuda.h"
 #include "kiln/device.h"

@@ -154,5 +154,10 @@ Tensor from_blob(void* data, const Shape& shape, TensorOptions options = {},
 Tensor tensor(const std::vector<double>& values, TensorOptions options = {});
 
 void manual_seed(uint64_t seed);
+// The CPU generator's state as an int64 [2] CPU tensor {seed (bits), counter offset} (torch's
+// get_rng_state; restoring it replays the same random numbers). set_rng_state gives the CPU its
+// own seed until the next manual_seed. CUDA devices: kiln::cuda::get_rng_state (kiln/cuda.h).
+Tensor get_rng_state();
+void set_rng_state(const Tensor& state);
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One full GPU round on the H200 machine, run from the repository root through the device tool:
-#   carry: [".device"]   command: bash scripts/device/gpu_round.sh [tests|bench|all]
+#   carry: [".device"]   command: bash scripts/device/gpu_round.sh [tests|bench|all|train]
+# (train: only the training benchmark, kiln vs PyTorch eager and torch.compile: train_bench.py)
 # Unpacks the carried Debian packages (../shared/device/fetch-debs.sh .device/debs), builds with
 # ninja for sm_90a, runs every test (CUDA included), runs the benchmarks (with PyTorch's figures
 # beside them when .device/torch_baselines.py is there), writes logs and JSON under $OUT and
@@ -52,6 +53,11 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   fi
   for f in "$OUT"/bench_*.jsonl; do sed -n '/^$/,$p' "$f" | head -30; done
   grep -h '"variant"' "$OUT/bench_lce.jsonl" "$OUT/torch_lce.jsonl" 2>/dev/null
+fi
+if [ "$what" = train ]; then
+  timeout 480 python3 scripts/device/train_bench.py --kiln build-gpu/kiln --out "$OUT/train_bench.json" \
+    > "$LOG/train_bench.log" 2>&1 || echo "train bench failed: $(tail -5 "$LOG/train_bench.log")"
+  sed -n '/^framework/,$p' "$LOG/train_bench.log"
 fi
 tar czf "$OUT/logs.tgz" -C "$LOG" .
 echo "commit $commit  $(head -2 "$LOG/gpu.txt" | tail -1)"

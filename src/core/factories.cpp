@@ -9,6 +9,7 @@
 #include "core/generator.h"
 #include "core/kernels.h"
 #include "core/tensor_impl.h"
+#include "kiln/cuda.h"
 
 namespace kiln {
 namespace {
@@ -19,6 +20,7 @@ struct Generator {
   std::mutex mu;
   uint64_t seed = kDefaultSeed;
   std::unordered_map<int, uint64_t> offsets;  // key: -1 for the CPU, device index for CUDA
+  std::unordered_map<int, uint64_t> seeds;    // per-device seeds from set_rng_state (else `seed`)
 };
 Generator& generator() {
   static Generator g;
@@ -44,8 +46,10 @@ void random_fill(const Tensor& t, philox::Distribution dist, int64_t low, int64_
 PhiloxState reserve_philox(Device device, int64_t numel) {
   Generator& g = generator();
   std::lock_guard<std::mutex> lock(g.mu);
-  uint64_t& off = g.offsets[device.is_cpu() ? -1 : device.index];
-  const PhiloxState st{g.seed, off};
+  const int key = device.is_cpu() ? -1 : device.index;
+  uint64_t& off = g.offsets[key];
+  const auto s = g.seeds.find(key);
+  const PhiloxState st{s != g.seeds.end() ? s->second : g.seed, off};
   off += static_cast<uint64_t>((numel + 3) / 4);
   return st;
 }
@@ -55,7 +59,56 @@ void manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(g.mu);
   g.seed = seed;
   g.offsets.clear();
+  g.seeds.clear();
 }
+
+namespace {
+Tensor rng_state_of(int key) {
+  Generator& g = generator();
+  uint64_t seed = 0, offset = 0;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    const auto s = g.seeds.find(key);
+    seed = s != g.seeds.end() ? s->second : g.seed;
+    const auto o = g.offsets.find(key);
+    offset = o != g.offsets.end() ? o->second : 0;
+  }
+  Tensor t = make_tensor({2}, kInt64, kCPU);
+  int64_t* p = t.data_ptr<int64_t>();
+  std::memcpy(&p[0], &seed, sizeof(seed));
+  std::memcpy(&p[1], &offset, sizeof(offset));
+  return t;
+}
+
+void set_rng_state_of(int key, const Tensor& state, const char* op) {
+  KILN_CHECK(state.defined() && state.dtype() == kInt64 && state.dim() == 1 && state.numel() == 2, op,
+             "expected an int64 [2] state {seed, offset}, got ",
+             state.defined() ? std::string(dtype_name(state.dtype())) + " " + shape_str(state.sizes()) : std::string("undefined"));
+  const Tensor c = state.to(kCPU).contiguous();
+  uint64_t seed = 0, offset = 0;
+  std::memcpy(&seed, &c.data_ptr<int64_t>()[0], sizeof(seed));
+  std::memcpy(&offset, &c.data_ptr<int64_t>()[1], sizeof(offset));
+  Generator& g = generator();
+  std::lock_guard<std::mutex> lock(g.mu);
+  g.seeds[key] = seed;
+  g.offsets[key] = offset;
+}
+
+int cuda_key(int device, const char* op) {
+  if (device < 0) device = cuda::current_device();
+  KILN_CHECK(device >= 0, op, "invalid CUDA device index ", device);
+  return device;
+}
+}  // namespace
+
+Tensor get_rng_state() { return rng_state_of(-1); }
+void set_rng_state(const Tensor& state) { set_rng_state_of(-1, state, "set_rng_state"); }
+namespace cuda {
+Tensor get_rng_state(int device) { return rng_state_of(cuda_key(device, "cuda::get_rng_state")); }
+void set_rng_state(const Tensor& state, int device) {
+  set_rng_state_of(cuda_key(device, "cuda::set_rng_state"), state, "cuda::set_rng_state");
+}
+}  // namespace cuda
 
 Tensor empty(const Shape& shape, TensorOptions options) {
   return with_grad_flag(make_tensor(shape, options.dtype(), options.device()), options);

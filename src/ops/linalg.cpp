@@ -5,6 +5,7 @@
 
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
+#include "kiln/autocast.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "ops/cpu/linalg.h"
@@ -62,7 +63,9 @@ void set_float32_matmul_precision(const std::string& precision) {
 
 std::string get_float32_matmul_precision() { return g_allow_tf32.load() ? "high" : "highest"; }
 
-Tensor mm(const Tensor& a, const Tensor& b) {
+Tensor mm(const Tensor& a_in, const Tensor& b_in) {
+  // Autocast: matrix products run in the autocast dtype (no-op outside a region).
+  const Tensor a = autocast::cast_lower(a_in), b = autocast::cast_lower(b_in);
   check_pair(a, b, "mm");
   KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm", "expected 2-D tensors, got a ", shape_str(a.sizes()), " and b ",
              shape_str(b.sizes()));
@@ -73,7 +76,9 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor bmm(const Tensor& a, const Tensor& b) {
+Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
+  // Autocast: matrix products run in the autocast dtype (no-op outside a region).
+  const Tensor a = autocast::cast_lower(a_in), b = autocast::cast_lower(b_in);
   check_pair(a, b, "bmm");
   KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm", "expected 3-D tensors, got a ", shape_str(a.sizes()), " and b ",
              shape_str(b.sizes()));
@@ -86,7 +91,9 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  // Autocast: matrix products run in the autocast dtype (no-op outside a region).
+  const Tensor a = autocast::cast_lower(a_in), b = autocast::cast_lower(b_in);
   check_pair(a, b, "matmul");
   KILN_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul", "both arguments need at least 1 dimension, got ",
              shape_str(a.sizes()), " and ", shape_str(b.sizes()));
@@ -123,7 +130,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  const Tensor x = autocast::cast_lower(x_in), weight = autocast::cast_lower(weight_in),
+               bias = autocast::cast_lower(bias_in);
   check_pair(x, weight, "linear");
   KILN_CHECK(x.dim() >= 1, "linear", "input must have at least 1 dimension, got ", shape_str(x.sizes()));
   KILN_CHECK(weight.dim() == 2, "linear", "weight must be 2-D [out, in], got ", shape_str(weight.sizes()));

@@ -3,6 +3,7 @@
 // of target weights) so backward is one pass over the logits.
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
+#include "kiln/autocast.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "ops/cpu/loss.h"
@@ -10,7 +11,7 @@
 
 namespace kiln::nn::functional {
 
-Tensor cross_entropy(const Tensor& logits_in, const Tensor& target_in, const CrossEntropyOptions& options) {
+static Tensor cross_entropy_impl(const Tensor& logits_in, const Tensor& target_in, const CrossEntropyOptions& options) {
   const char* op = "cross_entropy";
   KILN_CHECK(logits_in.defined() && target_in.defined(), op, "logits and target must be defined");
   KILN_CHECK(logits_in.dim() == 2, op, "logits must be [N, C], got ", shape_str(logits_in.sizes()));
@@ -80,6 +81,11 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& target_in, const Cro
                      });
   }
   return out;
+}
+
+// Autocast: losses run in fp32.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
+  return cross_entropy_impl(autocast::cast_fp32(logits), target, options);
 }
 
 }  // namespace kiln::nn::functional

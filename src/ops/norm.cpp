@@ -2,6 +2,7 @@
 // ops/cuda/norm.cu; the forward saves the per-row rstd so backward never recomputes it.
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
+#include "kiln/autocast.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "ops/cpu/norm.h"
@@ -9,7 +10,7 @@
 
 namespace kiln::nn::functional {
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
+static Tensor rms_norm_impl(const Tensor& x_in, const Tensor& weight_in, double eps) {
   KILN_CHECK(x_in.defined(), "rms_norm", "input is undefined");
   KILN_CHECK(is_floating_point(x_in.dtype()), "rms_norm", "expected a floating-point input, got ",
              dtype_name(x_in.dtype()));
@@ -54,6 +55,11 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& weight_in, double eps) {
                      });
   }
   return y;
+}
+
+// Autocast runs norms in fp32 (the statistics need it; bf16 inputs are upcast first).
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return rms_norm_impl(autocast::cast_fp32(x), autocast::cast_fp32(weight), eps);
 }
 
 }  // namespace kiln::nn::functional

@@ -2,6 +2,7 @@
 // input, and a fused backward that needs only the saved output.
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
+#include "kiln/autocast.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "ops/cpu/softmax.h"
@@ -63,7 +64,8 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
+// Autocast: fp32 (as torch.autocast's fp32 list).
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(autocast::cast_fp32(x), dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(autocast::cast_fp32(x), dim, true); }
 
 }  // namespace kiln
