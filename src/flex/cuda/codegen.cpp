@@ -26,7 +26,10 @@ const char* ctype(Kind k) { return k == Kind::Int ? "long long" : k == Kind::Flo
 
 std::string int_literal(int64_t v) {
   if (v == INT64_MIN) return "(-9223372036854775807LL - 1LL)";
-  return "(" + std::to_string(v) + "LL)";
+  std::string s(1, '(');
+  s += std::to_string(v);
+  s += "LL)";
+  return s;
 }
 
 std::string float_literal(double v) {
@@ -239,6 +242,20 @@ std::string generate_mod_functions(const detail::Program* score, const detail::P
   std::ostringstream os;
   emit_mask(mask, os);
   emit_score(score, os);
+  return os.str();
+}
+
+std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask) {
+  std::ostringstream os;
+  os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
+  os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
+  os << params_struct_source();
+  os << generate_mod_functions(score, mask);
+  os << "extern \"C\" __global__ void flex_mod_check(const FlexParams P, float* out, double* slot) {\n"
+        "  const long long q = threadIdx.x, kv = blockIdx.x;\n"
+        "  const float s = score_mod(0.25f * (float)(q - kv), 0, 1, q, kv, P);\n"
+        "  out[q * gridDim.x + kv] = mask_mod(0, 1, q, kv, P) ? score_grad(s, 0, 1, q, kv, 1.f, P, slot) : 0.f;\n"
+        "}\n";
   return os.str();
 }
 

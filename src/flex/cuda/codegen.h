@@ -56,6 +56,9 @@ std::string generate_source(const detail::Program* score, const detail::Program*
 // Only the mod device functions (for tests and debugging).
 std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask);
 
+// The mod functions with a one-line kernel calling them: a fast NVRTC check of the codegen alone.
+std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask);
+
 // The kernel templates (kernel_source.cpp).
 const char* kernel_template();
 const char* params_struct_source();
