@@ -61,6 +61,12 @@ __device__ __forceinline__ i64 kiln_floormod(i64 x, i64 y) { return y == 0 ? 0 :
 
 const char* kernel_template() {
   return R"kiln_src(
+#ifndef KILN_BUILD_FWD
+#define KILN_BUILD_FWD 1
+#endif
+#ifndef KILN_BUILD_BWD
+#define KILN_BUILD_BWD 1
+#endif
 #define LD (HEAD_DIM + 8)
 #if TILE_M != TILE_N
 #error "the transposed dK/dV tiles assume square 64 x 64 tiles"
@@ -218,6 +224,7 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
   return k ? x : NEG_INF;
 }
 
+#if KILN_BUILD_FWD
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = smem;
@@ -298,6 +305,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams
   }
 }
 
+#endif  // KILN_BUILD_FWD
+
+#if KILN_BUILD_BWD
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexParams P) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const i64 row = (i64)blockIdx.x * NWARPS + warp;
@@ -494,6 +504,7 @@ extern "C" __global__ void flex_capgrad_reduce(const FlexParams P) {
   for (i64 k = 0; k < P.nslots * NWARPS; ++k) s += P.slots[k * P.grad_numel + x];
   P.capgrad[x] = s;
 }
+#endif  // KILN_BUILD_BWD
 )kiln_src";
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <future>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -138,7 +139,7 @@ void write_cache_file(const std::string& path, const std::string& cubin) {
 }
 
 struct Loaded {
-  CUmodule module = nullptr;
+  CUmodule module[2] = {nullptr, nullptr};  // forward, backward
   FlexKernels k;
 };
 std::mutex g_mutex;
@@ -241,25 +242,34 @@ const FlexKernels& load_kernels(const std::string& source, int device, int64_t f
   KILN_CUDA_CHECK(cudaFree(nullptr));  // makes the device's primary context current
   const std::string arch = device_arch(device);
   const Driver& d = driver();
+  // Two modules, forward and backward, compiled concurrently (first-call latency is the slower of
+  // the two, not their sum; each part has its own disk-cache file).
+  const std::string parts[2] = {"#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n" + source,
+                                "#define KILN_BUILD_FWD 0\n#define KILN_BUILD_BWD 1\n" + source};
+  auto bwd_future = std::async(std::launch::async, [&] { return cached_cubin(parts[1], arch); });
+  std::string cubins[2];
+  cubins[0] = cached_cubin(parts[0], arch);
+  cubins[1] = bwd_future.get();
   auto loaded = std::make_unique<Loaded>();
-  std::string cubin = cached_cubin(source, arch);
-  if (d.load(&loaded->module, cubin.data()) != CUDA_SUCCESS) {
-    cubin = compile_cubin(source, arch);  // a stale or foreign cache file: compile afresh
-    KILN_CU_CHECK(d.load(&loaded->module, cubin.data()));
-    const std::string path = cache_path(source, arch);
-    if (!path.empty()) write_cache_file(path, cubin);
+  for (int i = 0; i < 2; ++i) {
+    if (d.load(&loaded->module[i], cubins[i].data()) != CUDA_SUCCESS) {
+      cubins[i] = compile_cubin(parts[i], arch);  // a stale or foreign cache file: compile afresh
+      KILN_CU_CHECK(d.load(&loaded->module[i], cubins[i].data()));
+      const std::string path = cache_path(parts[i], arch);
+      if (!path.empty()) write_cache_file(path, cubins[i]);
+    }
   }
-  auto get = [&](const char* name, int64_t smem) {
+  auto get = [&](int part, const char* name, int64_t smem) {
     CUfunction f = nullptr;
-    KILN_CU_CHECK(d.get_function(&f, loaded->module, name));
+    KILN_CU_CHECK(d.get_function(&f, loaded->module[part], name));
     if (smem > 0) KILN_CU_CHECK(d.set_attr(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)));
     return static_cast<void*>(f);
   };
-  loaded->k.fwd = get("flex_fwd", fwd_smem);
-  loaded->k.bwd_pre = get("flex_bwd_pre", 0);
-  loaded->k.bwd_dq = get("flex_bwd_dq", bwd_smem);
-  loaded->k.bwd_dkdv = get("flex_bwd_dkdv", bwd_smem);
-  loaded->k.capgrad_reduce = get("flex_capgrad_reduce", 0);
+  loaded->k.fwd = get(0, "flex_fwd", fwd_smem);
+  loaded->k.bwd_pre = get(1, "flex_bwd_pre", 0);
+  loaded->k.bwd_dq = get(1, "flex_bwd_dq", bwd_smem);
+  loaded->k.bwd_dkdv = get(1, "flex_bwd_dkdv", bwd_smem);
+  loaded->k.capgrad_reduce = get(1, "flex_capgrad_reduce", 0);
   const FlexKernels& out = loaded->k;
   modules().emplace(key, std::move(loaded));
   return out;

@@ -31,7 +31,8 @@ CacheStats cache_stats();
 // Forgets the in-memory modules (they stay loaded: launches in flight keep working).
 void clear_kernel_cache();
 
-// The kernels of one generated source on one device (opaque driver handles).
+// The kernels of one generated source on one device (opaque driver handles): a forward module and a
+// backward module, compiled concurrently on a miss (each with its own disk-cache entry).
 struct FlexKernels {
   void* fwd = nullptr;
   void* bwd_pre = nullptr;
