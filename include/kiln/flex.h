@@ -194,14 +194,17 @@ class BlockMask {
   Tensor to_dense() const;      // [B, H, nQ, nKV] int32: 1 where the block is computed
   std::string to_string() const;  // summary + block map ('#' full, '+' partial, '.' empty)
   int64_t nbytes() const;       // bytes held by the eight tensors
+  BlockMask to(Device device) const;  // the eight tensors copied to `device` (summaries read the CPU)
 };
 
 // Classifies every (q-block, kv-block) as empty / partial / full by interval analysis of the mask
 // IR (row by row, splitting kv ranges in halves, so the cost follows the mask's boundaries, not
 // L×S); blocks the analysis cannot decide and whose mask reads tensors are evaluated densely.
-// B, H: 1 to broadcast.
+// B, H: 1 to broadcast. Built on the CPU; `device` (e.g. "cuda") moves the tensors there once, so
+// flex_attention on that device uses them directly (a CPU mask is moved per call, through a small
+// cache keyed by its tensors).
 BlockMask create_block_mask(const MaskMod& mask_mod, int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN,
-                            int64_t block_size = 128);
+                            int64_t block_size = 128, Device device = kCPU);
 
 // ---- flex_attention ----
 struct FlexOptions {

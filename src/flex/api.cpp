@@ -1,10 +1,14 @@
-// flex_attention: validation, BlockMask resolution, dispatch to the CPU kernels, autograd node.
+// flex_attention: validation, BlockMask resolution (moved to q's device, cached), dispatch to the
+// CPU kernels or the NVRTC-compiled CUDA kernels (src/flex/cuda), autograd node.
 #include <cmath>
+#include <deque>
 #include <memory>
+#include <mutex>
 
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 #include "flex/cpu/attention.h"
+#include "flex/cuda/attention_cuda.h"
 #include "kiln/autograd.h"
 
 namespace kiln::flex {
@@ -17,7 +21,44 @@ struct Prepared {
   cpu::Problem p;
   std::shared_ptr<detail::Program> score, mask;
   BlockMask block_mask;  // a copy (tensors are shared handles): the backward reads its q_* lists
+  std::shared_ptr<cuda::State> cuda;  // CUDA: device buffers and compiled kernels
 };
+
+// `bm` with its tensors on `device`: as is when they are there already, else a copy from a small
+// cache keyed by the tensors' identities and versions (so a CPU mask reused every step moves once).
+BlockMask block_mask_on(const BlockMask& bm, Device device) {
+  if (bm.kv_num_blocks.device() == device) return bm;
+  auto tensors = [](const BlockMask& m) {
+    return std::vector<const Tensor*>{&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices,
+                                      &m.q_num_blocks, &m.q_indices, &m.full_q_num_blocks, &m.full_q_indices};
+  };
+  struct Entry {
+    BlockMask src, moved;  // src keeps its tensors alive, so the identities below stay unique
+    std::vector<uint64_t> versions;
+  };
+  static std::mutex mutex;
+  static std::deque<Entry> cache;
+  const std::vector<const Tensor*> ts = tensors(bm);
+  std::vector<uint64_t> versions;
+  for (const Tensor* t : ts) versions.push_back(t->defined() ? t->version() : 0);
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Entry& e : cache) {
+    const std::vector<const Tensor*> es = tensors(e.src);
+    bool same = e.moved.kv_num_blocks.device() == device && e.versions == versions;
+    for (size_t i = 0; same && i < ts.size(); ++i) same = ts[i]->impl() == es[i]->impl();
+    if (same) {
+      BlockMask m = e.moved;
+      m.mask_mod = bm.mask_mod;
+      m.q_len = bm.q_len;
+      m.kv_len = bm.kv_len;
+      return m;
+    }
+  }
+  Entry e{bm, bm.to(device), versions};
+  cache.push_front(e);
+  if (cache.size() > 8) cache.pop_back();
+  return e.moved;
+}
 
 std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor& v, const FlexOptions& o) {
   KILN_CHECK(q.defined() && k.defined() && v.defined(), kOp, "q, k and v must be defined");
@@ -28,7 +69,6 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
              dtype_name(q.dtype()), ", ", dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
   KILN_CHECK(is_floating_point(q.dtype()), kOp, "expected floating-point q, k, v, got ", dtype_name(q.dtype()));
   KILN_CHECK(q.device() == k.device() && q.device() == v.device(), kOp, "q, k and v must be on one device");
-  KILN_CHECK(!q.is_cuda(), kOp, "the CUDA kernels are not implemented yet; run on the CPU");
   KILN_CHECK(q.size(3) == k.size(3), kOp, "q and k head dims differ: ", q.size(3), " vs ", k.size(3));
   KILN_CHECK(q.size(0) == k.size(0) && q.size(0) == v.size(0), kOp, "batch sizes differ: q ", shape_str(q.sizes()),
              ", k ", shape_str(k.sizes()), ", v ", shape_str(v.sizes()));
@@ -61,7 +101,7 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
                p.B, " (use 1 to broadcast)");
     KILN_CHECK(bm.heads() == 1 || bm.heads() == p.Hq, kOp, "block_mask heads ", bm.heads(), " do not match q heads ",
                p.Hq, " (use 1 to broadcast)");
-    pr->block_mask = bm;
+    pr->block_mask = block_mask_on(bm, q.device());
     p.QB = bm.q_block_size;
     p.KB = bm.kv_block_size;
     p.mB = bm.batch();
@@ -93,6 +133,9 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
     pr->score = std::make_shared<detail::Program>(detail::compile(o.score_mod.expr));
     p.score = pr->score.get();
   }
+  if (q.is_cuda()) {
+    KILN_CUDA_ONLY(kOp, pr->cuda = cuda::make_state(p, q.dtype(), q.device()));
+  }
   return pr;
 }
 
@@ -106,11 +149,15 @@ FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   Tensor out = empty({p.B, p.Hq, p.L, p.Ev}, q.options());
   Tensor lse = empty({p.B, p.Hq, p.L}, q.options().dtype(lse_dtype));
   bool index_error = false;
-  dispatch_floating(q.dtype(), kOp, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    cpu::flex_forward<T>(p, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
-                         lse.data_ptr<acc_t<T>>(), &index_error);
-  });
+  if (q.is_cuda()) {
+    KILN_CUDA_ONLY(kOp, index_error = !cuda::forward(*pr->cuda, q, k, v, out, lse));
+  } else {
+    dispatch_floating(q.dtype(), kOp, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      cpu::flex_forward<T>(p, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
+                           lse.data_ptr<acc_t<T>>(), &index_error);
+    });
+  }
   KILN_CHECK(!index_error, kOp, "a mod reads a captured tensor out of range (index clamped); check its shape");
 
   // Inputs of the node: q, k, v, then the score_mod's captured float tensors that require grad.
@@ -134,7 +181,10 @@ FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
       std::vector<std::vector<double>> cap(pr->score ? pr->score->buffers.size() : 0);
       for (int32_t x : grad_bufs) cap[x].assign(static_cast<size_t>(pr->score->buffers[x].numel), 0.0);
       bool bad_index = false;
-      dispatch_floating(qs.dtype(), kOp, [&](auto tag) {
+      if (qs.is_cuda()) {
+        KILN_CUDA_ONLY(kOp, bad_index = !cuda::backward(*pr->cuda, qs, ks, vs, o, dout, l, dlse, grads[0], grads[1],
+                                                        grads[2], cap));
+      } else dispatch_floating(qs.dtype(), kOp, [&](auto tag) {
         using T = typename decltype(tag)::type;
         cpu::flex_backward<T>(pb, qs.data_ptr<T>(), ks.data_ptr<T>(), vs.data_ptr<T>(), o.data_ptr<T>(),
                               dout.defined() ? dout.data_ptr<T>() : nullptr, l.data_ptr<acc_t<T>>(),

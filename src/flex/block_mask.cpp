@@ -102,7 +102,7 @@ std::vector<std::vector<int32_t>> transpose(const std::vector<std::vector<int32_
 }
 
 std::vector<std::vector<int32_t>> unpack(const Tensor& num_t, const Tensor& idx_t, const char* what) {
-  const Tensor num = num_t.contiguous().to(kInt32), idx = idx_t.contiguous().to(kInt32);
+  const Tensor num = num_t.to(kCPU).contiguous().to(kInt32), idx = idx_t.to(kCPU).contiguous().to(kInt32);
   KILN_CHECK(num.dim() == 3 && idx.dim() == 4 && idx.size(0) == num.size(0) && idx.size(1) == num.size(1) &&
                  idx.size(2) == num.size(2),
              "BlockMask.from_kv_blocks", what, ": expected num_blocks [B, H, n] and indices [B, H, n, m], got ",
@@ -142,7 +142,7 @@ BlockMask detail::assemble(std::vector<std::vector<int32_t>> part, std::vector<s
 }
 
 BlockMask create_block_mask(const MaskMod& mask_mod, int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN,
-                            int64_t block_size) {
+                            int64_t block_size, Device device) {
   const char* op = "create_block_mask";
   KILN_CHECK(B >= 1 && H >= 1 && Q_LEN >= 1 && KV_LEN >= 1, op, "B, H, Q_LEN, KV_LEN must be positive, got ", B,
              ", ", H, ", ", Q_LEN, ", ", KV_LEN);
@@ -188,7 +188,8 @@ BlockMask create_block_mask(const MaskMod& mask_mod, int64_t B, int64_t H, int64
     part.swap(p2);
     full.swap(f2);
   }
-  return detail::assemble(std::move(part), std::move(full), B, H, Q_LEN, KV_LEN, block_size, mask_mod);
+  BlockMask bm = detail::assemble(std::move(part), std::move(full), B, H, Q_LEN, KV_LEN, block_size, mask_mod);
+  return device.is_cpu() ? bm : bm.to(device);  // built on the CPU (interval analysis), then moved once
 }
 
 BlockMask BlockMask::from_kv_blocks(const Tensor& kv_num_blocks, const Tensor& kv_indices,
@@ -209,7 +210,16 @@ BlockMask BlockMask::from_kv_blocks(const Tensor& kv_num_blocks, const Tensor& k
 
 Shape BlockMask::shape() const { return {batch(), heads(), q_len, kv_len}; }
 
+BlockMask BlockMask::to(Device device) const {
+  BlockMask m = *this;
+  for (Tensor* t : {&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices, &m.q_num_blocks,
+                    &m.q_indices, &m.full_q_num_blocks, &m.full_q_indices})
+    if (t->defined() && t->device() != device) *t = t->to(device);
+  return m;
+}
+
 double BlockMask::sparsity() const {
+  if (kv_num_blocks.is_cuda()) return to(kCPU).sparsity();
   const int64_t total = batch() * heads() * num_q_blocks() * num_kv_blocks();
   if (total == 0) return 0;
   int64_t computed = 0;
@@ -220,6 +230,7 @@ double BlockMask::sparsity() const {
 }
 
 Tensor BlockMask::to_dense() const {
+  if (kv_num_blocks.is_cuda()) return to(kCPU).to_dense();  // on the CPU, like the other summaries
   const int64_t nQ = num_q_blocks(), nKV = num_kv_blocks();
   Tensor out = zeros({batch(), heads(), nQ, nKV}, kInt32);
   int32_t* o = out.data_ptr<int32_t>();
@@ -242,6 +253,7 @@ int64_t BlockMask::nbytes() const {
 }
 
 std::string BlockMask::to_string() const {
+  if (kv_num_blocks.is_cuda()) return to(kCPU).to_string();
   std::ostringstream os;
   os << "BlockMask(shape=" << shape_str(shape()) << ", block_size=" << q_block_size << ", sparsity=";
   os.setf(std::ios::fixed);

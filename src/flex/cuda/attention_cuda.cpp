@@ -1,0 +1,228 @@
+// Host side of the CUDA FlexAttention: builds the kernel parameter block from the problem,
+// puts captured tensors on the device once (int64 / fp32 copies of compile()'s buffers, cached by
+// tensor identity and version), gets the
+// kernels for the generated source (nvrtc.cpp caches) and launches them on the current stream.
+// Backward: preprocess (delta), dQ kernel, dK/dV kernel, then for captured-tensor gradients the
+// fixed-order slot reduction. Captured-gradient slots: one double copy of the gradient buffers
+// per (slot CTA, warp), at most 256 MB; with no captured gradients each dK/dV unit is its own CTA.
+#include "flex/cuda/attention_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+#include "core/cuda/check.h"
+#include "core/tensor_impl.h"
+#include "flex/cuda/codegen.h"
+#include "flex/cuda/nvrtc.h"
+
+namespace kiln::flex::cuda {
+
+constexpr const char* kOp = "flex_attention";
+
+struct State {
+  cpu::Problem p;
+  DType dtype = kBFloat16;
+  Device device;
+  FlexParams base{};
+  std::vector<Tensor> buffers;  // device copies (kept alive)
+  const FlexKernels* kernels = nullptr;
+  int64_t fwd_smem = 0, bwd_smem = 0;
+  int64_t grad_numel = 0;
+  bool reads_tensors = false;
+};
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The device copy of a captured tensor's prepared values (fp32 for floats, int64 otherwise), from
+// a small cache keyed by the tensor's identity and version: a mod reused every step uploads once.
+Tensor device_buffer(const detail::Buffer& buf, Device device) {
+  struct Entry {
+    Tensor src;  // keeps the identity unique while cached
+    uint64_t version;
+    Device device;
+    Tensor dev;
+  };
+  static std::mutex mutex;
+  static std::deque<Entry> cache;
+  const Tensor& src = buf.src->tensor;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Entry& e : cache)
+    if (e.src.impl() == src.impl() && e.version == src.version() && e.device == device) return e.dev;
+  Tensor host = buf.kind == Kind::Float ? from_blob(const_cast<float*>(buf.fvals.data()), {buf.numel}, kFloat32)
+                                        : from_blob(const_cast<int64_t*>(buf.ivals.data()), {buf.numel}, kInt64);
+  Entry e{src, src.version(), device, host.to(device)};
+  cache.push_front(e);
+  if (cache.size() > 32) cache.pop_back();
+  return e.dev;
+}
+
+// Fills one program's pointer / size / stride arrays with its device buffers.
+void upload(const detail::Program& prog, Device device, std::vector<Tensor>& keep, const void** ptr,
+            int64_t (*size)[3], int64_t (*stride)[3]) {
+  for (size_t x = 0; x < prog.buffers.size(); ++x) {
+    const detail::Buffer& buf = prog.buffers[x];
+    Tensor dev = device_buffer(buf, device);
+    ptr[x] = dev.data_ptr();
+    for (int d = 0; d < 3; ++d) {
+      size[x][d] = buf.sizes[d];
+      stride[x][d] = buf.strides[d];
+    }
+    keep.push_back(dev);
+  }
+}
+
+void* stream_of(const State& st) { return kiln::cuda::current_raw_stream(st.device.index); }
+
+bool read_error(const State& st, const Tensor& err) {
+  if (!st.reads_tensors) return true;
+  return err.to(kCPU).data_ptr<int32_t>()[0] == 0;  // synchronises: only mods that read tensors pay it
+}
+
+}  // namespace
+
+void check_supported(const cpu::Problem& p, DType dtype) {
+  KILN_CHECK(dtype == kBFloat16 || dtype == kFloat16, kOp, "on CUDA q, k, v must be bfloat16 or float16, got ",
+             dtype_name(dtype), " (run other dtypes on the CPU)");
+  KILN_CHECK(p.E == p.Ev && (p.E == 64 || p.E == 128), kOp,
+             "on CUDA the head dims must be equal and 64 or 128, got E = ", p.E, ", Ev = ", p.Ev,
+             " (other head dims run on the CPU)");
+  KILN_CHECK(p.QB % kTileM == 0 && p.KB % kTileN == 0, kOp, "on CUDA BlockMask block sizes must be multiples of ",
+             kTileM, ", got ", p.QB, " x ", p.KB);
+}
+
+std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device device) {
+  check_supported(p, dtype);
+  auto st = std::make_shared<State>();
+  st->p = p;
+  st->dtype = dtype;
+  st->device = device;
+  kiln::cuda::DeviceGuard guard(device.index);
+  FlexParams& P = st->base;
+  P.B = p.B;
+  P.Hq = p.Hq;
+  P.Hkv = p.Hkv;
+  P.L = p.L;
+  P.S = p.S;
+  P.G = p.group();
+  P.QB = p.QB;
+  P.KB = p.KB;
+  P.nQB = p.nQ;
+  P.nKVB = p.nKV;
+  P.mB = p.mB;
+  P.mH = p.mH;
+  P.all_full = p.all_full ? 1 : 0;
+  if (!p.all_full) {
+    P.kv_num = p.kv_num;
+    P.kv_idx = p.kv_idx;
+    P.fkv_num = p.fkv_num;
+    P.fkv_idx = p.fkv_idx;
+    P.q_num = p.q_num;
+    P.q_idx = p.q_idx;
+    P.fq_num = p.fq_num;
+    P.fq_idx = p.fq_idx;
+    P.kv_m = p.kv_m;
+    P.fkv_m = p.fkv_m;
+    P.q_m = p.q_m;
+    P.fq_m = p.fq_m;
+  }
+  P.q_tiles = ceil_div(p.L, kTileM);
+  P.kv_tiles = ceil_div(p.S, kTileN);
+  P.scale = p.scale;
+  if (p.score) {
+    upload(*p.score, device, st->buffers, P.sptr, P.ssize, P.sstride);
+    for (size_t x = 0; x < p.score->buffers.size(); ++x)
+      if (p.score->buffers[x].needs_grad) {
+        P.sgoff[x] = st->grad_numel;
+        st->grad_numel += p.score->buffers[x].numel;
+      }
+  }
+  if (p.mask) upload(*p.mask, device, st->buffers, P.mptr, P.msize, P.mstride);
+  st->reads_tensors = (p.score && p.score->reads_tensors) || (p.mask && p.mask->reads_tensors);
+
+  KernelConfig cfg;
+  cfg.bf16 = dtype == kBFloat16;
+  cfg.head_dim = static_cast<int>(p.E);
+  const std::string source = generate_source(p.score, p.mask, cfg);
+  const int64_t ld = p.E + 8;
+  st->fwd_smem = (kTileM + 2 * kTileN) * ld * 2;
+  st->bwd_smem = (2 * kTileM + 2 * kTileN) * ld * 2 + 2 * kTileM * 4;
+  st->kernels = &load_kernels(source, device.index, st->fwd_smem, st->bwd_smem);
+  return st;
+}
+
+bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
+  kiln::cuda::DeviceGuard guard(st.device.index);
+  FlexParams P = st.base;
+  const Tensor err = zeros({1}, TensorOptions().dtype(kInt32).device(st.device));
+  P.q = q.data_ptr();
+  P.k = k.data_ptr();
+  P.v = v.data_ptr();
+  P.out = out.data_ptr();
+  P.lse = lse.data_ptr<float>();
+  P.err = err.data_ptr<int32_t>();
+  launch(st.kernels->fwd, st.p.B * st.p.Hq * P.q_tiles, kThreads, st.fwd_smem, stream_of(st), &P);
+  return read_error(st, err);
+}
+
+bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+              const Tensor& dout_in, const Tensor& lse, const Tensor& dlse, Tensor& dq, Tensor& dk, Tensor& dv,
+              std::vector<std::vector<double>>& cap_grads) {
+  kiln::cuda::DeviceGuard guard(st.device.index);
+  const cpu::Problem& p = st.p;
+  void* stream = stream_of(st);
+  FlexParams P = st.base;
+  const TensorOptions dev = TensorOptions().device(st.device);
+  const Tensor err = zeros({1}, dev.dtype(kInt32));
+  const Tensor dout = dout_in.defined() ? dout_in : zeros(out.sizes(), out.options());
+  const Tensor delta = empty({p.B * p.Hq * p.L}, dev.dtype(kFloat32));
+  P.q = q.data_ptr();
+  P.k = k.data_ptr();
+  P.v = v.data_ptr();
+  P.out = const_cast<void*>(out.data_ptr());
+  P.lse = lse.data_ptr<float>();
+  P.dout = dout.data_ptr();
+  P.dlse = dlse.defined() ? dlse.data_ptr<float>() : nullptr;
+  P.delta = delta.data_ptr<float>();
+  P.dq = dq.data_ptr();
+  P.dk = dk.data_ptr();
+  P.dv = dv.data_ptr();
+  P.err = err.data_ptr<int32_t>();
+
+  const int64_t rows = p.B * p.Hq * p.L;
+  launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);
+  launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_smem, stream, &P);
+
+  P.units = p.B * p.Hkv * P.kv_tiles;
+  const bool cap = st.grad_numel > 0;
+  Tensor slots, capgrad;
+  int64_t grid = P.units;
+  if (cap) {
+    const int64_t budget = (int64_t{256} << 20) / (8 * kWarps * st.grad_numel);
+    P.nslots = std::clamp<int64_t>(budget, 1, std::min<int64_t>(P.units, 2048));
+    P.grad_numel = st.grad_numel;
+    slots = zeros({P.nslots * kWarps * st.grad_numel}, dev.dtype(kFloat64));
+    capgrad = empty({st.grad_numel}, dev.dtype(kFloat64));
+    P.slots = slots.data_ptr<double>();
+    P.capgrad = capgrad.data_ptr<double>();
+    grid = P.nslots;
+  }
+  launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_smem, stream, &P);
+  if (cap) {
+    launch(st.kernels->capgrad_reduce, ceil_div(st.grad_numel, 256), 256, 0, stream, &P);
+    const Tensor host = capgrad.to(kCPU);
+    const double* h = host.data_ptr<double>();
+    for (size_t x = 0; x < p.score->buffers.size(); ++x) {
+      if (!p.score->buffers[x].needs_grad || x >= cap_grads.size() || cap_grads[x].empty()) continue;
+      std::memcpy(cap_grads[x].data(), h + P.sgoff[x], cap_grads[x].size() * sizeof(double));
+    }
+  }
+  return read_error(st, err);
+}
+
+}  // namespace kiln::flex::cuda

@@ -1,0 +1,284 @@
+// CUDA code generation for the mod IR: each program instruction becomes one typed local
+// (long long for ints, float for floats, bool for bools) in a straight-line device function, so
+// nvcc's optimiser sees the whole expression; captured-tensor loads clamp their indices and
+// raise the error flag like the CPU's RowEval. score_grad is RowEval::backward written out: the
+// forward again, then one adjoint local per float instruction that needs one, in reverse order;
+// loads of grad-requiring tensors add into a per-warp double slot when the caller passes one.
+#include "flex/cuda/codegen.h"
+
+#include <cstring>
+#include <sstream>
+
+namespace kiln::flex::cuda {
+namespace {
+
+using detail::Instr;
+using detail::Program;
+
+// A register name ("v3", "a7"); built by appending (GCC 12 warns falsely on "v" + to_string).
+std::string reg(char prefix, int64_t k) {
+  std::string s(1, prefix);
+  s += std::to_string(k);
+  return s;
+}
+
+const char* ctype(Kind k) { return k == Kind::Int ? "long long" : k == Kind::Float ? "float" : "bool"; }
+
+std::string int_literal(int64_t v) {
+  if (v == INT64_MIN) return "(-9223372036854775807LL - 1LL)";
+  std::string s(1, '(');
+  s += std::to_string(v);
+  s += "LL)";
+  return s;
+}
+
+std::string float_literal(double v) {
+  const float f = static_cast<float>(v);  // the CPU evaluates constants as static_cast<F>(fval)
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "__uint_as_float(0x%08xu)", bits);
+  return buf;
+}
+
+const char* cmp_symbol(Op op) {
+  switch (op) {
+    case Op::Lt: return "<";
+    case Op::Le: return "<=";
+    case Op::Gt: return ">";
+    case Op::Ge: return ">=";
+    case Op::Eq: return "==";
+    default: return "!=";
+  }
+}
+
+// Emits the forward statements of `p`; `bp` is the buffer field prefix ("s" or "m").
+void emit_forward(const Program& p, const char* bp, std::ostream& os) {
+  for (size_t k = 0; k < p.code.size(); ++k) {
+    const Instr& in = p.code[k];
+    const std::string v = reg('v', k);
+    auto A = [&] { return reg('v', in.a); };
+    auto B = [&] { return reg('v', in.b); };
+    auto C = [&] { return reg('v', in.c); };
+    const bool is_int = in.kind == Kind::Int;
+    if (in.op == Op::Load) {
+      // The clamped flat index is its own local (f<k>), reused by score_grad's reverse pass.
+      os << "  long long f" << k << " = 0;\n  {\n    bool bad = false;\n    long long x;\n";
+      const int32_t idx[3] = {in.a, in.b, in.c};
+      for (int d = 0; d < in.nidx; ++d) {
+        const std::string sz = std::string("P.") + bp + "size[" + std::to_string(in.buf) + "][" + std::to_string(d) + "]";
+        const std::string st = std::string("P.") + bp + "stride[" + std::to_string(in.buf) + "][" + std::to_string(d) + "]";
+        os << "    x = v" << idx[d] << ";\n    if (x < 0 || x >= " << sz << ") { bad = true; x = x < 0 ? 0 : " << sz
+           << " - 1; }\n    f" << k << " += x * " << st << ";\n";
+      }
+      os << "    if (bad) *P.err = 1;\n  }\n";
+      const std::string ptr = std::string("P.") + bp + "ptr[" + std::to_string(in.buf) + "]";
+      os << "  const " << ctype(in.kind) << " " << v << " = ";
+      if (in.kind == Kind::Float) os << "((const float*)" << ptr << ")[f" << k << "];\n";
+      else if (in.kind == Kind::Int) os << "((const long long*)" << ptr << ")[f" << k << "];\n";
+      else os << "(((const long long*)" << ptr << ")[f" << k << "] != 0);\n";
+      continue;
+    }
+    os << "  const " << ctype(in.kind) << " " << v << " = ";
+    switch (in.op) {
+      case Op::Score: os << "score"; break;
+      case Op::B: os << "b"; break;
+      case Op::H: os << "h"; break;
+      case Op::QIdx: os << "q"; break;
+      case Op::KvIdx: os << "kv"; break;
+      case Op::ConstInt: os << int_literal(in.ival); break;
+      case Op::ConstBool: os << (in.ival ? "true" : "false"); break;
+      case Op::ConstFloat: os << float_literal(in.fval); break;
+      case Op::ToFloat: os << "(float)" << A(); break;
+      case Op::Load: break;  // handled above
+      case Op::Add: os << A() << " + " << B(); break;
+      case Op::Sub: os << A() << " - " << B(); break;
+      case Op::Mul: os << A() << " * " << B(); break;
+      case Op::Div:
+        if (is_int) os << "kiln_floordiv(" << A() << ", " << B() << ")";
+        else os << A() << " / " << B();
+        break;
+      case Op::Mod: os << "kiln_floormod(" << A() << ", " << B() << ")"; break;
+      case Op::Neg: os << "-" << A(); break;
+      case Op::Lt: case Op::Le: case Op::Gt: case Op::Ge: case Op::Eq: case Op::Ne:
+        os << "(" << A() << " " << cmp_symbol(in.op) << " " << B() << ")";
+        break;
+      case Op::And: os << "(" << A() << " && " << B() << ")"; break;
+      case Op::Or: os << "(" << A() << " || " << B() << ")"; break;
+      case Op::Not: os << "!" << A(); break;
+      case Op::Where: os << "(" << A() << " ? " << B() << " : " << C() << ")"; break;
+      case Op::Min:  // the CPU's exact selection (NaN and tie behaviour)
+        if (is_int) os << "(" << A() << " < " << B() << " ? " << A() << " : " << B() << ")";
+        else os << "(" << B() << " < " << A() << " ? " << B() << " : " << A() << ")";
+        break;
+      case Op::Max:
+        if (is_int) os << "(" << A() << " > " << B() << " ? " << A() << " : " << B() << ")";
+        else os << "(" << B() << " > " << A() << " ? " << B() << " : " << A() << ")";
+        break;
+      case Op::Abs:
+        if (is_int) os << "(" << A() << " < 0 ? -" << A() << " : " << A() << ")";
+        else os << "fabsf(" << A() << ")";
+        break;
+      case Op::Tanh: os << "tanhf(" << A() << ")"; break;
+      case Op::Exp: os << "expf(" << A() << ")"; break;
+      case Op::Log: os << "logf(" << A() << ")"; break;
+    }
+    os << ";\n";
+  }
+}
+
+void check_program(const Program& p, const char* what) {
+  KILN_CHECK(p.buffers.size() <= static_cast<size_t>(kMaxBuffers), "flex_attention", "the ", what, " reads ",
+             p.buffers.size(), " captured tensors; CUDA supports at most ", kMaxBuffers);
+}
+
+void emit_mask(const Program* mask, std::ostream& os) {
+  os << "__device__ __forceinline__ bool mask_mod(long long b, long long h, long long q, long long kv, "
+        "const FlexParams& P) {\n";
+  if (!mask) {
+    os << "  return true;\n}\n\n";
+    return;
+  }
+  emit_forward(*mask, "m", os);
+  os << "  return v" << mask->result << ";\n";
+  os << "}\n\n";
+}
+
+void emit_score(const Program* score, std::ostream& os) {
+  os << "__device__ __forceinline__ float score_mod(float score, long long b, long long h, long long q, long long kv, "
+        "const FlexParams& P) {\n";
+  if (!score) {
+    os << "  return score;\n}\n\n";
+  } else {
+    emit_forward(*score, "s", os);
+    os << "  return v" << score->result << ";\n";
+    os << "}\n\n";
+  }
+  // d(result)/d(score) * g; adds captured-tensor gradients into slot when slot is not null.
+  os << "__device__ __forceinline__ float score_grad(float score, long long b, long long h, long long q, long long kv, "
+        "float g, const FlexParams& P, double* slot) {\n";
+  if (!score) {
+    os << "  return g;\n}\n\n";
+    return;
+  }
+  const Program& p = *score;
+  emit_forward(p, "s", os);
+  os << "  float dscore = 0.f;\n";
+  for (size_t k = 0; k < p.code.size(); ++k)
+    if (p.code[k].needs_adj) os << "  float a" << k << " = 0.f;\n";
+  if (p.code[p.result].needs_adj) {
+    os << "  a" << p.result << " = g;\n";
+    for (size_t k = p.code.size(); k-- > 0;) {
+      const Instr& in = p.code[k];
+      if (!in.needs_adj) continue;
+      const std::string g = reg('a', k), y = reg('v', k);
+      auto has = [&](int32_t o) { return o >= 0 && p.code[o].needs_adj; };
+      auto adj = [](int32_t o) { return reg('a', o); };
+      auto val = [](int32_t o) { return reg('v', o); };
+      switch (in.op) {
+        case Op::Score: os << "  dscore += " << g << ";\n"; break;
+        case Op::Load:
+          if (p.buffers[in.buf].needs_grad)
+            os << "  if (slot) slot[P.sgoff[" << in.buf << "] + f" << k << "] += (double)" << g << ";\n";
+          break;
+        case Op::Add:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << ";\n";
+          if (has(in.b)) os << "  " << adj(in.b) << " += " << g << ";\n";
+          break;
+        case Op::Sub:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << ";\n";
+          if (has(in.b)) os << "  " << adj(in.b) << " -= " << g << ";\n";
+          break;
+        case Op::Mul:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << " * " << val(in.b) << ";\n";
+          if (has(in.b)) os << "  " << adj(in.b) << " += " << g << " * " << val(in.a) << ";\n";
+          break;
+        case Op::Div:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << " / " << val(in.b) << ";\n";
+          if (has(in.b)) os << "  " << adj(in.b) << " -= " << g << " * " << y << " / " << val(in.b) << ";\n";
+          break;
+        case Op::Neg:
+          if (has(in.a)) os << "  " << adj(in.a) << " -= " << g << ";\n";
+          break;
+        case Op::Where:
+          if (has(in.b)) os << "  " << adj(in.b) << " += " << val(in.a) << " ? " << g << " : 0.f;\n";
+          if (has(in.c)) os << "  " << adj(in.c) << " += " << val(in.a) << " ? 0.f : " << g << ";\n";
+          break;
+        case Op::Min:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << val(in.b) << " < " << val(in.a) << " ? 0.f : " << g << ";\n";
+          if (has(in.b)) os << "  " << adj(in.b) << " += " << val(in.b) << " < " << val(in.a) << " ? " << g << " : 0.f;\n";
+          break;
+        case Op::Max:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << val(in.b) << " > " << val(in.a) << " ? 0.f : " << g << ";\n";
+          if (has(in.b)) os << "  " << adj(in.b) << " += " << val(in.b) << " > " << val(in.a) << " ? " << g << " : 0.f;\n";
+          break;
+        case Op::Abs:
+          if (has(in.a))
+            os << "  " << adj(in.a) << " += " << val(in.a) << " > 0.f ? " << g << " : " << val(in.a) << " < 0.f ? -" << g
+               << " : 0.f;\n";
+          break;
+        case Op::Tanh:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << " * (1.f - " << y << " * " << y << ");\n";
+          break;
+        case Op::Exp:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << " * " << y << ";\n";
+          break;
+        case Op::Log:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << " / " << val(in.a) << ";\n";
+          break;
+        default: break;
+      }
+    }
+  }
+  os << "  return dscore;\n";
+  os << "}\n\n";
+}
+
+}  // namespace
+
+std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask) {
+  if (score) check_program(*score, "score_mod");
+  if (mask) check_program(*mask, "mask_mod");
+  std::ostringstream os;
+  emit_mask(mask, os);
+  emit_score(score, os);
+  return os.str();
+}
+
+std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask) {
+  std::ostringstream os;
+  os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
+  os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
+  os << params_struct_source();
+  os << generate_mod_functions(score, mask);
+  os << "extern \"C\" __global__ void flex_mod_check(const FlexParams P, float* out, double* slot) {\n"
+        "  const long long q = threadIdx.x, kv = blockIdx.x;\n"
+        "  const float s = score_mod(0.25f * (float)(q - kv), 0, 1, q, kv, P);\n"
+        "  out[q * gridDim.x + kv] = mask_mod(0, 1, q, kv, P) ? score_grad(s, 0, 1, q, kv, 1.f, P, slot) : 0.f;\n"
+        "}\n";
+  return os.str();
+}
+
+std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg) {
+  KILN_CHECK(cfg.head_dim == 64 || cfg.head_dim == 128, "flex_attention", "CUDA head dim must be 64 or 128, got ",
+             cfg.head_dim);
+  std::ostringstream os;
+  os << "// kiln FlexAttention kernels (generated; compiled at run time by NVRTC)\n";
+  os << "#define KILN_BF16 " << (cfg.bf16 ? 1 : 0) << "\n";
+  os << "#define HEAD_DIM " << cfg.head_dim << "\n";
+  os << "#define TILE_M " << cfg.tile_m << "\n";
+  os << "#define TILE_N " << cfg.tile_n << "\n";
+  os << "#define NTHREADS " << kThreads << "\n";
+  os << "#define NWARPS " << kWarps << "\n";
+  os << "#define HAS_SCORE " << (score ? 1 : 0) << "\n";
+  os << "#define HAS_MASK " << (mask ? 1 : 0) << "\n";
+  os << "#define HAS_CAP_GRAD " << (score && score->any_grad ? 1 : 0) << "\n";
+  os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
+  os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
+  os << params_struct_source();
+  os << generate_mod_functions(score, mask);
+  os << kernel_template();
+  return os.str();
+}
+
+}  // namespace kiln::flex::cuda

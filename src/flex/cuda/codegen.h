@@ -1,0 +1,66 @@
+#pragma once
+// CUDA source generation for FlexAttention: the score_mod / mask_mod programs become device
+// functions (mask_mod, score_mod, score_grad) pasted in front of the kernel templates. The source
+// depends only on the IR, the dtype, the head dim and the tile configuration: lengths, captured
+// tensor shapes and pointers are run-time kernel arguments (FlexParams), so a new sequence length
+// never recompiles. No CUDA headers here (plain C++ callers and the CPU-side NVRTC test use it).
+#include <cstdint>
+#include <string>
+
+#include "flex/ir.h"
+
+namespace kiln::flex::cuda {
+
+constexpr int kMaxBuffers = 8;  // captured tensors per mod on CUDA
+constexpr int kTileM = 64;      // q rows per CTA (4 warps x 16)
+constexpr int kTileN = 64;      // kv columns per step (BlockMask blocks must be multiples of both)
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+
+// The kernels' argument block. Every field is 8 bytes (pointers, int64, double), so the host and
+// the generated device struct (same field list, in kernel_source.cpp) have one layout; the device
+// side static_asserts the size the host emits.
+struct FlexParams {
+  const void *q, *k, *v;
+  void* out;
+  float* lse;
+  const void* dout;
+  const float* dlse;
+  float* delta;
+  void *dq, *dk, *dv;
+  const int32_t *kv_num, *kv_idx, *fkv_num, *fkv_idx;
+  const int32_t *q_num, *q_idx, *fq_num, *fq_idx;
+  int32_t* err;
+  double* slots;    // [nslots][kWarps][grad_numel] per-warp captured-gradient slots
+  double* capgrad;  // [grad_numel] the fixed-order sum of the slots
+  int64_t B, Hq, Hkv, L, S, G;
+  int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
+  int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
+  double scale;
+  const void* sptr[kMaxBuffers];
+  int64_t ssize[kMaxBuffers][3], sstride[kMaxBuffers][3], sgoff[kMaxBuffers];
+  const void* mptr[kMaxBuffers];
+  int64_t msize[kMaxBuffers][3], mstride[kMaxBuffers][3];
+};
+
+struct KernelConfig {
+  bool bf16 = true;  // false: fp16
+  int head_dim = 128;
+  int tile_m = kTileM, tile_n = kTileN;
+};
+
+// score: null for the identity; mask: null for no mask_mod. Throws kiln::Error naming
+// flex_attention when a program cannot run on CUDA (too many captured tensors).
+std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg);
+
+// Only the mod device functions (for tests and debugging).
+std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask);
+
+// The mod functions with a one-line kernel calling them: a fast NVRTC check of the codegen alone.
+std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask);
+
+// The kernel templates (kernel_source.cpp).
+const char* kernel_template();
+const char* params_struct_source();
+
+}  // namespace kiln::flex::cuda

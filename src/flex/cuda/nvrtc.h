@@ -1,0 +1,48 @@
+#pragma once
+// Run-time compilation of the generated FlexAttention source: NVRTC -> cubin, cached in memory
+// (source + device -> loaded module) and on disk ($KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
+// ~/.cache/kiln; one file per hash of source + arch + NVRTC version, written atomically), so a
+// second process loads the cubin without compiling. Modules load through the driver API reached
+// via cudaGetDriverEntryPointByVersion (no link-time libcuda dependency: the library still loads
+// on machines without a driver). No CUDA headers here.
+#include <cstdint>
+#include <string>
+
+namespace kiln::flex::cuda {
+
+// NVRTC's "major.minor".
+std::string nvrtc_version();
+// "sm_90a" on sm_90 (H100/H200), otherwise "sm_<major><minor>" of the device.
+std::string device_arch(int device);
+
+// Compiles `source` for `arch` ("sm_90a") with NVRTC; no GPU needed. Throws kiln::Error naming
+// flex_attention with the NVRTC log on failure.
+std::string compile_cubin(const std::string& source, const std::string& arch);
+// The disk cache in front of compile_cubin (a missing or unwritable cache directory only costs
+// the compile).
+std::string cached_cubin(const std::string& source, const std::string& arch);
+std::string cache_dir();
+std::string cache_path(const std::string& source, const std::string& arch);
+
+struct CacheStats {
+  int64_t memory_hits = 0, disk_hits = 0, compiles = 0;
+};
+CacheStats cache_stats();
+// Forgets the in-memory modules (they stay loaded: launches in flight keep working).
+void clear_kernel_cache();
+
+// The kernels of one generated source on one device (opaque driver handles): a forward module and a
+// backward module, compiled concurrently on a miss (each with its own disk-cache entry).
+struct FlexKernels {
+  void* fwd = nullptr;
+  void* bwd_pre = nullptr;
+  void* bwd_dq = nullptr;
+  void* bwd_dkdv = nullptr;
+  void* capgrad_reduce = nullptr;
+};
+const FlexKernels& load_kernels(const std::string& source, int device, int64_t fwd_smem, int64_t bwd_smem);
+
+// cuLaunchKernel with one argument (the parameter block) on `stream` (a cudaStream_t).
+void launch(void* function, int64_t grid, int block, int64_t smem, void* stream, void* params);
+
+}  // namespace kiln::flex::cuda

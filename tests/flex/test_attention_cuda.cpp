@@ -1,0 +1,405 @@
+// FlexAttention on CUDA. Two parts:
+//  - CPU-runnable (no GPU needed): the generated source of every built-in mod and of compositions
+//    compiles with NVRTC for sm_90a; the on-disk cubin cache is hit by a second lookup.
+//  - GPU (KILN_REQUIRE_CUDA): CUDA against the CPU kernels and the float64 dense reference for every
+//    built-in mod, a learned relative bias (with its gradient), GQA, L != S, ragged lengths, a fully
+//    masked row, bf16 and fp16, E = 64 and 128; gradients; bitwise determinism; the disk cache.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kiln/flex.h"
+#include "reference.h"
+#include "support/testing.h"
+
+#ifdef KILN_WITH_CUDA
+#include "flex/cuda/codegen.h"
+#include "flex/cuda/nvrtc.h"
+#endif
+
+namespace kiln::flex {
+namespace {
+
+using kiln::testing::rel_error;
+using testing::MaskFn;
+using testing::reference;
+using testing::ScoreFn;
+
+#ifdef KILN_WITH_CUDA
+
+// A fresh cache directory for one test (removed at the end).
+struct TempCacheDir {
+  std::string path;
+  std::string old;
+  bool had_old = false;
+  TempCacheDir() {
+    path = (std::filesystem::temp_directory_path() / ("kiln_flex_cache_" + std::to_string(getpid()) + "_" +
+                                                      std::to_string(std::rand())))
+               .string();
+    if (const char* o = std::getenv("KILN_CACHE_DIR")) {
+      old = o;
+      had_old = true;
+    }
+    setenv("KILN_CACHE_DIR", path.c_str(), 1);
+  }
+  ~TempCacheDir() {
+    if (had_old) setenv("KILN_CACHE_DIR", old.c_str(), 1);
+    else unsetenv("KILN_CACHE_DIR");
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+std::string source_for(const ScoreMod* score, const MaskMod* mask, bool bf16, int head_dim) {
+  detail::Program sp, mp;
+  if (score) sp = detail::compile(score->expr);
+  if (mask) mp = detail::compile(mask->expr);
+  cuda::KernelConfig cfg;
+  cfg.bf16 = bf16;
+  cfg.head_dim = head_dim;
+  return cuda::generate_source(score ? &sp : nullptr, mask ? &mp : nullptr, cfg);
+}
+
+TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
+  const Tensor doc = tensor({0, 0, 1, 1, 1, 2}, kInt64);
+  const Tensor slopes = rand({4}), bias = randn({4, 63}).requires_grad_();
+  const std::vector<MaskMod> masks = {causal_mask(), sliding_window_mask(256), document_mask(doc), prefix_lm_mask(7),
+                                      chunked_mask(64),
+                                      or_masks({and_masks({sliding_window_mask(9), document_mask(doc)}),
+                                                MaskMod([](Expr, Expr hh, Expr q, Expr) { return (q + hh) % 4 != 1; })})};
+  Captured t = capture(bias);
+  const std::vector<ScoreMod> scores = {
+      alibi(slopes), softcap(30.0), relative_position_bias(bias, 31),
+      ScoreMod([&](Expr s, Expr bb, Expr hh, Expr q, Expr kv) {  // most of the IR, a captured tensor read twice
+        return where((q - kv) % 3 == 0, max(s, Expr(-0.5)), min(s * Expr(0.5), log(abs(s) + Expr(1.0)))) +
+               exp(Expr(-0.1) * abs(q / 4 - kv / 4)) + hh - bb + tanh(s + t[hh][q - kv + 31]) * t[3 - hh][kv % 63];
+      })};
+  // The mod functions of every built-in mod and composition (fast: a one-line kernel calls them).
+  for (const MaskMod& m : masks) {
+    SCOPED_TRACE(m.to_string());
+    const detail::Program mp = detail::compile(m.expr);
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_mod_check_source(nullptr, &mp), "sm_90a"));
+  }
+  for (const ScoreMod& s : scores) {
+    SCOPED_TRACE(s.to_string());
+    const detail::Program sp = detail::compile(s.expr);
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_mod_check_source(&sp, nullptr), "sm_90a"));
+  }
+  // Whole kernel sources: a captured-gradient score_mod with a tensor-reading composite mask in
+  // bf16 / E = 128, fp16 / E = 64, and no mods for sm_80.
+  EXPECT_NO_THROW(cuda::compile_cubin(source_for(&scores[3], &masks[5], true, 128), "sm_90a"));
+  EXPECT_NO_THROW(cuda::compile_cubin(source_for(&scores[0], &masks[0], false, 64), "sm_90a"));
+  // The forward and backward halves load_kernels compiles separately (here for sm_80).
+  const std::string plain = source_for(nullptr, nullptr, true, 64);
+  EXPECT_NO_THROW(cuda::compile_cubin("#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n" + plain, "sm_80"));
+  EXPECT_NO_THROW(cuda::compile_cubin("#define KILN_BUILD_FWD 0\n#define KILN_BUILD_BWD 1\n" + plain, "sm_80"));
+}
+
+TEST(FlexCudaCodegen, SourceDoesNotDependOnLengthsOrShapes) {
+  // Lengths and captured-tensor shapes are kernel arguments: the same mod over other sizes gives
+  // the same source (so no recompilation).
+  const MaskMod a = document_mask(tensor({0, 0, 1}, kInt64)), b = document_mask(tensor({0, 1, 1, 2, 2, 2, 3}, kInt64));
+  EXPECT_EQ(source_for(nullptr, &a, true, 128), source_for(nullptr, &b, true, 128));
+  const ScoreMod r1 = relative_position_bias(randn({2, 10}), 5), r2 = relative_position_bias(randn({2, 99}), 5);
+  EXPECT_EQ(source_for(&r1, nullptr, true, 64), source_for(&r2, nullptr, true, 64));
+  EXPECT_NE(source_for(&r1, nullptr, true, 64), source_for(&r1, nullptr, false, 64));
+}
+
+TEST(FlexCudaCodegen, DiskCacheServesASecondLookup) {
+  TempCacheDir dir;
+  const MaskMod m = sliding_window_mask(100 + std::rand() % 1000);  // a source no earlier test compiled
+  const std::string src = source_for(nullptr, &m, true, 64);
+  const cuda::CacheStats s0 = cuda::cache_stats();
+  const std::string first = cuda::cached_cubin(src, "sm_90a");
+  const cuda::CacheStats s1 = cuda::cache_stats();
+  EXPECT_EQ(s1.compiles, s0.compiles + 1);
+  EXPECT_EQ(s1.disk_hits, s0.disk_hits);
+  const std::string path = cuda::cache_path(src, "sm_90a");
+  EXPECT_EQ(path.rfind(dir.path, 0), 0u) << path;
+  EXPECT_TRUE(std::filesystem::exists(path));
+  const std::string second = cuda::cached_cubin(src, "sm_90a");
+  const cuda::CacheStats s2 = cuda::cache_stats();
+  EXPECT_EQ(s2.compiles, s1.compiles) << "the second lookup compiled again";
+  EXPECT_EQ(s2.disk_hits, s1.disk_hits + 1);
+  EXPECT_EQ(first, second);
+  // Another architecture is another file.
+  EXPECT_NE(cuda::cache_path(src, "sm_80"), path);
+  // A corrupt file is not trusted: it is recompiled and rewritten.
+  { std::ofstream(path, std::ios::binary | std::ios::trunc) << "KILNCUBIN1\n999999\nshort"; }
+  EXPECT_EQ(cuda::cached_cubin(src, "sm_90a"), first);
+  EXPECT_EQ(cuda::cache_stats().compiles, s2.compiles + 1);
+}
+
+
+// ---------------- GPU tests ----------------
+
+const Device kGpu(DeviceType::CUDA, 0);
+
+struct GpuCase {
+  int64_t B = 1, Hq = 2, Hkv = 2, L = 200, S = 333, E = 64, bs = 128;
+};
+
+struct FlexRun {
+  Tensor out, lse;
+  std::vector<Tensor> grads;  // q, k, v, then `extra` (on the CPU, float64)
+};
+
+// flex_attention on `dev` from CPU inputs (converted to dtype dt), with grads for q, k, v and `extra`.
+FlexRun run_on(Device dev, DType dt, const Tensor& q, const Tensor& k, const Tensor& v, const FlexOptions& o,
+           const Tensor& cot, const std::vector<Tensor>& extra = {}) {
+  Tensor qd = q.to(dev, dt).detach().requires_grad_(), kd = k.to(dev, dt).detach().requires_grad_(),
+         vd = v.to(dev, dt).detach().requires_grad_();
+  const FlexOutput r = flex_attention(qd, kd, vd, o);
+  std::vector<Tensor> wrt = {qd, kd, vd};
+  for (const Tensor& e : extra) wrt.push_back(e);
+  const std::vector<Tensor> g = autograd::grad({r.out}, wrt, {cot.to(dev, dt)});
+  FlexRun res;
+  res.out = r.out.to(kCPU, kFloat64);
+  res.lse = r.lse.defined() ? r.lse.to(kCPU, kFloat64) : Tensor();
+  for (const Tensor& x : g) res.grads.push_back(x.to(kCPU, kFloat64));
+  return res;
+}
+
+// CUDA against the float64 reference (out, lse) and the float64 CPU kernels (gradients).
+void check_cuda(const GpuCase& c, DType dt, const MaskMod* mask, const MaskFn& mfn, const ScoreMod& smod,
+                const ScoreFn& sfn, const std::vector<Tensor>& extra = {}, bool device_mask = false) {
+  const Tensor q = randn({c.B, c.Hq, c.L, c.E}, dt).to(kFloat64), k = randn({c.B, c.Hkv, c.S, c.E}, dt).to(kFloat64),
+               v = randn({c.B, c.Hkv, c.S, c.E}, dt).to(kFloat64), cot = randn({c.B, c.Hq, c.L, c.E}, dt).to(kFloat64);
+  FlexOptions o;
+  o.score_mod = smod;
+  o.enable_gqa = c.Hq != c.Hkv;
+  o.return_lse = true;
+  BlockMask bm, bm_dev;
+  if (mask) {
+    const int64_t mb = mask->expr.uses_b() ? c.B : 1, mh = mask->expr.uses_h() ? c.Hq : 1;
+    bm = create_block_mask(*mask, mb, mh, c.L, c.S, c.bs);
+    if (device_mask) {
+      bm_dev = create_block_mask(*mask, mb, mh, c.L, c.S, c.bs, kGpu);
+      ASSERT_TRUE(bm_dev.kv_indices.is_cuda());
+    }
+  }
+  o.block_mask = mask ? (device_mask ? &bm_dev : &bm) : nullptr;
+  const FlexRun gpu = run_on(kGpu, dt, q, k, v, o, cot, extra);
+  const auto [ref_out, ref_lse] = reference(q, k, v, sfn, mfn);
+  const double tol = dt == kBFloat16 ? 2e-2 : 5e-3, gtol = dt == kBFloat16 ? 4e-2 : 1e-2;
+  EXPECT_CLOSE(gpu.out, ref_out, tol);
+  EXPECT_CLOSE(gpu.lse, ref_lse, 1e-3);
+  // Gradients against the CPU kernels in float64 (extra tensors' grads arrive on the CPU).
+  std::vector<Tensor> extra64;
+  for (const Tensor& e : extra) extra64.push_back(e);
+  o.block_mask = mask ? &bm : nullptr;
+  const FlexRun cpu = run_on(kCPU, kFloat64, q, k, v, o, cot, extra64);
+  ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
+  const char* names[] = {"dq", "dk", "dv", "dextra0", "dextra1"};
+  for (size_t i = 0; i < gpu.grads.size(); ++i) {
+    SCOPED_TRACE(names[std::min<size_t>(i, 4)]);
+    EXPECT_CLOSE(gpu.grads[i], cpu.grads[i], gtol);
+  }
+}
+
+const MaskFn kCausal = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv; };
+
+TEST(FlexAttentionCuda, MasksMatchReference) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(11);
+  GpuCase c;
+  const MaskMod causal = causal_mask(), window = sliding_window_mask(100), prefix = prefix_lm_mask(150),
+                chunk = chunked_mask(128);
+  check_cuda(c, kBFloat16, nullptr, nullptr, ScoreMod(), nullptr);
+  check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr, {}, /*device_mask=*/true);
+  check_cuda(c, kBFloat16, &window, [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 100; },
+             ScoreMod(), nullptr);
+  check_cuda(c, kBFloat16, &prefix, [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < 150 || q >= kv; },
+             ScoreMod(), nullptr);
+  check_cuda(c, kBFloat16, &chunk, [](int64_t, int64_t, int64_t q, int64_t kv) { return q / 128 == kv / 128; },
+             ScoreMod(), nullptr);
+}
+
+TEST(FlexAttentionCuda, DocumentMaskE128Fp16) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(12);
+  GpuCase c;
+  c.L = c.S = 333;
+  c.E = 128;
+  std::vector<double> ids(333);
+  for (int64_t i = 0; i < 333; ++i) ids[i] = static_cast<double>(i < 100 ? 0 : i < 103 ? 1 : i < 250 ? 2 : 3);
+  const MaskMod doc = and_masks({document_mask(tensor(ids, kInt32)), causal_mask()});
+  const MaskFn f = [&](int64_t, int64_t, int64_t q, int64_t kv) { return ids[q] == ids[kv] && q >= kv; };
+  check_cuda(c, kFloat16, &doc, f, ScoreMod(), nullptr);
+  check_cuda(c, kBFloat16, &doc, f, ScoreMod(), nullptr);
+}
+
+TEST(FlexAttentionCuda, ScoreModsAndLearnedBiasGradient) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(13);
+  GpuCase c;
+  const Tensor slopes = rand({c.Hq}, kFloat64);
+  const std::vector<double> sl = slopes.to_vector();
+  const MaskMod causal = causal_mask();
+  check_cuda(c, kBFloat16, &causal, kCausal, alibi(slopes),
+             [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + sl[h] * static_cast<double>(kv - q); });
+  check_cuda(c, kFloat16, nullptr, nullptr, softcap(2.0),
+             [](double s, int64_t, int64_t, int64_t, int64_t) { return 2.0 * std::tanh(s / 2.0); });
+  // A learned relative bias: its gradient (reduced in fixed order on the GPU) against the CPU's.
+  const Tensor bias = (randn({c.Hq, c.L + c.S}, kFloat64) * 0.5).detach().requires_grad_();
+  const std::vector<double> bv = bias.to_vector();
+  const int64_t off = c.S;
+  check_cuda(c, kBFloat16, &causal, kCausal, relative_position_bias(bias, off),
+             [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * (c.L + c.S) + q - kv + off]; },
+             {bias});
+}
+
+TEST(FlexAttentionCuda, GqaRaggedLengthsE128) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(14);
+  GpuCase c;
+  c.B = 2;
+  c.Hq = 4;
+  c.Hkv = 2;
+  c.L = 333;
+  c.S = 200;
+  c.E = 128;
+  const MaskMod window = sliding_window_mask(70);
+  const MaskFn f = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 70; };
+  check_cuda(c, kBFloat16, &window, f, softcap(5.0),
+             [](double s, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(s / 5.0); });
+  // Per-head mask (BlockMask over heads) with a 64-block mask.
+  c.bs = 64;
+  const MaskMod per_head([](Expr bb, Expr hh, Expr q, Expr kv) { return q - kv <= hh * 40 + bb; });
+  check_cuda(c, kFloat16, &per_head, [](int64_t bb, int64_t hh, int64_t q, int64_t kv) { return q - kv <= hh * 40 + bb; },
+             ScoreMod(), nullptr);
+}
+
+TEST(FlexAttentionCuda, FullyMaskedRowsGiveZeroAndNoNan) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(15);
+  const int64_t L = 150, S = 150;
+  // Rows q < 70 attend nothing.
+  const MaskMod m([](Expr, Expr, Expr q, Expr kv) { return kv < q - 69; });
+  const BlockMask bm = create_block_mask(m, 1, 1, L, S);
+  FlexOptions o;
+  o.block_mask = &bm;
+  o.return_lse = true;
+  const Tensor q = randn({1, 2, L, 64}), k = randn({1, 2, S, 64}), v = randn({1, 2, S, 64}), cot = randn({1, 2, L, 64});
+  const FlexRun r = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+  const std::vector<double> out = r.out.to_vector(), lse = r.lse.to_vector(), dq = r.grads[0].to_vector();
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 70; ++i) {
+      EXPECT_EQ(lse[h * L + i], -INFINITY);
+      for (int64_t e = 0; e < 64; ++e) {
+        EXPECT_EQ(out[(h * L + i) * 64 + e], 0.0);
+        EXPECT_EQ(dq[(h * L + i) * 64 + e], 0.0);
+      }
+    }
+  for (const Tensor& g : r.grads)
+    for (double x : g.to_vector()) ASSERT_TRUE(std::isfinite(x));
+  const auto [ref, ref_lse] =
+      reference(q.to(kBFloat16).to(kFloat64), k.to(kBFloat16).to(kFloat64), v.to(kBFloat16).to(kFloat64), nullptr,
+                [](int64_t, int64_t, int64_t qi, int64_t kv) { return kv < qi - 69; });
+  EXPECT_CLOSE(r.out, ref, 2e-2);
+  EXPECT_CLOSE(r.lse, ref_lse, 1e-3);
+}
+
+bool same_bits(const FlexRun& a, const FlexRun& b) {
+  auto eq = [](const Tensor& x, const Tensor& y) {
+    const std::vector<double> u = x.to_vector(), w = y.to_vector();
+    return u.size() == w.size() && std::memcmp(u.data(), w.data(), u.size() * sizeof(double)) == 0;
+  };
+  if (!eq(a.out, b.out) || a.grads.size() != b.grads.size()) return false;
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    if (!eq(a.grads[i], b.grads[i])) return false;
+  return true;
+}
+
+TEST(FlexAttentionCuda, BackwardIsBitwiseDeterministic) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(16);
+  const int64_t L = 300, S = 420, H = 4;
+  const Tensor q = randn({2, H, L, 64}), k = randn({2, 2, S, 64}), v = randn({2, 2, S, 64}), cot = randn({2, H, L, 64});
+  const Tensor bias = randn({H, L + S}, kFloat32).requires_grad_();
+  const BlockMask bm = create_block_mask(sliding_window_mask(200), 1, 1, L, S);
+  FlexOptions o;
+  o.block_mask = &bm;
+  o.enable_gqa = true;
+  o.score_mod = relative_position_bias(bias, S);
+  const FlexRun a = run_on(kGpu, kBFloat16, q, k, v, o, cot, {bias});
+  const FlexRun b = run_on(kGpu, kBFloat16, q, k, v, o, cot, {bias});
+  EXPECT_TRUE(same_bits(a, b)) << "two CUDA runs differ";
+  // The same mask with every listed block marked partial: the same bits (classification-free).
+  const int64_t nQ = bm.num_q_blocks(), nKV = bm.num_kv_blocks();
+  const Tensor dense = bm.to_dense();
+  Tensor num = zeros({1, 1, nQ}, kInt32), idx = zeros({1, 1, nQ, nKV}, kInt32);
+  const int32_t* d = dense.data_ptr<int32_t>();
+  for (int64_t i = 0; i < nQ; ++i) {
+    int32_t n = 0;
+    for (int64_t j = 0; j < nKV; ++j)
+      if (d[i * nKV + j]) idx.data_ptr<int32_t>()[i * nKV + n++] = static_cast<int32_t>(j);
+    num.data_ptr<int32_t>()[i] = n;
+  }
+  const BlockMask all_partial = BlockMask::from_kv_blocks(num, idx, Tensor(), Tensor(), L, S, 128, bm.mask_mod);
+  o.block_mask = &all_partial;
+  EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot, {bias})))
+      << "full vs partial classification changes the CUDA result";
+}
+
+TEST(FlexAttentionCuda, SecondCompileLoadsFromDisk) {
+  KILN_REQUIRE_CUDA();
+  TempCacheDir dir;
+  manual_seed(17);
+  const int64_t w = 300 + std::rand() % 5000;  // a mod no other test compiled
+  const BlockMask bm = create_block_mask(sliding_window_mask(w), 1, 1, 128, 128);
+  FlexOptions o;
+  o.block_mask = &bm;
+  const Tensor q = randn({1, 1, 128, 64}, TensorOptions().dtype(kBFloat16).device(kGpu)),
+               k = randn({1, 1, 128, 64}, TensorOptions().dtype(kBFloat16).device(kGpu));
+  const cuda::CacheStats s0 = cuda::cache_stats();
+  const Tensor a = flex_attention(q, k, k, o).out.to(kCPU, kFloat64);
+  const cuda::CacheStats s1 = cuda::cache_stats();
+  EXPECT_EQ(s1.compiles, s0.compiles + 2);  // the forward and backward modules
+  const Tensor again = flex_attention(q, k, k, o).out.to(kCPU, kFloat64);  // in memory now
+  EXPECT_EQ(cuda::cache_stats().compiles, s1.compiles);
+  EXPECT_GE(cuda::cache_stats().memory_hits, s1.memory_hits + 1);
+  cuda::clear_kernel_cache();  // as a new process would start
+  const Tensor b = flex_attention(q, k, k, o).out.to(kCPU, kFloat64);
+  const cuda::CacheStats s2 = cuda::cache_stats();
+  EXPECT_EQ(s2.compiles, s1.compiles) << "the second process compiled again";
+  EXPECT_EQ(s2.disk_hits, s1.disk_hits + 2);
+  EXPECT_EQ(rel_error(a, b), 0.0);
+  EXPECT_EQ(rel_error(a, again), 0.0);
+}
+
+TEST(FlexAttentionCuda, UnsupportedConfigurationsRaise) {
+  KILN_REQUIRE_CUDA();
+  const TensorOptions f32 = TensorOptions().dtype(kFloat32).device(kGpu);
+  const Tensor q = randn({1, 2, 16, 64}, f32);
+  try {
+    flex_attention(q, q, q);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[flex_attention]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bfloat16"), std::string::npos) << e.what();
+  }
+  const Tensor q32 = randn({1, 2, 16, 32}, TensorOptions().dtype(kBFloat16).device(kGpu));
+  EXPECT_THROW(flex_attention(q32, q32, q32), Error);
+  const BlockMask small = create_block_mask(causal_mask(), 1, 1, 16, 16, 16);
+  FlexOptions o;
+  o.block_mask = &small;
+  const Tensor qb = randn({1, 2, 16, 64}, TensorOptions().dtype(kBFloat16).device(kGpu));
+  EXPECT_THROW(flex_attention(qb, qb, qb, o), Error);
+  // A mod reading past its captured tensor raises after the kernel, as on the CPU.
+  FlexOptions bad;
+  bad.score_mod = relative_position_bias(randn({2, 3}), 0);
+  EXPECT_THROW(flex_attention(qb, qb, qb, bad), Error);
+}
+
+#else
+
+TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) { GTEST_SKIP() << "kiln was built without CUDA (no NVRTC)"; }
+
+#endif
+
+}  // namespace
+}  // namespace kiln::flex
