@@ -141,7 +141,31 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
 
 }  // namespace
 
+// The CUDA kernels cover bf16/fp16, equal head dims of 64 or 128 and BlockMask blocks in
+// multiples of 64; other CUDA calls run the CPU kernels on copies (through differentiable
+// copies, so autograd is unchanged), as PyTorch's math fallback does.
+bool cuda_kernels_cover(const Tensor& q, const Tensor& k, const Tensor& v, const FlexOptions& o) {
+  const bool dtype_ok = q.dtype() == kBFloat16 || q.dtype() == kFloat16;
+  const int64_t e = q.dim() == 4 ? q.size(3) : 0;
+  const bool dims_ok = k.dim() == 4 && v.dim() == 4 && k.size(3) == e && v.size(3) == e && (e == 64 || e == 128);
+  const bool blocks_ok = !o.block_mask || (o.block_mask->q_block_size % 64 == 0 && o.block_mask->kv_block_size % 64 == 0);
+  return dtype_ok && dims_ok && blocks_ok;
+}
+
 FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const FlexOptions& options) {
+  if (q_in.defined() && k_in.defined() && v_in.defined() && q_in.is_cuda() && k_in.is_cuda() && v_in.is_cuda() &&
+      q_in.dtype() == k_in.dtype() && q_in.dtype() == v_in.dtype() && !cuda_kernels_cover(q_in, k_in, v_in, options)) {
+    FlexOptions o = options;
+    BlockMask on_cpu;
+    if (o.block_mask) {
+      on_cpu = block_mask_on(*o.block_mask, kCPU);
+      o.block_mask = &on_cpu;
+    }
+    FlexOutput r = flex_attention(q_in.cpu(), k_in.cpu(), v_in.cpu(), o);
+    r.out = r.out.to(q_in.device());
+    if (r.lse.defined()) r.lse = r.lse.to(q_in.device());
+    return r;
+  }
   std::shared_ptr<Prepared> pr = prepare(q_in, k_in, v_in, options);
   const cpu::Problem& p = pr->p;
   const Tensor q = q_in.detach().contiguous(), k = k_in.detach().contiguous(), v = v_in.detach().contiguous();
