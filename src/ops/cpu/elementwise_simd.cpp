@@ -99,9 +99,8 @@ HWY_INLINE VF GeluTanh2U(DF d, VF x) {
 // x / (1 + e^-y), the shared shape of silu (y = x) and gelu-tanh (y = 2u).
 template <bool L>
 HWY_INLINE VF TimesSigmoid(DF d, VF x, VF y) {
-  if (HWY_LIKELY(ExpFastOk(d, y)))
-    return hn::Mul(x, RecipFast(d, hn::Add(hn::Set(d, 1.0f), ExpFast<L>(d, hn::Neg(y)))));
-  return hn::Mul(x, SigmoidFull(d, y));
+  if (HWY_LIKELY(ExpFastOk(d, y))) return TimesSigmoidFast<L>(d, x, y);
+  return TimesSigmoidFull(d, x, y);
 }
 
 // ---- op functors: (d, a, b) or (d, x) -> fp32 vector ----
@@ -116,9 +115,9 @@ struct MaxF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return NanMax(a, 
 struct MinF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return NanMin(a, b); } };
 struct SiluBwdF {
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
-    const VF one = hn::Set(d, 1.0f);
-    const VF s = Sigmoid(d, x);
-    return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, hn::Sub(one, s), one));
+    VF s, s1m;
+    SigmoidPair(d, x, s, s1m);
+    return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, s1m, hn::Set(d, 1.0f)));
   }
 };
 struct GeluBwdF {
@@ -140,9 +139,10 @@ struct GeluBwdF {
 struct GeluTanhBwdF {
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
     const VF one = hn::Set(d, 1.0f);
-    const VF s = Sigmoid(d, GeluTanh2U(d, x));
+    VF s, s1m;
+    SigmoidPair(d, GeluTanh2U(d, x), s, s1m);
     const VF du = hn::Mul(hn::Set(d, kSqrt2OverPi), hn::MulAdd(hn::Set(d, 3.0f * kCubic), hn::Mul(x, x), one));
-    const VF right = hn::Mul(hn::Mul(hn::Add(x, x), hn::Mul(s, hn::Sub(one, s))), du);
+    const VF right = hn::Mul(hn::Mul(hn::Add(x, x), hn::Mul(s, s1m)), du);
     return hn::Mul(g, hn::Add(s, right));
   }
 };

@@ -54,6 +54,7 @@ HWY_INLINE V Poly8(D d, V x, V x2, float c0, float c1, float c2, float c3, float
   return hn::MulAdd(hi, x4, Poly3(d, x, x2, c0, c1, c2, c3));
 }
 
+constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kLn2Lo = -1.90465429995776805e-9f;  // ln2 - float(ln2)
@@ -114,22 +115,43 @@ HWY_INLINE V ExpFast(D d, V x) {
   const V p = hn::MulAdd(r, ExpQ<L>(d, r), hn::Set(d, 1.0f));
   return hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::BitCast(di, t))));
 }
-// e^x for every x: 2^n is applied as two factors so that overflow gives inf and results in the
-// denormal range are rounded once; below -104 the result is 0; NaN stays NaN.
-template <class D, class V>
-HWY_INLINE V ExpFull(D d, V x) {
+// e^x * 2^k for every x: 2^(n+k) is applied as two factors so that overflow gives inf and
+// results in the denormal range are rounded once; below -104 e^x is 0 (and e^x 2^64 too below
+// -150, where x is clamped); NaN stays NaN. k > 0
+// lets callers keep a tiny e^x normal and scale down after their last multiply.
+// lo: a small addend carried into r after the reduction (x = hi + lo beyond float precision).
+template <class D, class V, class VI>
+HWY_INLINE V ExpFull(D d, V x, VI k, V lo) {
   const hn::RebindToSigned<D> di;
-  const V xc = hn::Min(hn::Max(x, hn::Set(d, -104.0f)), hn::Set(d, 89.0f));
+  const V xc = hn::Min(hn::Max(x, hn::Set(d, -150.0f)), hn::Set(d, 89.0f));  // 0 even times 2^64
   V t;
-  const V r = ExpReduce(d, xc, t);
+  const V r = hn::Add(ExpReduce(d, xc, t), hn::IfThenElseZero(hn::Eq(x, xc), lo));
   const V p = hn::MulAdd(r, ExpQ(d, r), hn::Set(d, 1.0f));
-  const auto n = hn::Sub(hn::BitCast(di, t), hn::BitCast(di, hn::Set(d, kRoundMagic)));
+  const auto n = hn::Add(hn::Sub(hn::BitCast(di, t), hn::BitCast(di, hn::Set(d, kRoundMagic))), k);
   const auto n1 = hn::ShiftRight<1>(n);
   const auto bias = hn::Set(di, 127);
   const V s1 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n1, bias)));
   const V s2 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::Sub(n, n1), bias)));
   return hn::IfThenElse(hn::IsNaN(x), x, hn::Mul(hn::Mul(p, s1), s2));
 }
+template <class D, class V>
+HWY_INLINE V ExpFull(D d, V x) {
+  return ExpFull(d, x, hn::Zero(hn::RebindToSigned<D>()), hn::Zero(d));
+}
+// Where a result's exponent would fall below -80 (tiny, possibly denormal), ExpFull(e, k) with
+// k = 64 there keeps it normal; Unscale multiplies by 2^-k after the caller's last multiply, so
+// precision is lost only in that final rounding.
+template <class D, class V>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> TinyScale(D d, V arg) {
+  const hn::RebindToSigned<D> di;
+  return hn::IfThenElseZero(hn::RebindMask(di, hn::Lt(arg, hn::Set(d, -80.0f))), hn::Set(di, 64));
+}
+template <class D, class V, class VI>
+HWY_INLINE V Unscale(D d, V v, VI k) {
+  const hn::RebindToSigned<D> di;
+  return hn::IfThenElse(hn::RebindMask(d, hn::Eq(k, hn::Zero(di))), v, hn::Mul(v, hn::Set(d, 5.42101086e-20f)));
+}
+
 template <class D, class V>
 HWY_INLINE bool ExpFastOk(D d, V x) {
   return hn::AllTrue(d, hn::Le(hn::Abs(x), hn::Set(d, kExpFastMax)));  // false on NaN
@@ -193,10 +215,45 @@ HWY_INLINE V SigmoidFull(D d, V x) {
   const V r = hn::Div(one, hn::Add(one, e));
   return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Mul(e, r), r);  // NaN: r is NaN
 }
+// x sigmoid(y) for any x, y. For y < 0 the exp is taken times 2^64 and the product scaled
+// by 2^-64 last, so a result that is normal keeps full precision even where e^y alone is
+// denormal (gelu-tanh near x = -10, silu below x = -87), and a denormal result rounds once.
+template <class D, class V>
+HWY_INLINE V TimesSigmoidFull(D d, V x, V y) {
+  const V one = hn::Set(d, 1.0f);
+  const V neg = hn::Neg(hn::Abs(y));
+  const auto is_neg = hn::Lt(y, hn::Zero(d));
+  const auto k = TinyScale(d, neg);
+  const V es = ExpFull(d, neg, k, hn::Zero(d));  // e^-|y| * 2^k
+  const V e = Unscale(d, es, k);
+  const V r = hn::Div(one, hn::Add(one, e));
+  const V left = Unscale(d, hn::Mul(hn::Mul(x, es), r), k);
+  return hn::IfThenElse(is_neg, left, hn::Mul(x, r));  // NaN in x or y stays NaN
+}
+
+// x / (1 + e^-y) for |y| <= kExpFastMax: a corrected division (exactly x at saturation) or,
+// lite, x times the refined reciprocal.
+template <bool L = false, class D, class V>
+HWY_INLINE V TimesSigmoidFast(D d, V x, V y) {
+  const V den = hn::Add(hn::Set(d, 1.0f), ExpFast<L>(d, hn::Neg(y)));
+  return L ? hn::Mul(x, RecipFast(d, den)) : DivFast(d, x, den);
+}
 template <bool L = false, class D, class V>
 HWY_INLINE V Sigmoid(D d, V x) {
-  if (HWY_LIKELY(ExpFastOk(d, x))) return RecipFast(d, hn::Add(hn::Set(d, 1.0f), ExpFast<L>(d, hn::Neg(x))));
+  if (HWY_LIKELY(ExpFastOk(d, x))) return TimesSigmoidFast<L>(d, hn::Set(d, 1.0f), x);
   return SigmoidFull(d, x);
+}
+// sigmoid(y) and 1 - sigmoid(y) = e^-y sigmoid(y), without the cancellation of 1 - s.
+template <class D, class V>
+HWY_INLINE void SigmoidPair(D d, V y, V& s, V& s1m) {
+  if (HWY_LIKELY(ExpFastOk(d, y))) {
+    const V e = ExpFast(d, hn::Neg(y));
+    s = DivFast(d, hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), e));
+    s1m = hn::Mul(e, s);
+    return;
+  }
+  s = SigmoidFull(d, y);
+  s1m = SigmoidFull(d, hn::Neg(y));
 }
 
 // tanh(x) = -m / (2 + m) with m = expm1(-2|x|), sign restored; |x| is capped at 9.5, past which
@@ -214,18 +271,23 @@ HWY_INLINE V Tanh(D d, V x) {
 // into the exp reduction, as rounding it would cost 2 z^2 ulp where z^2 reaches 80.
 // `full`: any z (large z underflow through ExpFull); otherwise z <= kErfcFastMax.
 constexpr float kErfcFastMax = 8.8f;
-template <class D, class V>
-HWY_INLINE V HalfErfc(D d, V z, bool full) {
+// from_x: the argument is |x| with z = |x|/sqrt2, and -z^2 is formed as (-|x|/2)|x|, exact
+// before its rounding (z^2 from a rounded z would cost 2 z^2 ulp). k: as in ExpFull.
+template <class D, class V, class VI>
+HWY_INLINE V HalfErfc(D d, V z_or_x, bool full, bool from_x, VI k) {
   const hn::RebindToSigned<D> di;
+  const V z = from_x ? hn::Mul(z_or_x, hn::Set(d, kInvSqrt2)) : z_or_x;
   const V t = full ? hn::Div(hn::Set(d, 1.0f), hn::MulAdd(z, hn::Set(d, 0.55f), hn::Set(d, 1.0f)))
                    : RecipFast(d, hn::MulAdd(z, hn::Set(d, 0.55f), hn::Set(d, 1.0f)));
   const V p = Poly8(d, t, hn::Mul(t, t), -1.86320078f, 0.996258795f, 0.388227075f, -0.196951315f, 0.638581336f, -1.81610858f,
                    1.89147568f, -0.898529172f, 0.16709967f);
-  const V nz = hn::Neg(z);
-  const V hi = hn::Mul(nz, z);
-  const V lo = hn::MulAdd(nz, z, hn::Neg(hi));  // exact: -z^2 = hi + lo
+  const V nz = from_x ? hn::Mul(z_or_x, hn::Set(d, -0.5f)) : hn::Neg(z);
+  const V hi = hn::Mul(nz, z_or_x);
+  const V lo = hn::MulAdd(nz, z_or_x, hn::Neg(hi));  // exact: -z^2 = hi + lo
   const V arg = hn::Add(hi, p);
-  if (full) return hn::Mul(t, ExpFull(d, hn::Add(arg, lo)));
+  // Full path: |hi| > |p| there, so p - (arg - hi) is arg's exact rounding error (Fast2Sum).
+  if (full) return hn::Mul(t, ExpFull(d, arg, k, hn::Add(hn::Sub(p, hn::Sub(arg, hi)), lo)));  // times 2^k
+  (void)k;
   // Exp of (hi + p) + lo: reduce the large hi part first, then add p and lo to r.
   const V tt = hn::MulAdd(arg, hn::Set(d, kLog2e), hn::Set(d, kRoundMagic));
   const V n = hn::Sub(tt, hn::Set(d, kRoundMagic));
@@ -236,10 +298,9 @@ HWY_INLINE V HalfErfc(D d, V z, bool full) {
 }
 
 // Phi(x) = P(X <= x) for X ~ N(0, 1): 0.5 erfc(|x|/sqrt2) on the left, 1 - that on the right.
-constexpr float kInvSqrt2 = 0.70710678118654752f;
 template <class D, class V>
 HWY_INLINE V NormalCdf(D d, V x, bool full) {
-  const V h = HalfErfc(d, hn::Mul(hn::Abs(x), hn::Set(d, kInvSqrt2)), full);
+  const V h = HalfErfc(d, hn::Abs(x), full, true, hn::Zero(hn::RebindToSigned<D>()));
   return hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h));
 }
 template <class D, class V>
@@ -268,8 +329,14 @@ HWY_INLINE V Gelu(D d, V x) {
     return hn::Mul(x, hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h)));
   }
   if (HWY_LIKELY(CdfFastOk(d, x))) return hn::Mul(x, NormalCdf(d, x, false));
+  // Left tail: h * 2^64 keeps Phi normal until x * Phi is formed, then one rounding.
   const V xc = hn::Min(hn::Max(x, hn::Set(d, -15.0f)), hn::Set(d, 15.0f));
-  return hn::IfThenElse(hn::IsNaN(x), x, hn::Mul(x, NormalCdf(d, xc, true)));
+  const V axc = hn::Abs(xc);
+  const auto k = TinyScale(d, hn::Mul(hn::Mul(axc, axc), hn::Set(d, -0.5f)));
+  const V hs = hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -15.0f)), HalfErfc(d, axc, true, true, k));
+  const V left = Unscale(d, hn::Mul(x, hs), k);
+  const V right = hn::Mul(x, hn::Sub(hn::Set(d, 1.0f), Unscale(d, hs, k)));
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::IfNegativeThenElse(x, left, right));
 }
 
 // erf(z): z E(z^2) for |z| <= 0.75 (E of degree 5, relative error 1.4e-9), else
@@ -280,7 +347,7 @@ HWY_INLINE V Erf(D d, V z) {
   const V z2 = hn::Mul(z, z);
   const V small = hn::Mul(z, Poly5(d, z2, hn::Mul(z2, z2), 1.12837911f, -0.3761262f, 0.112833768f, -0.0268346239f,
                                    0.00511434348f, -0.000674949668f));
-  const V big = hn::CopySignToAbs(hn::NegMulAdd(hn::Set(d, 2.0f), HalfErfc(d, a, false), hn::Set(d, 1.0f)), z);
+  const V big = hn::CopySignToAbs(hn::NegMulAdd(hn::Set(d, 2.0f), HalfErfc(d, a, false, false, hn::Zero(hn::RebindToSigned<D>())), hn::Set(d, 1.0f)), z);
   const V r = hn::IfThenElse(hn::Le(a, hn::Set(d, 0.75f)), small, big);
   return hn::IfThenElse(hn::IsNaN(z), z, r);
 }
