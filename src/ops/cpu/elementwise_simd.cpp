@@ -1,18 +1,21 @@
 // Highway SIMD rows for dense fp32/bf16 elementwise ops, compiled for every x86/ARM target
-// Highway knows (foreach_target) and picked at run time. bf16 lanes are widened to fp32 by a
-// 16-bit shift and rounded back to nearest even with integer ops, exactly like kiln::BFloat16,
-// so SIMD and scalar results agree bit for bit on the conversion. Tails run the same vector code
-// on a padded stack copy, so every element of a tensor sees the same arithmetic.
+// Highway knows (foreach_target) and picked at run time. Rows run blocks of two vectors: fp32
+// loads two vectors; bf16 loads 2N values as N u32 pairs and splits them into the even and odd
+// elements (a 16-bit shift or a mask widens bf16 to fp32, in order, without shuffles), then
+// rounds both back to nearest even with integer ops and merges them the same way. Tails run the
+// same vector code on a padded stack copy, so every element of a tensor sees the same arithmetic.
+// The transcendental functions are in simd_math-inl.h.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <hwy/highway.h>
-#include <hwy/contrib/math/math-inl.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "ops/cpu/elementwise_simd.h"
+#include "ops/cpu/simd_math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::simd {
@@ -20,31 +23,58 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
+using DU = hn::RebindToUnsigned<DF>;
 
+// A block is two fp32 vectors: 2N floats, or 2N bf16 values.
 struct F32IO {
   using P = float;
-  static VF Load(DF d, const float* p) { return hn::LoadU(d, p); }
-  static void Store(DF d, VF v, float* p) { hn::StoreU(v, d, p); }
+  static constexpr bool kLite = false;
+  static void Load(DF d, const float* p, VF& v0, VF& v1) {
+    v0 = hn::LoadU(d, p);
+    v1 = hn::LoadU(d, p + hn::Lanes(d));
+  }
+  static void Store(DF d, VF v0, VF v1, float* p) {
+    hn::StoreU(v0, d, p);
+    hn::StoreU(v1, d, p + hn::Lanes(d));
+  }
   static float ToFloat(float v) { return v; }
 };
 
 struct BF16IO {
   using P = uint16_t;
-  static VF Load(DF d, const uint16_t* p) {
-    const hn::Rebind<uint16_t, DF> d16;
-    const hn::RebindToUnsigned<DF> du;
-    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p))));
+  static constexpr bool kLite = true;  // results keep 8 bits: the cheaper math variants suffice
+  // v0 = elements 0, 2, 4, ... and v1 = elements 1, 3, 5, ... (little-endian pairs in u32 lanes).
+  static void Load(DF d, const uint16_t* p, VF& v0, VF& v1) {
+#if HWY_TARGET == HWY_SCALAR  // one lane: no 16-bit view of a u32 vector
+    v0 = hn::Set(d, ToFloat(p[0]));
+    v1 = hn::Set(d, ToFloat(p[1]));
+#else
+    const DU du;
+    const hn::Repartition<uint16_t, DU> d16;
+    const auto w = hn::BitCast(du, hn::LoadU(d16, p));
+    v0 = hn::BitCast(d, hn::ShiftLeft<16>(w));
+    v1 = hn::BitCast(d, hn::And(w, hn::Set(du, 0xffff0000u)));
+#endif
   }
-  static void Store(DF, VF v, uint16_t* p) {
-    const hn::Rebind<uint16_t, DF> d16;
-    const hn::RebindToUnsigned<DF> du;
-    const hn::RebindToSigned<DF> di;
+  // Round to nearest even in the top 16 bits: u + 0x7fff + lsb. No NaN fix-up is needed: every
+  // NaN here is a bf16 input's (low 16 bits zero) or the hardware default NaN (0x7fc00000 up to
+  // sign), and adding at most 0x8000 to zero low bits never carries into the top half.
+  static hn::Vec<DU> Round(DF, VF v) {
+    const DU du;
     const auto u = hn::BitCast(du, v);
     const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-    auto r = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb)));
-    const auto nan = hn::RebindMask(du, hn::IsNaN(v));
-    r = hn::IfThenElse(nan, hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u)), r);
-    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, r)), d16, p);
+    return hn::Add(hn::Add(u, hn::Set(du, 0x7fffu)), lsb);
+  }
+  static void Store(DF d, VF v0, VF v1, uint16_t* p) {
+#if HWY_TARGET == HWY_SCALAR
+    p[0] = static_cast<uint16_t>(hn::GetLane(Round(d, v0)) >> 16);
+    p[1] = static_cast<uint16_t>(hn::GetLane(Round(d, v1)) >> 16);
+#else
+    const DU du;
+    const hn::Repartition<uint16_t, DU> d16;
+    const auto w = hn::Or(hn::ShiftRight<16>(Round(d, v0)), hn::And(Round(d, v1), hn::Set(du, 0xffff0000u)));
+    hn::StoreU(hn::BitCast(d16, w), d16, p);
+#endif
   }
   static float ToFloat(uint16_t v) {
     const uint32_t u = static_cast<uint32_t>(v) << 16;
@@ -54,39 +84,24 @@ struct BF16IO {
   }
 };
 
-// ---- vector math (fp32) ----
-HWY_INLINE VF ExpV(DF d, VF x) {
-  // hwy's Exp is valid up to +104 and fp32 overflows past 88.7, so clamping keeps inf; NaN kept.
-  const VF r = hn::Exp(d, hn::Min(x, hn::Set(d, 100.0f)));
-  return hn::IfThenElse(hn::IsNaN(x), x, r);
-}
-HWY_INLINE VF SigmoidV(DF d, VF x) {
-  const VF one = hn::Set(d, 1.0f);
-  const VF e = hn::Exp(d, hn::Neg(hn::Abs(x)));  // never overflows
-  const VF r = hn::Div(one, hn::Add(one, e));
-  return hn::IfThenElse(hn::IsNaN(x), x, hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Mul(e, r), r));
-}
-// 1 + erf(x) without cancellation for x < 0 (Abramowitz-Stegun 7.1.26, |error| <= 1.5e-7).
-HWY_INLINE VF OnePlusErfV(DF d, VF x) {
-  const VF ax = hn::Abs(x);
-  const VF t = hn::Div(hn::Set(d, 1.0f), hn::MulAdd(hn::Set(d, 0.3275911f), ax, hn::Set(d, 1.0f)));
-  VF p = hn::Set(d, 1.061405429f);
-  p = hn::MulAdd(p, t, hn::Set(d, -1.453152027f));
-  p = hn::MulAdd(p, t, hn::Set(d, 1.421413741f));
-  p = hn::MulAdd(p, t, hn::Set(d, -0.284496736f));
-  p = hn::MulAdd(p, t, hn::Set(d, 0.254829592f));
-  const VF erfc = hn::Mul(hn::Mul(p, t), hn::Exp(d, hn::Neg(hn::Mul(ax, ax))));  // erfc(|x|)
-  const VF r = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), erfc, hn::Sub(hn::Set(d, 2.0f), erfc));
-  return hn::IfThenElse(hn::IsNaN(x), x, r);
-}
 // x86 float compares are ordered (false on NaN), so NaN is tested explicitly.
 HWY_INLINE VF NanMax(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Gt(a, b), hn::IsNaN(a)), a, b); }
 HWY_INLINE VF NanMin(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Lt(a, b), hn::IsNaN(a)), a, b); }
 
-constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
 constexpr float kCubic = 0.044715f;
+
+// 2u for gelu-tanh: gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u).
+HWY_INLINE VF GeluTanh2U(DF d, VF x) {
+  return hn::Mul(x, hn::MulAdd(hn::Set(d, 2.0f * kSqrt2OverPi * kCubic), hn::Mul(x, x), hn::Set(d, 2.0f * kSqrt2OverPi)));
+}
+// x / (1 + e^-y), the shared shape of silu (y = x) and gelu-tanh (y = 2u).
+template <bool L>
+HWY_INLINE VF TimesSigmoid(DF d, VF x, VF y) {
+  if (HWY_LIKELY(ExpFastOk(d, y))) return TimesSigmoidFast<L>(d, x, y);
+  return TimesSigmoidFull(d, x, y);
+}
 
 // ---- op functors: (d, a, b) or (d, x) -> fp32 vector ----
 struct AddF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return hn::Add(a, b); } };
@@ -100,27 +115,35 @@ struct MaxF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return NanMax(a, 
 struct MinF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return NanMin(a, b); } };
 struct SiluBwdF {
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
-    const VF one = hn::Set(d, 1.0f);
-    const VF s = SigmoidV(d, x);
-    return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, hn::Sub(one, s), one));
+    VF s, s1m;
+    SigmoidPair(d, x, s, s1m);
+    return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, s1m, hn::Set(d, 1.0f)));
   }
 };
 struct GeluBwdF {
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
-    const VF cdf = hn::Mul(hn::Set(d, 0.5f), OnePlusErfV(d, hn::Mul(x, hn::Set(d, kInvSqrt2))));
-    const VF pdf = hn::Mul(hn::Set(d, kInvSqrt2Pi), hn::Exp(d, hn::Mul(hn::Set(d, -0.5f), hn::Mul(x, x))));
+    const VF e_arg = hn::Mul(hn::Set(d, -0.5f), hn::Mul(x, x));
+    VF cdf, pdf;
+    if (HWY_LIKELY(CdfFastOk(d, x))) {
+      cdf = NormalCdf(d, x, false);
+      pdf = hn::Mul(hn::Set(d, kInvSqrt2Pi), ExpFast(d, e_arg));
+    } else {
+      cdf = NormalCdf(d, hn::Min(hn::Max(x, hn::Set(d, -15.0f)), hn::Set(d, 15.0f)), true);
+      cdf = hn::IfThenElse(hn::IsNaN(x), x, cdf);
+      pdf = hn::Mul(hn::Set(d, kInvSqrt2Pi), ExpFull(d, e_arg));
+    }
     return hn::Mul(g, hn::MulAdd(x, pdf, cdf));
   }
 };
+// d/dx x sigmoid(2u) with s = sigmoid(2u): s + 2 x s (1 - s) u'.
 struct GeluTanhBwdF {
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
-    const VF half = hn::Set(d, 0.5f), one = hn::Set(d, 1.0f);
-    const VF x2 = hn::Mul(x, x);
-    const VF t = hn::Tanh(d, hn::Mul(hn::Set(d, kSqrt2OverPi), hn::MulAdd(hn::Mul(hn::Set(d, kCubic), x2), x, x)));
-    const VF du = hn::Mul(hn::Set(d, kSqrt2OverPi), hn::MulAdd(hn::Set(d, 3.0f * kCubic), x2, one));
-    const VF left = hn::Mul(half, hn::Add(one, t));
-    const VF right = hn::Mul(hn::Mul(hn::Mul(half, x), hn::NegMulAdd(t, t, one)), du);
-    return hn::Mul(g, hn::Add(left, right));
+    const VF one = hn::Set(d, 1.0f);
+    VF s, s1m;
+    SigmoidPair(d, GeluTanh2U(d, x), s, s1m);
+    const VF du = hn::Mul(hn::Set(d, kSqrt2OverPi), hn::MulAdd(hn::Set(d, 3.0f * kCubic), hn::Mul(x, x), one));
+    const VF right = hn::Mul(hn::Mul(hn::Add(x, x), hn::Mul(s, s1m)), du);
+    return hn::Mul(g, hn::Add(s, right));
   }
 };
 struct SigmoidBwdF {
@@ -134,26 +157,21 @@ struct ReluBwdF {
 };
 
 struct NegF { HWY_INLINE VF operator()(DF, VF x) const { return hn::Neg(x); } };
-struct ExpF { HWY_INLINE VF operator()(DF d, VF x) const { return ExpV(d, x); } };
-struct TanhF { HWY_INLINE VF operator()(DF d, VF x) const { return hn::Tanh(d, x); } };
+template <bool L> struct ExpF { HWY_INLINE VF operator()(DF d, VF x) const { return Exp<L>(d, x); } };
+struct LogF { HWY_INLINE VF operator()(DF d, VF x) const { return Log(d, x); } };
+struct ErfF { HWY_INLINE VF operator()(DF d, VF x) const { return Erf(d, x); } };
+template <bool L> struct TanhF { HWY_INLINE VF operator()(DF d, VF x) const { return Tanh<L>(d, x); } };
 struct SqrtF { HWY_INLINE VF operator()(DF, VF x) const { return hn::Sqrt(x); } };
 struct RsqrtF { HWY_INLINE VF operator()(DF d, VF x) const { return hn::Div(hn::Set(d, 1.0f), hn::Sqrt(x)); } };
 struct AbsF { HWY_INLINE VF operator()(DF, VF x) const { return hn::Abs(x); } };
-struct SigmoidF { HWY_INLINE VF operator()(DF d, VF x) const { return SigmoidV(d, x); } };
+template <bool L> struct SigmoidF { HWY_INLINE VF operator()(DF d, VF x) const { return Sigmoid<L>(d, x); } };
 struct ReluF {
   HWY_INLINE VF operator()(DF d, VF x) const { return hn::IfThenZeroElse(hn::Lt(x, hn::Zero(d)), x); }
 };
-struct SiluF { HWY_INLINE VF operator()(DF d, VF x) const { return hn::Mul(x, SigmoidV(d, x)); } };
-struct GeluF {
-  HWY_INLINE VF operator()(DF d, VF x) const {
-    return hn::Mul(hn::Mul(hn::Set(d, 0.5f), x), OnePlusErfV(d, hn::Mul(x, hn::Set(d, kInvSqrt2))));
-  }
-};
-struct GeluTanhF {
-  HWY_INLINE VF operator()(DF d, VF x) const {
-    const VF u = hn::Mul(hn::Set(d, kSqrt2OverPi), hn::MulAdd(hn::Mul(hn::Set(d, kCubic), hn::Mul(x, x)), x, x));
-    return hn::Mul(hn::Mul(hn::Set(d, 0.5f), x), hn::Add(hn::Set(d, 1.0f), hn::Tanh(d, u)));
-  }
+template <bool L> struct SiluF { HWY_INLINE VF operator()(DF d, VF x) const { return TimesSigmoid<L>(d, x, x); } };
+template <bool L> struct GeluF { HWY_INLINE VF operator()(DF d, VF x) const { return Gelu<L>(d, x); } };
+template <bool L> struct GeluTanhF {
+  HWY_INLINE VF operator()(DF d, VF x) const { return TimesSigmoid<L>(d, x, GeluTanh2U(d, x)); }
 };
 struct ClampF {
   float lo, hi;
@@ -164,24 +182,29 @@ struct ClampF {
 };
 
 // ---- row drivers ----
-constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
+constexpr size_t kMaxBlock = 2 * HWY_MAX_BYTES / sizeof(float);
 
 template <class IO, class F>
 HWY_INLINE void RowBinary(const typename IO::P* a, const typename IO::P* b, bool b_scalar, typename IO::P* out,
                           int64_t n, const F& f) {
   using P = typename IO::P;
   const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t block = 2 * static_cast<int64_t>(hn::Lanes(d));
   const VF bs = hn::Set(d, IO::ToFloat(b[0]));
+  auto step = [&](const P* pa, const P* pb, P* po) {
+    VF a0, a1, b0 = bs, b1 = bs;
+    IO::Load(d, pa, a0, a1);
+    if (!b_scalar) IO::Load(d, pb, b0, b1);
+    IO::Store(d, f(d, a0, b0), f(d, a1, b1), po);
+  };
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes)
-    IO::Store(d, f(d, IO::Load(d, a + i), b_scalar ? bs : IO::Load(d, b + i)), out + i);
+  for (; i + block <= n; i += block) step(a + i, b + i, out + i);
   if (i == n) return;
-  HWY_ALIGN P ta[kMaxLanes] = {}, tb[kMaxLanes] = {}, to[kMaxLanes] = {};
+  HWY_ALIGN P ta[kMaxBlock] = {}, tb[kMaxBlock] = {}, to[kMaxBlock] = {};
   const size_t rest = static_cast<size_t>(n - i);
   std::memcpy(ta, a + i, rest * sizeof(P));
   if (!b_scalar) std::memcpy(tb, b + i, rest * sizeof(P));
-  IO::Store(d, f(d, IO::Load(d, ta), b_scalar ? bs : IO::Load(d, tb)), to);
+  step(ta, tb, to);
   std::memcpy(out + i, to, rest * sizeof(P));
 }
 
@@ -189,14 +212,19 @@ template <class IO, class F>
 HWY_INLINE void RowUnary(const typename IO::P* x, typename IO::P* out, int64_t n, const F& f) {
   using P = typename IO::P;
   const DF d;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t block = 2 * static_cast<int64_t>(hn::Lanes(d));
+  auto step = [&](const P* px, P* po) {
+    VF x0, x1;
+    IO::Load(d, px, x0, x1);
+    IO::Store(d, f(d, x0), f(d, x1), po);
+  };
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) IO::Store(d, f(d, IO::Load(d, x + i)), out + i);
+  for (; i + block <= n; i += block) step(x + i, out + i);
   if (i == n) return;
-  HWY_ALIGN P tx[kMaxLanes] = {}, to[kMaxLanes] = {};
+  HWY_ALIGN P tx[kMaxBlock] = {}, to[kMaxBlock] = {};
   const size_t rest = static_cast<size_t>(n - i);
   std::memcpy(tx, x + i, rest * sizeof(P));
-  IO::Store(d, f(d, IO::Load(d, tx)), to);
+  step(tx, to);
   std::memcpy(out + i, to, rest * sizeof(P));
 }
 
@@ -225,16 +253,18 @@ template <class IO>
 void UnaryRowT(UnaryOp op, const typename IO::P* x, typename IO::P* out, int64_t n, float lo, float hi) {
   switch (op) {
     case UnaryOp::Neg: return RowUnary<IO>(x, out, n, NegF{});
-    case UnaryOp::Exp: return RowUnary<IO>(x, out, n, ExpF{});
-    case UnaryOp::Tanh: return RowUnary<IO>(x, out, n, TanhF{});
+    case UnaryOp::Exp: return RowUnary<IO>(x, out, n, ExpF<IO::kLite>{});
+    case UnaryOp::Log: return RowUnary<IO>(x, out, n, LogF{});
+    case UnaryOp::Erf: return RowUnary<IO>(x, out, n, ErfF{});
+    case UnaryOp::Tanh: return RowUnary<IO>(x, out, n, TanhF<IO::kLite>{});
     case UnaryOp::Sqrt: return RowUnary<IO>(x, out, n, SqrtF{});
     case UnaryOp::Rsqrt: return RowUnary<IO>(x, out, n, RsqrtF{});
     case UnaryOp::Abs: return RowUnary<IO>(x, out, n, AbsF{});
-    case UnaryOp::Sigmoid: return RowUnary<IO>(x, out, n, SigmoidF{});
+    case UnaryOp::Sigmoid: return RowUnary<IO>(x, out, n, SigmoidF<IO::kLite>{});
     case UnaryOp::Relu: return RowUnary<IO>(x, out, n, ReluF{});
-    case UnaryOp::Silu: return RowUnary<IO>(x, out, n, SiluF{});
-    case UnaryOp::Gelu: return RowUnary<IO>(x, out, n, GeluF{});
-    case UnaryOp::GeluTanh: return RowUnary<IO>(x, out, n, GeluTanhF{});
+    case UnaryOp::Silu: return RowUnary<IO>(x, out, n, SiluF<IO::kLite>{});
+    case UnaryOp::Gelu: return RowUnary<IO>(x, out, n, GeluF<IO::kLite>{});
+    case UnaryOp::GeluTanh: return RowUnary<IO>(x, out, n, GeluTanhF<IO::kLite>{});
     case UnaryOp::Clamp: return RowUnary<IO>(x, out, n, ClampF{lo, hi});
     default: return;  // has_unary() keeps other ops away
   }
@@ -276,7 +306,7 @@ bool has_binary(BinaryOp op) {
       return false;
   }
 }
-bool has_unary(UnaryOp op) { return op != UnaryOp::Log && op != UnaryOp::Erf; }
+bool has_unary(UnaryOp) { return true; }
 
 void binary_f32(BinaryOp op, const float* a, const float* b, bool b_scalar, float* out, int64_t n, float alpha,
                 float lo, float hi) {

@@ -1,0 +1,359 @@
+// Float32 vector math for the Highway rows (exp, expm1, log, reciprocal, sigmoid, tanh, erf,
+// Phi), shared by every CPU kernel that includes it inside its HWY_NAMESPACE. Each function has
+// a fast core for ordinary inputs (no NaN/inf, no overflow or denormal result) and a full path
+// for the rest; the check is one compare per vector, so typical data never pays for specials.
+// Polynomials are our own minimax fits (Lawson-weighted least squares against mpmath); the
+// relative errors quoted below are the fits', before float32 rounding. Measured errors of the
+// finished functions are in tests/ops/test_elementwise_accuracy.cpp.
+//
+// Usage: include inside a file compiled with foreach_target, after hwy/highway.h.
+#if defined(KILN_OPS_CPU_SIMD_MATH_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KILN_OPS_CPU_SIMD_MATH_INL_H_
+#undef KILN_OPS_CPU_SIMD_MATH_INL_H_
+#else
+#define KILN_OPS_CPU_SIMD_MATH_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace kiln::cpu::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Polynomials by Estrin's scheme (pairs a + b x, then powers x^2, x^4). The kernels are bound
+// by dependency chains as much as by op count (an out-of-order window of a few dozen vector ops
+// holds only a few vectors), and Estrin's chains are half as long as Horner's: measured 20%
+// faster for gelu despite the extra multiplies.
+template <class D, class V>
+HWY_INLINE V Lin(D d, V x, float a, float b) {
+  return hn::MulAdd(hn::Set(d, b), x, hn::Set(d, a));
+}
+template <class D, class V>
+HWY_INLINE V Poly2(D d, V x, V x2, float c0, float c1, float c2) {
+  return hn::MulAdd(hn::Set(d, c2), x2, Lin(d, x, c0, c1));
+}
+template <class D, class V>
+HWY_INLINE V Poly3(D d, V x, V x2, float c0, float c1, float c2, float c3) {
+  return hn::MulAdd(Lin(d, x, c2, c3), x2, Lin(d, x, c0, c1));
+}
+template <class D, class V>
+HWY_INLINE V Poly5(D d, V x, V x2, float c0, float c1, float c2, float c3, float c4, float c5) {
+  return hn::MulAdd(hn::MulAdd(Lin(d, x, c4, c5), x2, Lin(d, x, c2, c3)), x2, Lin(d, x, c0, c1));
+}
+template <class D, class V>
+HWY_INLINE V Poly6(D d, V x, V x2, float c0, float c1, float c2, float c3, float c4, float c5, float c6) {
+  const V x4 = hn::Mul(x2, x2);
+  return hn::MulAdd(Poly2(d, x, x2, c4, c5, c6), x4, Poly3(d, x, x2, c0, c1, c2, c3));
+}
+template <class D, class V>
+HWY_INLINE V Poly8(D d, V x, V x2, float c0, float c1, float c2, float c3, float c4, float c5, float c6,
+                   float c7, float c8) {
+  const V x4 = hn::Mul(x2, x2);
+  const V hi = hn::MulAdd(hn::Set(d, c8), x4, Poly3(d, x, x2, c4, c5, c6, c7));
+  return hn::MulAdd(hi, x4, Poly3(d, x, x2, c0, c1, c2, c3));
+}
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.693147180559945309f;
+constexpr float kLn2Lo = -1.90465429995776805e-9f;  // ln2 - float(ln2)
+constexpr float kRoundMagic = 12582912.0f;          // 1.5 * 2^23: adding it rounds to an integer
+// |x| <= kExpFastMax keeps 2^n * p normal (n in [-126, 126], p in [0.7, 1.42]).
+constexpr float kExpFastMax = 87.0f;
+
+// 1/a: approximate reciprocal refined by Newton steps to ~1-2 ulp (x86 starts from 12 bits,
+// ARM from 8, hence the second step there). Needs a normal, finite a.
+template <class D, class V>
+HWY_INLINE V RecipFast(D d, V a) {
+  const V one = hn::Set(d, 1.0f);
+  V y = hn::ApproximateReciprocal(a);
+  y = hn::MulAdd(y, hn::NegMulAdd(a, y, one), y);
+#if !HWY_ARCH_X86
+  y = hn::MulAdd(y, hn::NegMulAdd(a, y, one), y);
+#endif
+  return y;
+}
+
+// Template flag L ("lite") selects cheaper variants for bf16 results, which are rounded to 8
+// significant bits afterwards: relative errors up to ~3e-6 (still inside the float32 tolerance
+// of 1e-5) instead of ~1e-7, for about a quarter fewer vector ops.
+
+// num / den to ~0.5-1 ulp: the reciprocal's quotient plus one correction by its exact residual.
+template <class D, class V>
+HWY_INLINE V DivFast(D d, V num, V den) {
+  const V y = RecipFast(d, den);
+  const V q = hn::Mul(num, y);
+  return hn::MulAdd(hn::NegMulAdd(q, den, num), y, q);
+}
+
+// Cody-Waite reduction of x = n*ln2 + r with |r| <= ln2/2. t holds n in its low mantissa bits,
+// so t's bits shifted left by 23 are n << 23, the exponent increment of 2^n. Lite drops the
+// low part of ln2 (error n * 1.9e-9, at most 2.4e-7).
+template <bool L = false, class D, class V>
+HWY_INLINE V ExpReduce(D d, V x, V& t) {
+  t = hn::MulAdd(x, hn::Set(d, kLog2e), hn::Set(d, kRoundMagic));
+  const V n = hn::Sub(t, hn::Set(d, kRoundMagic));
+  const V r = hn::NegMulAdd(n, hn::Set(d, kLn2), x);
+  return L ? r : hn::NegMulAdd(n, hn::Set(d, kLn2Lo), r);
+}
+// e^r = 1 + r q(r) on |r| <= ln2/2: q of degree 5 (relative error 2.1e-9) or, lite, degree 3
+// (3.0e-6). ExpQ returns q.
+template <bool L = false, class D, class V>
+HWY_INLINE V ExpQ(D d, V r) {
+  const V r2 = hn::Mul(r, r);
+  return L ? Poly3(d, r, r2, 0.999965549f, 0.500031412f, 0.167898461f, 0.0415104628f)
+           : Poly5(d, r, r2, 1.0f, 0.49999994f, 0.166664213f, 0.0416680574f, 0.00837496575f, 0.00138427049f);
+}
+
+// e^x for |x| <= kExpFastMax (NaN excluded): the exponent is added as an integer.
+template <bool L = false, class D, class V>
+HWY_INLINE V ExpFast(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  V t;
+  const V r = ExpReduce<L>(d, x, t);
+  const V p = hn::MulAdd(r, ExpQ<L>(d, r), hn::Set(d, 1.0f));
+  return hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::BitCast(di, t))));
+}
+// e^x * 2^k for every x: 2^(n+k) is applied as two factors so that overflow gives inf and
+// results in the denormal range are rounded once; below -104 e^x is 0 (and e^x 2^64 too below
+// -150, where x is clamped); NaN stays NaN. k > 0
+// lets callers keep a tiny e^x normal and scale down after their last multiply.
+// lo: a small addend carried into r after the reduction (x = hi + lo beyond float precision).
+template <class D, class V, class VI>
+HWY_INLINE V ExpFull(D d, V x, VI k, V lo) {
+  const hn::RebindToSigned<D> di;
+  const V xc = hn::Min(hn::Max(x, hn::Set(d, -150.0f)), hn::Set(d, 89.0f));  // 0 even times 2^64
+  V t;
+  const V r = hn::Add(ExpReduce(d, xc, t), hn::IfThenElseZero(hn::Eq(x, xc), lo));
+  const V p = hn::MulAdd(r, ExpQ(d, r), hn::Set(d, 1.0f));
+  const auto n = hn::Add(hn::Sub(hn::BitCast(di, t), hn::BitCast(di, hn::Set(d, kRoundMagic))), k);
+  const auto n1 = hn::ShiftRight<1>(n);
+  const auto bias = hn::Set(di, 127);
+  const V s1 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n1, bias)));
+  const V s2 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::Sub(n, n1), bias)));
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::Mul(hn::Mul(p, s1), s2));
+}
+template <class D, class V>
+HWY_INLINE V ExpFull(D d, V x) {
+  return ExpFull(d, x, hn::Zero(hn::RebindToSigned<D>()), hn::Zero(d));
+}
+// Where a result's exponent would fall below -80 (tiny, possibly denormal), ExpFull(e, k) with
+// k = 64 there keeps it normal; Unscale multiplies by 2^-k after the caller's last multiply, so
+// precision is lost only in that final rounding.
+template <class D, class V>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> TinyScale(D d, V arg) {
+  const hn::RebindToSigned<D> di;
+  return hn::IfThenElseZero(hn::RebindMask(di, hn::Lt(arg, hn::Set(d, -80.0f))), hn::Set(di, 64));
+}
+template <class D, class V, class VI>
+HWY_INLINE V Unscale(D d, V v, VI k) {
+  const hn::RebindToSigned<D> di;
+  return hn::IfThenElse(hn::RebindMask(d, hn::Eq(k, hn::Zero(di))), v, hn::Mul(v, hn::Set(d, 5.42101086e-20f)));
+}
+
+template <class D, class V>
+HWY_INLINE bool ExpFastOk(D d, V x) {
+  return hn::AllTrue(d, hn::Le(hn::Abs(x), hn::Set(d, kExpFastMax)));  // false on NaN
+}
+template <bool L = false, class D, class V>
+HWY_INLINE V Exp(D d, V x) {
+  if (HWY_LIKELY(ExpFastOk(d, x))) return ExpFast<L>(d, x);
+  return ExpFull(d, x);
+}
+
+// e^y - 1 for |y| <= kExpFastMax: 2^n (1 + r q) - 1 = (2^n - 1) + 2^n r q keeps small results
+// exact to a few ulp where e^y - 1 would cancel.
+template <bool L = false, class D, class V>
+HWY_INLINE V ExpM1Fast(D d, V y) {
+  const hn::RebindToSigned<D> di;
+  V t;
+  const V r = ExpReduce<L>(d, y, t);
+  const V one = hn::Set(d, 1.0f);
+  const V s = hn::BitCast(d, hn::Add(hn::ShiftLeft<23>(hn::BitCast(di, t)), hn::BitCast(di, one)));
+  return hn::MulAdd(s, hn::Mul(r, ExpQ<L>(d, r)), hn::Sub(s, one));
+}
+
+// log(x) = e ln2 + log(m), m in [sqrt(1/2), sqrt(2)), log(m) = 2 atanh(s), s = (m-1)/(m+1):
+// 2s + s^3 Q(s^2) with Q of degree 2 (relative error 8.7e-10). Needs a normal positive finite x.
+template <class D, class V>
+HWY_INLINE V LogCore(D d, V x, V e_add) {
+  const hn::RebindToSigned<D> di;
+  const auto sqrt_half = hn::Set(di, 0x3f3504f3);
+  const auto u = hn::Sub(hn::BitCast(di, x), sqrt_half);
+  const V e = hn::Add(hn::ConvertTo(d, hn::ShiftRight<23>(u)), e_add);
+  const V m = hn::BitCast(d, hn::Add(hn::And(u, hn::Set(di, 0x007fffff)), sqrt_half));
+  const V f = hn::Sub(m, hn::Set(d, 1.0f));
+  const V s = hn::Mul(f, RecipFast(d, hn::Add(f, hn::Set(d, 2.0f))));
+  const V s2 = hn::Mul(s, s);
+  const V q = Poly2(d, s2, hn::Mul(s2, s2), 0.666667819f, 0.399766266f, 0.298983961f);
+  const V lm = hn::MulAdd(hn::Mul(s, s2), q, hn::Add(s, s));
+  return hn::MulAdd(e, hn::Set(d, kLn2), hn::MulAdd(e, hn::Set(d, kLn2Lo), lm));
+}
+template <class D, class V>
+HWY_INLINE V Log(D d, V x) {
+  const V min_normal = hn::Set(d, 1.17549435e-38f), max_finite = hn::Set(d, 3.40282347e38f);
+  if (HWY_LIKELY(hn::AllTrue(d, hn::And(hn::Ge(x, min_normal), hn::Le(x, max_finite)))))
+    return LogCore(d, x, hn::Zero(d));
+  // Denormals are scaled by 2^23 first; then 0 -> -inf, x < 0 -> NaN, inf -> inf, NaN -> NaN.
+  const auto tiny = hn::Lt(x, min_normal);
+  const V xs = hn::IfThenElse(tiny, hn::Mul(x, hn::Set(d, 8388608.0f)), x);
+  V r = LogCore(d, xs, hn::IfThenElseZero(tiny, hn::Set(d, -23.0f)));
+  const V inf = hn::Set(d, HUGE_VALF);
+  r = hn::IfThenElse(hn::Eq(x, inf), inf, r);
+  r = hn::IfThenElse(hn::Eq(x, hn::Zero(d)), hn::Neg(inf), r);
+  r = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Set(d, NAN), r);
+  return hn::IfThenElse(hn::IsNaN(x), x, r);
+}
+
+// sigmoid(x) = 1 / (1 + e^-x); the full path uses e^-|x| so that large negative x keep their
+// tiny (even denormal) values instead of 1/inf.
+template <class D, class V>
+HWY_INLINE V SigmoidFull(D d, V x) {
+  const V one = hn::Set(d, 1.0f);
+  const V e = ExpFull(d, hn::Neg(hn::Abs(x)));
+  const V r = hn::Div(one, hn::Add(one, e));
+  return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Mul(e, r), r);  // NaN: r is NaN
+}
+// x sigmoid(y) for any x, y. For y < 0 the exp is taken times 2^64 and the product scaled
+// by 2^-64 last, so a result that is normal keeps full precision even where e^y alone is
+// denormal (gelu-tanh near x = -10, silu below x = -87), and a denormal result rounds once.
+template <class D, class V>
+HWY_INLINE V TimesSigmoidFull(D d, V x, V y) {
+  const V one = hn::Set(d, 1.0f);
+  const V neg = hn::Neg(hn::Abs(y));
+  const auto is_neg = hn::Lt(y, hn::Zero(d));
+  const auto k = TinyScale(d, neg);
+  const V es = ExpFull(d, neg, k, hn::Zero(d));  // e^-|y| * 2^k
+  const V e = Unscale(d, es, k);
+  const V r = hn::Div(one, hn::Add(one, e));
+  const V left = Unscale(d, hn::Mul(hn::Mul(x, es), r), k);
+  return hn::IfThenElse(is_neg, left, hn::Mul(x, r));  // NaN in x or y stays NaN
+}
+
+// x / (1 + e^-y) for |y| <= kExpFastMax: a corrected division (exactly x at saturation) or,
+// lite, x times the refined reciprocal.
+template <bool L = false, class D, class V>
+HWY_INLINE V TimesSigmoidFast(D d, V x, V y) {
+  const V den = hn::Add(hn::Set(d, 1.0f), ExpFast<L>(d, hn::Neg(y)));
+  return L ? hn::Mul(x, RecipFast(d, den)) : DivFast(d, x, den);
+}
+template <bool L = false, class D, class V>
+HWY_INLINE V Sigmoid(D d, V x) {
+  if (HWY_LIKELY(ExpFastOk(d, x))) return TimesSigmoidFast<L>(d, hn::Set(d, 1.0f), x);
+  return SigmoidFull(d, x);
+}
+// sigmoid(y) and 1 - sigmoid(y) = e^-y sigmoid(y), without the cancellation of 1 - s.
+template <class D, class V>
+HWY_INLINE void SigmoidPair(D d, V y, V& s, V& s1m) {
+  if (HWY_LIKELY(ExpFastOk(d, y))) {
+    const V e = ExpFast(d, hn::Neg(y));
+    s = DivFast(d, hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), e));
+    s1m = hn::Mul(e, s);
+    return;
+  }
+  s = SigmoidFull(d, y);
+  s1m = SigmoidFull(d, hn::Neg(y));
+}
+
+// tanh(x) = -m / (2 + m) with m = expm1(-2|x|), sign restored; |x| is capped at 9.5, past which
+// tanh rounds to 1 in float32 (the corrected division returns exactly 1 there).
+template <bool L = false, class D, class V>
+HWY_INLINE V Tanh(D d, V x) {
+  const V a = hn::Min(hn::Abs(x), hn::Set(d, 9.5f));
+  const V m = ExpM1Fast<L>(d, hn::Mul(a, hn::Set(d, -2.0f)));
+  const V r = DivFast(d, hn::Neg(m), hn::Add(m, hn::Set(d, 2.0f)));
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::CopySignToAbs(r, x));
+}
+
+// 0.5 erfc(z) for z >= 0 as t exp(-z^2 + P(t)), t = 1/(1 + 0.55 z): P of degree 8 fitted on
+// z in [0, 10.7] (relative error 1.5e-7). -z^2 is carried as hi + lo (an exact FMA residual)
+// into the exp reduction, as rounding it would cost 2 z^2 ulp where z^2 reaches 80.
+// `full`: any z (large z underflow through ExpFull); otherwise z <= kErfcFastMax.
+constexpr float kErfcFastMax = 8.8f;
+// from_x: the argument is |x| with z = |x|/sqrt2, and -z^2 is formed as (-|x|/2)|x|, exact
+// before its rounding (z^2 from a rounded z would cost 2 z^2 ulp). k: as in ExpFull.
+template <class D, class V, class VI>
+HWY_INLINE V HalfErfc(D d, V z_or_x, bool full, bool from_x, VI k) {
+  const hn::RebindToSigned<D> di;
+  const V z = from_x ? hn::Mul(z_or_x, hn::Set(d, kInvSqrt2)) : z_or_x;
+  const V t = full ? hn::Div(hn::Set(d, 1.0f), hn::MulAdd(z, hn::Set(d, 0.55f), hn::Set(d, 1.0f)))
+                   : RecipFast(d, hn::MulAdd(z, hn::Set(d, 0.55f), hn::Set(d, 1.0f)));
+  const V p = Poly8(d, t, hn::Mul(t, t), -1.86320078f, 0.996258795f, 0.388227075f, -0.196951315f, 0.638581336f, -1.81610858f,
+                   1.89147568f, -0.898529172f, 0.16709967f);
+  const V nz = from_x ? hn::Mul(z_or_x, hn::Set(d, -0.5f)) : hn::Neg(z);
+  const V hi = hn::Mul(nz, z_or_x);
+  const V lo = hn::MulAdd(nz, z_or_x, hn::Neg(hi));  // exact: -z^2 = hi + lo
+  const V arg = hn::Add(hi, p);
+  // Full path: |hi| > |p| there, so p - (arg - hi) is arg's exact rounding error (Fast2Sum).
+  if (full) return hn::Mul(t, ExpFull(d, arg, k, hn::Add(hn::Sub(p, hn::Sub(arg, hi)), lo)));  // times 2^k
+  (void)k;
+  // Exp of (hi + p) + lo: reduce the large hi part first, then add p and lo to r.
+  const V tt = hn::MulAdd(arg, hn::Set(d, kLog2e), hn::Set(d, kRoundMagic));
+  const V n = hn::Sub(tt, hn::Set(d, kRoundMagic));
+  V r = hn::Add(hn::NegMulAdd(n, hn::Set(d, kLn2), hi), p);
+  r = hn::Add(hn::NegMulAdd(n, hn::Set(d, kLn2Lo), r), lo);
+  const V e = hn::MulAdd(r, ExpQ(d, r), hn::Set(d, 1.0f));
+  return hn::Mul(t, hn::BitCast(d, hn::Add(hn::BitCast(di, e), hn::ShiftLeft<23>(hn::BitCast(di, tt)))));
+}
+
+// Phi(x) = P(X <= x) for X ~ N(0, 1): 0.5 erfc(|x|/sqrt2) on the left, 1 - that on the right.
+template <class D, class V>
+HWY_INLINE V NormalCdf(D d, V x, bool full) {
+  const V h = HalfErfc(d, hn::Abs(x), full, true, hn::Zero(hn::RebindToSigned<D>()));
+  return hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h));
+}
+template <class D, class V>
+HWY_INLINE bool CdfFastOk(D d, V x) {
+  return hn::AllTrue(d, hn::Le(hn::Abs(x), hn::Set(d, kErfcFastMax / kInvSqrt2)));  // false on NaN
+}
+// gelu(x) = x Phi(x). Vectors with every |x| <= 3 (z <= 2.13, almost all of them for
+// activations) skip the reciprocal: 0.5 erfc(z) = exp(-z^2 + G(z)) with G a polynomial in z of
+// degree 8 (error 1.0e-7) or, lite, 6 (1.0e-6). Past |x| = 15 Phi is 1 or underflows, so x is
+// clamped there.
+template <bool L = false, class D, class V>
+HWY_INLINE V Gelu(D d, V x) {
+  const V ax = hn::Abs(x);
+  if (HWY_LIKELY(hn::AllTrue(d, hn::Le(ax, hn::Set(d, 3.0f))))) {
+    const V z = hn::Mul(ax, hn::Set(d, kInvSqrt2));
+    const V z2 = hn::Mul(z, z);
+    V g;
+    if (L) {
+      g = Poly6(d, z, z2, -0.693146169f, -1.1284343f, 0.363887072f, -0.104569539f, 0.0223279521f, -0.00300004566f,
+               0.000182648801f);
+    } else {
+      g = Poly8(d, z, z2, -0.693147123f, -1.12838387f, 0.363440543f, -0.103073239f, 0.0198779646f, -0.000831777754f,
+                -0.000875192636f, 0.000267228374f, -2.72394391e-05f);
+    }
+    const V h = ExpFast<L>(d, hn::Sub(g, z2));
+    return hn::Mul(x, hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h)));
+  }
+  if (HWY_LIKELY(CdfFastOk(d, x))) return hn::Mul(x, NormalCdf(d, x, false));
+  // Left tail: h * 2^64 keeps Phi normal until x * Phi is formed, then one rounding.
+  const V xc = hn::Min(hn::Max(x, hn::Set(d, -15.0f)), hn::Set(d, 15.0f));
+  const V axc = hn::Abs(xc);
+  const auto k = TinyScale(d, hn::Mul(hn::Mul(axc, axc), hn::Set(d, -0.5f)));
+  const V hs = hn::IfThenElseZero(hn::Ge(x, hn::Set(d, -15.0f)), HalfErfc(d, axc, true, true, k));
+  const V left = Unscale(d, hn::Mul(x, hs), k);
+  const V right = hn::Mul(x, hn::Sub(hn::Set(d, 1.0f), Unscale(d, hs, k)));
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::IfNegativeThenElse(x, left, right));
+}
+
+// erf(z): z E(z^2) for |z| <= 0.75 (E of degree 5, relative error 1.4e-9), else
+// sign(z) (1 - 2 h(|z|)); |z| is capped at 4.5, where erf rounds to 1.
+template <class D, class V>
+HWY_INLINE V Erf(D d, V z) {
+  const V a = hn::Min(hn::Abs(z), hn::Set(d, 4.5f));
+  const V z2 = hn::Mul(z, z);
+  const V small = hn::Mul(z, Poly5(d, z2, hn::Mul(z2, z2), 1.12837911f, -0.3761262f, 0.112833768f, -0.0268346239f,
+                                   0.00511434348f, -0.000674949668f));
+  const V big = hn::CopySignToAbs(hn::NegMulAdd(hn::Set(d, 2.0f), HalfErfc(d, a, false, false, hn::Zero(hn::RebindToSigned<D>())), hn::Set(d, 1.0f)), z);
+  const V r = hn::IfThenElse(hn::Le(a, hn::Set(d, 0.75f)), small, big);
+  return hn::IfThenElse(hn::IsNaN(z), z, r);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kiln::cpu::simd
+HWY_AFTER_NAMESPACE();
+
+#endif  // KILN_OPS_CPU_SIMD_MATH_INL_H_

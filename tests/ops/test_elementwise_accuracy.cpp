@@ -1,0 +1,219 @@
+// Accuracy of the SIMD transcendental rows (src/ops/cpu/simd_math-inl.h) against float64
+// references over dense sweeps: a dense grid over the interesting range, every 4099th float32
+// bit pattern (all exponents: denormals, huge values, both signs, inf, NaN), hand-picked specials
+// (+-0, +-inf, NaN, denormals, the overflow/underflow edges); for bf16 every one of the 65536
+// bit patterns. Errors are relative for normal results and in units of the smallest denormal
+// (2^-149) for denormal ones. The measured maxima are printed.
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/elementwise.h"
+#include "ops/elementwise_test_util.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Dense grid on [lo, hi], strided bit patterns over all floats, and specials.
+std::vector<double> f32_sweep(double lo, double hi) {
+  std::vector<double> xs;
+  const int grid = 400000;
+  for (int i = 0; i <= grid; ++i) xs.push_back(static_cast<float>(lo + (hi - lo) * i / grid));
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4099) xs.push_back(from_bits(static_cast<uint32_t>(u)));
+  for (double s : {0.0, -0.0, kInf, -kInf, kNan, 1e-45, -1e-45, 1e-40, -1e-40, 1.17549435e-38, 87.0, 87.3, 88.0,
+                   88.72, 88.73, 89.0, 100.0, 103.9, 104.0, 200.0, 3.4e38, 8.8, 9.0, 9.5, 12.4, 12.5, 15.0, 20.0})
+    for (double v : {s, -s}) xs.push_back(static_cast<float>(v));
+  return xs;
+}
+
+std::vector<double> all_bf16() {
+  std::vector<double> xs;
+  for (uint32_t b = 0; b < 65536; ++b) xs.push_back(from_bits(b << 16));
+  return xs;
+}
+
+struct Err {
+  double max_rel = 0, at = 0;
+  double max_denormal_quanta = 0, at_denormal = 0;
+  int64_t bad_special = 0;  // NaN/inf mismatches
+  double worst_special = 0;
+};
+
+// out (computed in dtype) vs ref (float64, then rounded to dtype's range: overflow must give inf).
+Err compare(const std::vector<double>& xs, const std::vector<double>& out, const std::vector<double>& ref,
+            double max_finite) {
+  Err e;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double r = ref[i], o = out[i];
+    if (std::isnan(r) || std::isnan(o) || std::isinf(o) || std::fabs(r) > max_finite) {
+      const bool ok = (std::isnan(r) && std::isnan(o)) ||
+                      (!std::isnan(r) && std::isinf(o) && std::fabs(r) > max_finite * (1 - 1e-7) && (o > 0) == (r > 0));
+      if (!ok) {
+        ++e.bad_special;
+        e.worst_special = xs[i];
+      }
+      continue;
+    }
+    if (std::fabs(r) < FLT_MIN) {
+      const double q = std::fabs(o - r) / std::ldexp(1.0, -149);
+      if (q > e.max_denormal_quanta) {
+        e.max_denormal_quanta = q;
+        e.at_denormal = xs[i];
+      }
+      continue;
+    }
+    const double rel = std::fabs(o - r) / std::fabs(r);
+    if (rel > e.max_rel) {
+      e.max_rel = rel;
+      e.at = xs[i];
+    }
+  }
+  return e;
+}
+
+double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double gelu_d(double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }
+double gelu_tanh_2u(double x) { return 2 * std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x); }
+double gelu_tanh_d(double x) { return x / (1.0 + std::exp(-gelu_tanh_2u(x))); }  // = 0.5x(1+tanh u), no cancellation
+
+struct Case {
+  std::string name;
+  std::function<Tensor(const Tensor&)> op;
+  std::function<double(double)> ref;
+  double lo, hi;      // dense grid
+  double f32_bound;   // max relative error allowed in float32 (normal results)
+  double denormal_quanta = 2;  // denormal results: at most this many 2^-149 steps off
+};
+
+std::vector<Case> cases() {
+  return {
+      {"exp", [](const Tensor& x) { return exp(x); }, [](double x) { return std::exp(x); }, -104, 89, 3e-7},
+      {"log", [](const Tensor& x) { return log(x); }, [](double x) { return std::log(x); }, 0, 10, 3e-7},
+      {"erf", [](const Tensor& x) { return erf(x); }, [](double x) { return std::erf(x); }, -5, 5, 5e-7},
+      {"tanh", [](const Tensor& x) { return tanh(x); }, [](double x) { return std::tanh(x); }, -10, 10, 3e-7},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, sigmoid_d, -110, 30, 3e-7},
+      {"silu", [](const Tensor& x) { return silu(x); }, [](double x) { return x * sigmoid_d(x); }, -110, 30, 3e-7},
+      {"gelu", [](const Tensor& x) { return gelu(x); }, gelu_d, -16, 16, 2e-6, 4},
+      // 2u = 1.6 (x + 0.045 x^3) carries ~2 ulp; e^-2u turns that into |2u| * 2e-7 relative:
+      // ~2e-5 near x = -10, where results are ~1e-37 (the scalar and CUDA paths share this).
+      {"gelu_tanh", [](const Tensor& x) { return gelu(x, "tanh"); }, gelu_tanh_d, -16, 16, 3e-5, 128},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, [](double x) { return 1 / std::sqrt(x); }, 0, 10, 3e-7},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); }, 0, 10, 1e-7},
+  };
+}
+
+}  // namespace
+
+TEST(ElementwiseAccuracy, Float32DenseSweep) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const std::vector<double> xs = f32_sweep(c.lo, c.hi);
+    const std::vector<double> out = c.op(tensor(xs, kFloat32)).to_vector();
+    std::vector<double> ref(xs.size());
+    for (size_t i = 0; i < xs.size(); ++i) ref[i] = c.ref(xs[i]);
+    const Err e = compare(xs, out, ref, FLT_MAX);
+    std::printf("[accuracy] f32  %-9s max rel error %.3g (%.2f ulp) at x=%.9g over %zu inputs; denormal results "
+                "within %.2f x 2^-149\n",
+                c.name.c_str(), e.max_rel, e.max_rel / FLT_EPSILON, e.at, xs.size(), e.max_denormal_quanta);
+    EXPECT_LE(e.max_rel, c.f32_bound) << "at x=" << e.at;
+    EXPECT_LE(e.max_denormal_quanta, c.denormal_quanta) << "at x=" << e.at_denormal;
+    EXPECT_EQ(e.bad_special, 0) << "NaN/inf mismatch, e.g. at x=" << e.worst_special;
+  }
+}
+
+TEST(ElementwiseAccuracy, BFloat16AllValues) {
+  const std::vector<double> xs = all_bf16();
+  const double bf16_max = from_bits(0x7f7f0000u);
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const std::vector<double> out = c.op(tensor(xs, kFloat32).to(kBFloat16)).to_vector();
+    std::vector<double> ref(xs.size());
+    int64_t not_nearest = 0, finite = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      ref[i] = c.ref(xs[i]);
+      if (!std::isfinite(ref[i]) || std::fabs(ref[i]) > bf16_max) continue;
+      ++finite;
+      // The correctly rounded bf16 of the float64 value, for the count of 1-ulp differences.
+      const double nearest = BFloat16(static_cast<float>(ref[i])).operator float();
+      if (out[i] != nearest) ++not_nearest;
+    }
+    const Err e = compare(xs, out, ref, bf16_max);
+    std::printf("[accuracy] bf16 %-9s max rel error %.3g at x=%.6g; %lld of %lld finite results differ from the "
+                "nearest bf16 (1 ulp)\n",
+                c.name.c_str(), e.max_rel, e.at, static_cast<long long>(not_nearest), static_cast<long long>(finite));
+    EXPECT_LE(e.max_rel, 1.0 / 256) << "at x=" << e.at;  // at most one bf16 ulp
+    EXPECT_LE(e.max_denormal_quanta, 65536.0) << "at x=" << e.at_denormal;  // one bf16 denormal step
+    EXPECT_EQ(e.bad_special, 0) << "NaN/inf mismatch, e.g. at x=" << e.worst_special;
+    EXPECT_LE(not_nearest, finite / 200);
+  }
+}
+
+// The fused backward rows (g = 1): derivative errors relative to max(|ref|, 0.01), as they cross
+// zero (two terms of ~0.2 cancel) where a relative error means nothing.
+TEST(ElementwiseAccuracy, BackwardFloat32Sweep) {
+  struct Bwd {
+    std::string name;
+    BinaryOp op;
+    std::function<double(double)> ref;
+  };
+  const std::vector<Bwd> bwd = {
+      {"silu'", BinaryOp::SiluBackward,
+       [](double x) { const double s = sigmoid_d(x); return s * (1 + x * (1 - s)); }},
+      {"gelu'", BinaryOp::GeluBackward,
+       [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI); }},
+      {"gelu_tanh'", BinaryOp::GeluTanhBackward,
+       [](double x) {
+         const double s = sigmoid_d(gelu_tanh_2u(x));
+         return s + 2 * x * s * (1 - s) * std::sqrt(2.0 / M_PI) * (1 + 3 * 0.044715 * x * x);
+       }},
+  };
+  std::vector<double> xs;
+  for (int i = 0; i <= 200000; ++i) xs.push_back(static_cast<float>(-20 + 40.0 * i / 200000));
+  for (double s : {0.0, 1e-40, 50.0, 100.0}) xs.push_back(s), xs.push_back(-s);
+  const Tensor x = tensor(xs, kFloat32), g = ones({static_cast<int64_t>(xs.size())});
+  for (const Bwd& b : bwd) {
+    SCOPED_TRACE(b.name);
+    const Tensor out = empty_like(x);
+    cpu::binary(b.op, out, g, x, {});
+    const std::vector<double> o = out.to_vector();
+    double worst = 0, at = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double r = b.ref(xs[i]);
+      ASSERT_TRUE(std::isfinite(o[i])) << "x=" << xs[i];
+      const double e = std::fabs(o[i] - r) / std::max(std::fabs(r), 0.01);
+      if (e > worst) worst = e, at = xs[i];
+    }
+    std::printf("[accuracy] f32  %-10s max error %.3g at x=%.6g\n", b.name.c_str(), worst, at);
+    EXPECT_LE(worst, 1e-5) << "at x=" << at;
+  }
+}
+
+// NaN in gives NaN out in every dtype and op, and bf16 NaN survives the rounding.
+TEST(ElementwiseAccuracy, NanPropagates) {
+  for (const Case& c : cases()) {
+    for (DType dt : {kFloat32, kBFloat16}) {
+      SCOPED_TRACE(c.name + " " + dtype_name(dt));
+      std::vector<double> xs(37, 0.5);
+      xs[3] = xs[20] = xs[36] = kNan;
+      const std::vector<double> out = c.op(tensor(xs, dt)).to_vector();
+      EXPECT_TRUE(std::isnan(out[3]) && std::isnan(out[20]) && std::isnan(out[36]));
+      EXPECT_FALSE(std::isnan(out[4]));
+    }
+  }
+}
