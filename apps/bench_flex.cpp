@@ -12,6 +12,7 @@
 // With --json it prints one object per line:
 //   {"variant": "flex" | "flex_all_blocks" | "dense", "fwd_ms": ..., "fwd_bwd_ms": ..., "peak_extra_bytes": ...}
 //   {"variant": "dense", "omitted": "<why>"}
+//   {"variant": "first_call", "of": "<variant>", "fwd_bwd_ms": ...}  (the warm-up: kernel compile or cache load)
 //   {"variant": "block_mask", "create_ms": ..., "sparsity": (percent of blocks skipped), "bytes": ..., "seq": ...}
 #include <algorithm>
 #include <chrono>
@@ -195,11 +196,18 @@ void line(bool json, const char* variant, double fwd, double fwd_bwd, int64_t pe
 void run(const Args& a, const char* variant, const Device& dev, const Tensor& q, const Tensor& k, const Tensor& v,
          const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& attn, int reps) {
   const Tensor g = randn(q.sizes(), q.options());
+  if (dev.is_cuda()) cuda::synchronize(dev.index);
+  const double t0 = now_ms();
   {
     Tensor out = attn(q, k, v);  // warm-up (CUDA: compiles or loads the kernels)
     autograd::grad({out}, {q, k, v}, {g});
   }
   if (dev.is_cuda()) cuda::synchronize(dev.index);
+  const double first = now_ms() - t0;  // the first forward+backward: NVRTC compile or disk-cache load
+  if (a.json)
+    std::printf("{\"variant\": \"first_call\", \"of\": \"%s\", \"fwd_bwd_ms\": %.3f}\n", variant, first);
+  else
+    std::printf("%-16s first forward+backward (compile or cache load included) %.1f ms\n", variant, first);
   const int64_t base = memory_allocated(dev);
   reset_peak_memory_stats(dev);
   const double fwd = median_ms(dev, [&] {
