@@ -20,7 +20,8 @@
 //           (about four GEMMs). Working memory: one [chunk_tokens, chunk_vocab] tile, one
 //           [chunk_vocab, H] fp32 weight-gradient slice (only when the tokens span several
 //           chunks) and one [N, H] fp32 input-gradient accumulator (16-bit inputs); never
-//           anything of size N * V. CUDA default tile: up to 8192 tokens x 2048 classes.
+//           anything of size N * V. CUDA default tile: up to 8192 tokens x the widest
+//           vocabulary slice that keeps the working memory within N*H*4 + 128 MiB.
 //   speed:  (reductions mean/sum) the forward computes the gradients too, per [chunk_tokens, V]
 //           logit chunk (three GEMMs); backward only scales them by the upstream gradient.
 //           On CUDA, dW of 16-bit weights is summed over the chunks in the weight's dtype (one

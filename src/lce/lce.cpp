@@ -89,9 +89,9 @@ struct Plan {
 };
 
 // Chunk sizes and the strategy. Memory tiles: big enough that each GEMM fills the device (CUDA
-// up to 8192 tokens x 2048 classes: a 64 MiB fp32 tile, ~137 GFLOP per logit tile at H = 4096, and
-// with all tokens in one chunk each dW slice is one GEMM; CPU 2048 x 1024: 16 of cpu::gemm's
-// tasks). Speed: token chunks of fp32 logits over the whole vocabulary within the budget (CUDA
+// up to 8192 tokens x an 88 MiB-bounded width, 2816 classes at N = 8192: ~190 GFLOP per logit tile
+// at H = 4096, and with all tokens in one chunk each dW slice is one GEMM; CPU 2048 x 1024: 16 of
+// cpu::gemm's tasks). Speed: token chunks of fp32 logits over the whole vocabulary within the budget (CUDA
 // default 512 MiB, about torch.compile's working memory at 8192 x 128k), equal-sized.
 Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& o, const lce::Needs& nd) {
   const bool cuda = x.is_cuda();
@@ -127,6 +127,14 @@ Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& 
   } else {
     p.strategy = LceStrategy::Memory;
     p.chunk_n = o.chunk_tokens > 0 ? o.chunk_tokens : (cuda ? 8192 : 2048);
+    if (cuda && o.chunk_vocab <= 0) {
+      // The widest tile (fewest fp32 dx accumulations) whose fp32 logits, plus the fp32 dW slice
+      // when the tokens span several chunks, fit 88 MiB: with the [N, H] fp32 dx accumulator and
+      // cuBLASLt's 32 MiB workspace, working memory stays within N*H*4 + 128 MiB.
+      const int64_t nc = std::min(p.chunk_n, n);
+      const int64_t per_class = nc * 4 + (nc < n ? s.h * 4 : 0);
+      p.chunk_v = std::clamp<int64_t>((int64_t{88} << 20) / per_class / 128 * 128, 128, 8192);
+    }
   }
   return p;
 }
