@@ -337,4 +337,22 @@ Interval eval_interval(const Program& p, int64_t bi, int64_t hi, int64_t q0, int
   return regs[p.result];
 }
 
+bool loads_in_bounds(const Program& p, int64_t B, int64_t H, int64_t L, int64_t S) {
+  if (!p.reads_tensors) return true;
+  std::vector<Interval> regs;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      eval_interval(p, b, h, 0, L - 1, 0, S - 1, regs);
+      for (const Instr& in : p.code) {
+        if (in.op != Op::Load) continue;
+        const int32_t ops[3] = {in.a, in.b, in.c};
+        for (int d = 0; d < in.nidx; ++d) {
+          const Interval& x = regs[ops[d]];
+          if (x.ilo < 0 || x.ihi >= p.buffers[in.buf].sizes[d]) return false;
+        }
+      }
+    }
+  return true;
+}
+
 }  // namespace kiln::flex::detail

@@ -102,5 +102,9 @@ struct Interval {
 Interval eval_interval(const Program& p, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0, int64_t k1,
                        std::vector<Interval>& regs);
 
+// True when interval analysis proves every tensor load of the program in range for all b < B,
+// h < H, q < L, kv < S (so a kernel need not report out-of-range indices back to the host).
+bool loads_in_bounds(const Program& p, int64_t B, int64_t H, int64_t L, int64_t S);
+
 }  // namespace detail
 }  // namespace kiln::flex

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <random>
 
+#include "flex/ir.h"
 #include "kiln/flex.h"
 #include "reference.h"
 #include "support/testing.h"
@@ -222,6 +223,22 @@ TEST(FlexBlockMask, Errors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[create_block_mask]"), std::string::npos);
   }
+}
+
+// Interval analysis proves the loads of the usual mods in range (the CUDA kernels then skip the
+// host read of their out-of-range flag) and refuses when a tensor is too short for the lengths.
+TEST(FlexIr, LoadsInBoundsByIntervalAnalysis) {
+  using detail::compile;
+  using detail::loads_in_bounds;
+  const int64_t L = 300, S = 300, H = 3;
+  const Tensor doc = randint(0, 4, {S}, kInt64);
+  EXPECT_TRUE(loads_in_bounds(compile(document_mask(doc).expr), 2, H, L, S));
+  EXPECT_FALSE(loads_in_bounds(compile(document_mask(doc).expr), 2, H, L + 1, S));
+  const Tensor bias = randn({H, L + S - 1});
+  EXPECT_TRUE(loads_in_bounds(compile(relative_position_bias(bias, S - 1).expr), 1, H, L, S));
+  EXPECT_FALSE(loads_in_bounds(compile(relative_position_bias(bias, S).expr), 1, H, L, S));
+  EXPECT_FALSE(loads_in_bounds(compile(alibi(randn({H})).expr), 1, H + 1, L, S));
+  EXPECT_TRUE(loads_in_bounds(compile(causal_mask().expr), 1, H, L, S));  // no loads
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ struct State {
   const FlexKernels* kernels = nullptr;
   int64_t fwd_smem = 0, bwd_smem = 0;
   int64_t grad_numel = 0;
-  bool reads_tensors = false;
+  bool check_indices = false;  // a load may go out of range: read the kernel's flag back
 };
 
 namespace {
@@ -80,8 +80,8 @@ void upload(const detail::Program& prog, Device device, std::vector<Tensor>& kee
 void* stream_of(const State& st) { return kiln::cuda::current_raw_stream(st.device.index); }
 
 bool read_error(const State& st, const Tensor& err) {
-  if (!st.reads_tensors) return true;
-  return err.to(kCPU).data_ptr<int32_t>()[0] == 0;  // synchronises: only mods that read tensors pay it
+  if (!st.check_indices) return true;
+  return err.to(kCPU).data_ptr<int32_t>()[0] == 0;  // synchronises: only loads not proven in range pay it
 }
 
 }  // namespace
@@ -143,7 +143,10 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
       }
   }
   if (p.mask) upload(*p.mask, device, st->buffers, P.mptr, P.msize, P.mstride);
-  st->reads_tensors = (p.score && p.score->reads_tensors) || (p.mask && p.mask->reads_tensors);
+  auto unproven = [&](const detail::Program* prog) {
+    return prog && !detail::loads_in_bounds(*prog, p.B, p.Hq, p.L, p.S);
+  };
+  st->check_indices = unproven(p.score) || unproven(p.mask);
 
   KernelConfig cfg;
   cfg.bf16 = dtype == kBFloat16;
