@@ -4,7 +4,7 @@
 //
 // Tiles: a CTA is 4 warps; each warp owns 16 rows of a 64 x 64 score tile and accumulates in
 // fp32 registers (mma C fragments). Q/K/V/dO tiles sit in shared memory with rows padded by 16
-// bytes (conflict-free fragment loads). 64 x 64 divides the BlockMask's 128 blocks; a CTA walks
+// bytes (conflict-free ldmatrix: the 8 rows of a phase hit distinct banks). 64 x 64 divides the BlockMask's 128 blocks; a CTA walks
 // the BlockMask lists, partial and full merged in ascending block order, so a block contributes
 // the same bits whatever its classification (the mask is simply not evaluated on full blocks).
 //   flex_fwd:       per (b, q head, 64-row q tile): online softmax, out in T, lse (natural log).
@@ -68,6 +68,11 @@ const char* kernel_template() {
 #define KILN_BUILD_BWD 1
 #endif
 #define LD (HEAD_DIM + 8)
+// B operands by ldmatrix in flex_fwd / flex_bwd_dq; flex_bwd_dkdv keeps per-thread loads: ptxas
+// batches the ldmatrix results ahead of the mmas and, on top of dK, dV, S and dP (192 live fp32
+// registers at E = 128), that spills. Both give the same fragments, so the same bits.
+#define LDSM_B_Q true
+#define LDSM_B_KV false
 #if TILE_M != TILE_N
 #error "the transposed dK/dV tiles assume square 64 x 64 tiles"
 #endif
@@ -98,15 +103,11 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 
 // c += a (16x16, row) * b (16x8, col); fp32 accumulate.
 __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-
-__device__ __forceinline__ u32 ld32(const u16* p) { return *(const u32*)p; }
-// Two 16-bit values from rows r and r + 1 of a tile (a B fragment down a column).
-__device__ __forceinline__ u32 ld_col2(const u16* p) { return (u32)p[0] | ((u32)p[LD] << 16); }
 
 // rows x HEAD_DIM tile from global rows row0.. (rows past `total` are zero) into smem (stride LD).
 __device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
@@ -119,34 +120,61 @@ __device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i6
   }
 }
 
-// A fragment (16 x 16 at rows r0.., cols k0..) of a row-major smem tile.
-__device__ __forceinline__ void frag_a(u32* a, const u16* tile, int r0, int k0, int g, int t) {
-  a[0] = ld32(tile + (r0 + g) * LD + k0 + 2 * t);
-  a[1] = ld32(tile + (r0 + g + 8) * LD + k0 + 2 * t);
-  a[2] = ld32(tile + (r0 + g) * LD + k0 + 2 * t + 8);
-  a[3] = ld32(tile + (r0 + g + 8) * LD + k0 + 2 * t + 8);
+// Shared-memory address of a generic pointer into smem (for ldmatrix / cp.async).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// Four 8 x 8 16-bit matrices; lane l gives the row address of row l % 8 of matrix l / 8. With
+// .trans each lane receives a column pair instead of a row pair. Rows are 16 bytes, LD pads a row
+// by 16 bytes, so the 8 rows of a phase fall on distinct bank quads (conflict-free).
+__device__ __forceinline__ void ldsm4(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4_t(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// A fragment (16 x 16 at rows r0.., cols k0..) of a row-major smem tile: matrices (rows +0/+8) x
+// (cols +0/+8) in the mma's a0..a3 order.
+__device__ __forceinline__ void frag_a(u32* a, const u16* tile, int r0, int k0, int lane) {
+  ldsm4(a, tile + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + k0 + (lane >> 4) * 8);
 }
 
 // acc[16 x 64] = A[16 rows at ra, HEAD_DIM] * B^T where B is a 64 x HEAD_DIM smem tile (both row-major).
-__device__ __forceinline__ void tile_abt(float (*acc)[4], const u16* A, int ra, const u16* Bm, int g, int t) {
+template <bool kLdsm>  // kLdsm: B fragments by ldmatrix, else per-thread loads
+__device__ __forceinline__ void tile_abt(float (*acc)[4], const u16* A, int ra, const u16* Bm, int lane) {
 #pragma unroll
   for (int n = 0; n < TILE_N / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
   for (int k0 = 0; k0 < HEAD_DIM; k0 += 16) {
     u32 a[4];
-    frag_a(a, A, ra, k0, g, t);
+    frag_a(a, A, ra, k0, lane);
 #pragma unroll
-    for (int n = 0; n < TILE_N / 8; ++n) {
-      u32 b[2];
-      b[0] = ld32(Bm + (n * 8 + g) * LD + k0 + 2 * t);
-      b[1] = ld32(Bm + (n * 8 + g) * LD + k0 + 2 * t + 8);
+    for (int n = 0; n < TILE_N / 8; n += 2) {
+      // B fragments of column blocks n and n + 1: rows n*8.. of Bm, cols k0 and k0 + 8.
+      u32 b[4];
+      if (kLdsm) {
+        ldsm4(b, Bm + (n * 8 + ((lane >> 4) * 8) + (lane & 7)) * LD + k0 + ((lane >> 3) & 1) * 8);
+      } else {
+        const u16* q0 = Bm + (n * 8 + (lane >> 2)) * LD + k0 + 2 * (lane & 3);
+        b[0] = *(const u32*)q0;
+        b[1] = *(const u32*)(q0 + 8);
+        b[2] = *(const u32*)(q0 + 8 * LD);
+        b[3] = *(const u32*)(q0 + 8 * LD + 8);
+      }
       mma(acc[n], a, b);
+      mma(acc[n + 1], a, b + 2);
     }
   }
 }
 
 // acc[16 x HEAD_DIM] += P[16 x 64] (C fragments, rounded to T) * Bm (64 x HEAD_DIM smem, row-major).
-__device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], const u16* Bm, int g, int t) {
+template <bool kLdsm>  // kLdsm: B fragments by ldmatrix, else per-thread loads
+__device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], const u16* Bm, int lane) {
 #pragma unroll
   for (int kk = 0; kk < TILE_N / 16; ++kk) {
     u32 a[4];
@@ -155,11 +183,21 @@ __device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], co
     a[2] = pack2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
     a[3] = pack2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) {
-      u32 b[2];
-      b[0] = ld_col2(Bm + (kk * 16 + 2 * t) * LD + n * 8 + g);
-      b[1] = ld_col2(Bm + (kk * 16 + 2 * t + 8) * LD + n * 8 + g);
+    for (int n = 0; n < HEAD_DIM / 8; n += 2) {
+      // B fragments (k down the rows) of column blocks n and n + 1 by transposed loads: rows
+      // kk*16 + 0..7 / 8..15, cols n*8 / (n+1)*8.
+      u32 b[4];
+      if (kLdsm) {
+        ldsm4_t(b, Bm + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (n + (lane >> 4)) * 8);
+      } else {
+        const u16* q0 = Bm + (kk * 16 + 2 * (lane & 3)) * LD + n * 8 + (lane >> 2);
+        b[0] = (u32)q0[0] | ((u32)q0[LD] << 16);
+        b[1] = (u32)q0[8 * LD] | ((u32)q0[9 * LD] << 16);
+        b[2] = (u32)q0[8] | ((u32)q0[LD + 8] << 16);
+        b[3] = (u32)q0[8 * LD + 8] | ((u32)q0[9 * LD + 8] << 16);
+      }
       mma(acc[n], a, b);
+      mma(acc[n + 1], a, b + 2);
     }
   }
 }
@@ -255,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams
       load_tile(Vs, vg, c0, P.S, TILE_N);
       __syncthreads();
       float s[TILE_N / 8][4];
-      tile_abt(s, Qs, warp * 16, Ks, g, t);
+      tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
       float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
       for (int n = 0; n < TILE_N / 8; ++n)
@@ -288,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams
           o[n][2 * r + 1] *= alpha;
         }
       }
-      tile_pb(o, s, Vs, g, t);
+      tile_pb<LDSM_B_Q>(o, s, Vs, lane);
     }
   }
 #pragma unroll
@@ -373,8 +411,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
       load_tile(Vs, vg, c0, P.S, TILE_N);
       __syncthreads();
       float s[TILE_N / 8][4], dp[TILE_N / 8][4];
-      tile_abt(s, Qs, warp * 16, Ks, g, t);
-      tile_abt(dp, dOs, warp * 16, Vs, g, t);
+      tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
+      tile_abt<LDSM_B_Q>(dp, dOs, warp * 16, Vs, lane);
 #pragma unroll
       for (int n = 0; n < TILE_N / 8; ++n)
 #pragma unroll
@@ -384,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
                delta[e >> 1], &p, &ds_post, &ds);
           s[n][e] = ds;
         }
-      tile_pb(dq, s, Ks, g, t);  // dQ += dS K
+      tile_pb<LDSM_B_Q>(dq, s, Ks, lane);  // dQ += dS K
     }
   }
   const float sc = (float)P.scale;
@@ -442,8 +480,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
           __syncthreads();
           // Transposed tiles: rows are kv (this warp's 16), columns are q.
           float s[TILE_M / 8][4], dp[TILE_M / 8][4];
-          tile_abt(s, Ks, warp * 16, Qs, g, t);
-          tile_abt(dp, Vs, warp * 16, dOs, g, t);
+          tile_abt<LDSM_B_KV>(s, Ks, warp * 16, Qs, lane);
+          tile_abt<LDSM_B_KV>(dp, Vs, warp * 16, dOs, lane);
 #if HAS_CAP_GRAD
           float raw[TILE_M / 8][4], dpost[TILE_M / 8][4];
 #endif
@@ -476,8 +514,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
             __syncwarp();
           }
 #endif
-          tile_pb(dv, s, dOs, g, t);   // dV += P^T dO
-          tile_pb(dk, dp, Qs, g, t);   // dK += dS^T Q
+          tile_pb<LDSM_B_KV>(dv, s, dOs, lane);   // dV += P^T dO
+          tile_pb<LDSM_B_KV>(dk, dp, Qs, lane);   // dK += dS^T Q
         }
       }
     }
