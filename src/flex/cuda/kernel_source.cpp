@@ -4,7 +4,9 @@
 //
 // Tiles: a CTA is 4 warps; each warp owns 16 rows of a 64 x 64 score tile and accumulates in
 // fp32 registers (mma C fragments). Q/K/V/dO tiles sit in shared memory with rows padded by 16
-// bytes (conflict-free ldmatrix: the 8 rows of a phase hit distinct banks). 64 x 64 divides the BlockMask's 128 blocks; a CTA walks
+// bytes (conflict-free ldmatrix: the 8 rows of a phase hit distinct banks). K/V (Q/dO in dK/dV)
+// tiles arrive by cp.async, the next one's load issued as soon as its buffer is free, so it
+// overlaps the current tile's MMAs. 64 x 64 divides the BlockMask's 128 blocks; a CTA walks
 // the BlockMask lists, partial and full merged in ascending block order, so a block contributes
 // the same bits whatever its classification (the mask is simply not evaluated on full blocks).
 //   flex_fwd:       per (b, q head, 64-row q tile): online softmax, out in T, lse (natural log).
@@ -109,6 +111,12 @@ __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Shared-memory address of a generic pointer into smem (for ldmatrix / cp.async).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
 // rows x HEAD_DIM tile from global rows row0.. (rows past `total` are zero) into smem (stride LD).
 __device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
   const int chunks = HEAD_DIM / 8;
@@ -120,12 +128,26 @@ __device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i6
   }
 }
 
-// Shared-memory address of a generic pointer into smem (for ldmatrix / cp.async).
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
+// load_tile by cp.async (16 bytes a thread, L2 only; rows past `total` zero-filled by a source
+// size of 0). The caller commits the group and waits for it before a __syncthreads.
+__device__ __forceinline__ void load_tile_async(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
+  const int chunks = HEAD_DIM / 8;
+  for (int c = threadIdx.x; c < rows * chunks; c += NTHREADS) {
+    const int r = c / chunks, col = (c % chunks) * 8;
+    const bool in = row0 + r < total;
+    const u16* g = in ? src + (row0 + r) * HEAD_DIM + col : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst + r * LD + col)), "l"(g),
+                 "r"(in ? 16 : 0)
+                 : "memory");
+  }
 }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most N of this thread's committed groups are still in flight (groups complete in order).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Four 8 x 8 16-bit matrices; lane l gives the row address of row l % 8 of matrix l / 8. With
 // .trans each lane receives a column pair instead of a row pair. Rows are 16 bytes, LD pads a row
 // by 16 bytes, so the 8 rows of a phase fall on distinct bank quads (conflict-free).
@@ -243,6 +265,27 @@ struct BlockWalk {
   }
 };
 
+// The 64-row tiles of a BlockWalk's blocks, in order (blocks of `blk` rows, clipped to `total`).
+struct TileWalk {
+  BlockWalk w;
+  i64 c, cend, blk, total;
+  bool part;
+  __device__ __forceinline__ TileWalk(const BlockWalk& walk, i64 block, i64 n)
+      : w(walk), c(0), cend(0), blk(block), total(n), part(false) {}
+  __device__ __forceinline__ bool next(i64& c0, bool& partial) {
+    while (c >= cend) {
+      int j;
+      if (!w.step(j, part)) return false;
+      c = (i64)j * blk;
+      cend = c + blk < total ? c + blk : total;
+    }
+    c0 = c;
+    partial = part;
+    c += TILE_N;
+    return true;
+  }
+};
+
 // The modified score of one element and whether it is kept (in bounds, and mask true on partial blocks).
 __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv, bool partial,
                                            bool* keep) {
@@ -283,15 +326,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams
   const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
-  BlockWalk walk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB);
-  int j;
-  bool partial;
-  while (walk.step(j, partial)) {
-    for (i64 c0 = (i64)j * P.KB; c0 < (i64)j * P.KB + P.KB && c0 < P.S; c0 += TILE_N) {
-      __syncthreads();  // everyone is done with the previous K/V tile
-      load_tile(Ks, kg, c0, P.S, TILE_N);
-      load_tile(Vs, vg, c0, P.S, TILE_N);
-      __syncthreads();
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  i64 c0, c_next;
+  bool partial, p_next;
+  bool more = walk.next(c0, partial);
+  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N);
+  cp_async_commit();
+  // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
+  while (more) {
+    __syncthreads();  // everyone is done with Vs (previous PV)
+    load_tile_async(Vs, vg, c0, P.S, TILE_N);
+    cp_async_commit();
+    cp_async_wait<1>();  // K(c0) landed (this thread's part)
+    __syncthreads();
+    {
       float s[TILE_N / 8][4];
       tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
       float mx[2] = {NEG_INF, NEG_INF};
@@ -326,7 +374,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams
           o[n][2 * r + 1] *= alpha;
         }
       }
+      __syncthreads();  // everyone is done with Ks
+      more = walk.next(c_next, p_next);
+      if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N);
+      cp_async_commit();
+      cp_async_wait<1>();  // V(c0) landed
+      __syncthreads();
       tile_pb<LDSM_B_Q>(o, s, Vs, lane);
+      c0 = c_next;
+      partial = p_next;
     }
   }
 #pragma unroll
