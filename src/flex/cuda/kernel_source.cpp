@@ -457,29 +457,42 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   for (int n = 0; n < HEAD_DIM / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
-  BlockWalk walk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB);
-  int j;
-  bool partial;
-  while (walk.step(j, partial)) {
-    for (i64 c0 = (i64)j * P.KB; c0 < (i64)j * P.KB + P.KB && c0 < P.S; c0 += TILE_N) {
-      __syncthreads();
-      load_tile(Ks, kg, c0, P.S, TILE_N);
-      load_tile(Vs, vg, c0, P.S, TILE_N);
-      __syncthreads();
-      float s[TILE_N / 8][4], dp[TILE_N / 8][4];
-      tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
-      tile_abt<LDSM_B_Q>(dp, dOs, warp * 16, Vs, lane);
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  i64 c0, c_next;
+  bool partial, p_next;
+  bool more = walk.next(c0, partial);
+  if (more) load_tile_async(Vs, vg, c0, P.S, TILE_N);
+  cp_async_commit();
+  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N);
+  cp_async_commit();
+  // Pipeline per tile (groups in flight at the top: V(c0), K(c0)): dP = dO V^T first, then V(next)
+  // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP.
+  while (more) {
+    float s[TILE_N / 8][4], dp[TILE_N / 8][4];
+    cp_async_wait<1>();  // V(c0) landed
+    __syncthreads();
+    tile_abt<LDSM_B_Q>(dp, dOs, warp * 16, Vs, lane);
+    cp_async_wait<0>();  // K(c0) landed
+    __syncthreads();     // and everyone is done with Vs
+    more = walk.next(c_next, p_next);
+    if (more) load_tile_async(Vs, vg, c_next, P.S, TILE_N);
+    cp_async_commit();
+    tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
 #pragma unroll
-      for (int n = 0; n < TILE_N / 8; ++n)
+    for (int n = 0; n < TILE_N / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float p, ds_post, ds;
-          p_ds(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse[e >> 1],
-               delta[e >> 1], &p, &ds_post, &ds);
-          s[n][e] = ds;
-        }
-      tile_pb<LDSM_B_Q>(dq, s, Ks, lane);  // dQ += dS K
-    }
+      for (int e = 0; e < 4; ++e) {
+        float p, ds_post, ds;
+        p_ds(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse[e >> 1],
+             delta[e >> 1], &p, &ds_post, &ds);
+        s[n][e] = ds;
+      }
+    tile_pb<LDSM_B_Q>(dq, s, Ks, lane);  // dQ += dS K
+    __syncthreads();                     // everyone is done with Ks
+    if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N);
+    cp_async_commit();
+    c0 = c_next;
+    partial = p_next;
   }
   const float sc = (float)P.scale;
 #pragma unroll
