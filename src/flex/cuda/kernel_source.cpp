@@ -286,6 +286,29 @@ struct TileWalk {
   }
 };
 
+// dK/dV's q tiles: the transposed list of each q head of the kv head's group, head by head.
+struct GroupWalk {
+  const FlexParams& P;
+  i64 b, hk, jblk, gi;
+  TileWalk tw;
+  __device__ __forceinline__ TileWalk head(i64 g) const {
+    const i64 mcol = P.all_full ? 0 : mask_row(P, b, hk * P.G + g) * P.nKVB + jblk;
+    return TileWalk(BlockWalk(P, P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m, mcol, P.nQB), P.QB, P.L);
+  }
+  __device__ __forceinline__ GroupWalk(const FlexParams& p, i64 b_, i64 hk_, i64 jblk_)
+      : P(p), b(b_), hk(hk_), jblk(jblk_), gi(0), tw(head(0)) {}
+  __device__ __forceinline__ bool next(i64& g, i64& r0, bool& partial) {
+    while (gi < P.G) {
+      if (tw.next(r0, partial)) {
+        g = gi;
+        return true;
+      }
+      if (++gi < P.G) tw = head(gi);
+    }
+    return false;
+  }
+};
+
 // The modified score of one element and whether it is kept (in bounds, and mask true on partial blocks).
 __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv, bool partial,
                                            bool* keep) {
@@ -504,6 +527,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   }
 }
 
+// lse and delta of q rows r0.. of (b, h) into smem (plain stores: visible after the next __syncthreads).
+__device__ __forceinline__ void load_rows(float* lse_s, float* delta_s, const FlexParams& P, i64 bh, i64 r0) {
+  for (int r = threadIdx.x; r < TILE_M; r += NTHREADS) {
+    lse_s[r] = r0 + r < P.L ? P.lse[bh * P.L + r0 + r] : NEG_INF;
+    delta_s[r] = r0 + r < P.L ? P.delta[bh * P.L + r0 + r] : 0.f;
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
   u16* Ks = smem;
@@ -531,62 +562,78 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
       dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
     }
-    for (i64 gi = 0; gi < P.G; ++gi) {
-      const i64 h = hk * P.G + gi, bh = b * P.Hq + h;
-      const i64 mcol = P.all_full ? 0 : mask_row(P, b, h) * P.nKVB + jblk;
-      BlockWalk walk(P, P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m, mcol, P.nQB);
-      int i;
-      bool partial;
-      while (walk.step(i, partial)) {
-        for (i64 r0 = (i64)i * P.QB; r0 < (i64)i * P.QB + P.QB && r0 < P.L; r0 += TILE_M) {
-          __syncthreads();
-          load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
-          load_tile(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
-          for (int r = threadIdx.x; r < TILE_M; r += NTHREADS) {
-            lse_s[r] = r0 + r < P.L ? P.lse[bh * P.L + r0 + r] : NEG_INF;
-            delta_s[r] = r0 + r < P.L ? P.delta[bh * P.L + r0 + r] : 0.f;
-          }
-          __syncthreads();
-          // Transposed tiles: rows are kv (this warp's 16), columns are q.
-          float s[TILE_M / 8][4], dp[TILE_M / 8][4];
-          tile_abt<LDSM_B_KV>(s, Ks, warp * 16, Qs, lane);
-          tile_abt<LDSM_B_KV>(dp, Vs, warp * 16, dOs, lane);
+    // Pipeline per q tile (groups in flight at the top: Q(r0), dO(r0)): S = K Q^T while dO lands;
+    // Q(next) loads during dV += P^T dO, dO(next) during the next S.
+    GroupWalk walk(P, b, hk, jblk);
+    i64 gi, r0, gi_n, r0_n;
+    bool partial, p_n;
+    bool more = walk.next(gi, r0, partial);
+    const i64 bh0 = more ? b * P.Hq + hk * P.G + gi : 0;
+    if (more) load_tile_async(Qs, (const u16*)P.q + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+    cp_async_commit();
+    if (more) {
+      load_tile_async(dOs, (const u16*)P.dout + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+      load_rows(lse_s, delta_s, P, bh0, r0);
+    }
+    cp_async_commit();
+    while (more) {
+      const i64 h = hk * P.G + gi;
+      cp_async_wait<1>();  // Q(r0) landed
+      __syncthreads();     // (and K/V, lse, delta stores)
+      // Transposed tiles: rows are kv (this warp's 16), columns are q.
+      float s[TILE_M / 8][4], dp[TILE_M / 8][4];
+      tile_abt<LDSM_B_KV>(s, Ks, warp * 16, Qs, lane);
+      cp_async_wait<0>();  // dO(r0) landed
+      __syncthreads();
+      tile_abt<LDSM_B_KV>(dp, Vs, warp * 16, dOs, lane);
 #if HAS_CAP_GRAD
-          float raw[TILE_M / 8][4], dpost[TILE_M / 8][4];
+      float raw[TILE_M / 8][4], dpost[TILE_M / 8][4];
 #endif
 #pragma unroll
-          for (int n = 0; n < TILE_M / 8; ++n)
+      for (int n = 0; n < TILE_M / 8; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int qc = n * 8 + 2 * t + (e & 1);
-              float p, ds_post, ds;
-              p_ds(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse_s[qc], delta_s[qc], &p, &ds_post,
-                   &ds);
+        for (int e = 0; e < 4; ++e) {
+          const int qc = n * 8 + 2 * t + (e & 1);
+          float p, ds_post, ds;
+          p_ds(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse_s[qc], delta_s[qc], &p, &ds_post,
+               &ds);
 #if HAS_CAP_GRAD
-              raw[n][e] = s[n][e];
-              dpost[n][e] = ds_post;
+          raw[n][e] = s[n][e];
+          dpost[n][e] = ds_post;
 #endif
-              s[n][e] = p;
-              dp[n][e] = ds;
-            }
-#if HAS_CAP_GRAD
-          // Captured-tensor gradients: the lanes take turns adding into the warp's slot (a fixed
-          // order, no atomics); each lane walks its elements in a fixed order.
-          for (int turn = 0; turn < 32; ++turn) {
-            if (lane == turn) {
-              for (int n = 0; n < TILE_M / 8; ++n)
-                for (int e = 0; e < 4; ++e) {
-                  const i64 qi = r0 + n * 8 + 2 * t + (e & 1), kv = cols[e >> 1];
-                  if (qi < P.L && kv < P.S) score_grad(raw[n][e] * (float)P.scale, b, h, qi, kv, dpost[n][e], P, slot);
-                }
-            }
-            __syncwarp();
-          }
-#endif
-          tile_pb<LDSM_B_KV>(dv, s, dOs, lane);   // dV += P^T dO
-          tile_pb<LDSM_B_KV>(dk, dp, Qs, lane);   // dK += dS^T Q
+          s[n][e] = p;
+          dp[n][e] = ds;
         }
+#if HAS_CAP_GRAD
+      // Captured-tensor gradients: the lanes take turns adding into the warp's slot (a fixed
+      // order, no atomics); each lane walks its elements in a fixed order.
+      for (int turn = 0; turn < 32; ++turn) {
+        if (lane == turn) {
+          for (int n = 0; n < TILE_M / 8; ++n)
+            for (int e = 0; e < 4; ++e) {
+              const i64 qi = r0 + n * 8 + 2 * t + (e & 1), kv = cols[e >> 1];
+              if (qi < P.L && kv < P.S) score_grad(raw[n][e] * (float)P.scale, b, h, qi, kv, dpost[n][e], P, slot);
+            }
+        }
+        __syncwarp();
       }
+#endif
+      tile_pb<LDSM_B_KV>(dk, dp, Qs, lane);  // dK += dS^T Q
+      __syncthreads();                        // everyone is done with Qs, lse_s, delta_s
+      more = walk.next(gi_n, r0_n, p_n);
+      const i64 bh_n = more ? b * P.Hq + hk * P.G + gi_n : 0;
+      if (more) {
+        load_tile_async(Qs, (const u16*)P.q + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+        load_rows(lse_s, delta_s, P, bh_n, r0_n);
+      }
+      cp_async_commit();
+      tile_pb<LDSM_B_KV>(dv, s, dOs, lane);  // dV += P^T dO
+      __syncthreads();                       // everyone is done with dOs
+      if (more) load_tile_async(dOs, (const u16*)P.dout + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+      cp_async_commit();
+      gi = gi_n;
+      r0 = r0_n;
+      partial = p_n;
     }
     const float sc = (float)P.scale;
 #pragma unroll
