@@ -70,11 +70,11 @@ const char* kernel_template() {
 #define KILN_BUILD_BWD 1
 #endif
 #define LD (HEAD_DIM + 8)
-// B operands by ldmatrix in flex_fwd / flex_bwd_dq; flex_bwd_dkdv keeps per-thread loads: ptxas
-// batches the ldmatrix results ahead of the mmas and, on top of dK, dV, S and dP (192 live fp32
-// registers at E = 128), that spills. Both give the same fragments, so the same bits.
+// B operands by ldmatrix (true) or per-thread loads (false; the same fragments, so the same bits).
+// A switch per kernel group because ptxas batches ldmatrix results ahead of the mmas: in dK/dV
+// (dK, dV, S and dP: 192 live fp32 registers at E = 128) that costs ~20 spilled bytes on sm_90a.
 #define LDSM_B_Q true
-#define LDSM_B_KV false
+#define LDSM_B_KV true
 #if TILE_M != TILE_N
 #error "the transposed dK/dV tiles assume square 64 x 64 tiles"
 #endif
