@@ -436,6 +436,18 @@ TEST(LinearCrossEntropyCuda, AllIgnoredMeanIsNaN) {
   EXPECT_TRUE(std::isnan(nn::functional::linear_cross_entropy(x, w, y).item()));
 }
 
+// Both strategies on CUDA against float64 in f32 and bf16, with the default vocabulary tiling.
+void check_cuda_default_tiles(const Case& c, int64_t chunk_n, const char* what) {
+  for (DType dt : {kFloat32, kBFloat16})
+    for (LceStrategy s : {LceStrategy::Memory, LceStrategy::Speed}) {
+      const RefIn in = make_inputs(c, dt);
+      const std::vector<double> cot = cotangent(c, dt);
+      const RefOut ref = lce_test::reference(in, cot);
+      const LceRun got = run(in, dt, s, cot, Device("cuda"), chunk_n, /*chunk_v=*/0);
+      expect_matches(got, in, ref, dt, detail::str_cat(what, ", ", dtype_name(dt), ", strategy ", static_cast<int>(s)));
+    }
+}
+
 // The benchmark's shape family (a 128k vocabulary, default chunk sizes): the other tests pin tiny
 // chunks, so this is where the automatic tiling and long rows are checked against float64.
 TEST(LinearCrossEntropyCuda, LargeVocabularyDefaultChunks) {
@@ -446,15 +458,7 @@ TEST(LinearCrossEntropyCuda, LargeVocabularyDefaultChunks) {
   c.h = 64;
   c.v = 128256;
   c.ignore = true;
-  for (DType dt : {kFloat32, kBFloat16})
-    for (LceStrategy s : {LceStrategy::Memory, LceStrategy::Speed}) {
-      const RefIn in = make_inputs(c, dt);
-      const std::vector<double> cot = cotangent(c, dt);
-      const RefOut ref = lce_test::reference(in, cot);
-      const LceRun got = run(in, dt, s, cot, Device("cuda"), /*chunk_n=*/0, /*chunk_v=*/0);
-      expect_matches(got, in, ref, dt, detail::str_cat("large vocabulary, ", dtype_name(dt), ", strategy ",
-                                                       static_cast<int>(s)));
-    }
+  check_cuda_default_tiles(c, /*chunk_n=*/0, "large vocabulary");
 }
 
 // Several token chunks with long rows: the memory strategy's fp32 dW slices summed over chunks,
@@ -468,15 +472,7 @@ TEST(LinearCrossEntropyCuda, SeveralTokenChunksLongRows) {
   c.h = 64;
   c.v = 5003;
   c.ignore = true;
-  for (DType dt : {kFloat32, kBFloat16})
-    for (LceStrategy s : {LceStrategy::Memory, LceStrategy::Speed}) {
-      const RefIn in = make_inputs(c, dt);
-      const std::vector<double> cot = cotangent(c, dt);
-      const RefOut ref = lce_test::reference(in, cot);
-      const LceRun got = run(in, dt, s, cot, Device("cuda"), /*chunk_n=*/128, /*chunk_v=*/0);
-      expect_matches(got, in, ref, dt, detail::str_cat("several chunks, ", dtype_name(dt), ", strategy ",
-                                                       static_cast<int>(s)));
-    }
+  check_cuda_default_tiles(c, /*chunk_n=*/128, "several chunks");
 }
 
 // The speed strategy scales its forward-computed gradients in place only when the graph is freed
