@@ -11,7 +11,10 @@ tensor into a load in the mod's IR:
     from its closure or module globals to zero-copy kiln views. An array reached another way (an
     attribute, a container) fails at its first index with the line named.
 A torch tensor captured this way is remembered (weakly, by the kiln view's storage) so that
-kiln.torch.flex_attention can send the captured tensor's gradient back to torch.
+kiln.torch.flex_attention can send the captured tensor's gradient back to torch. Captured tensors
+live on the CPU for now (the CUDA kernels copy them to the device per call): a CUDA torch tensor is
+captured as a CPU mirror, which kiln.torch.flex_attention refreshes from the source on every call
+(a prebuilt ScoreMod used through kiln.nn.attention.flex_attention keeps the values it was built with).
 """
 import os
 import sys
@@ -63,7 +66,9 @@ def to_capture(obj):
         return obj
     try:
         if _is_torch(obj):
-            k = from_dlpack(obj.detach())
+            # kiln's IR reads captured tensors on the CPU: a CUDA torch tensor is mirrored there
+            # (a copy; kiln.torch.flex_attention refreshes it every call and moves its gradient back).
+            k = from_dlpack(obj.detach() if obj.device.type == "cpu" else obj.detach().cpu())
             with _lock:
                 for dead in [key for key, ref in _torch_sources.items() if ref() is None]:
                     del _torch_sources[dead]
@@ -80,7 +85,7 @@ def to_capture(obj):
 
 
 def torch_source(kiln_tensor):
-    """The live torch tensor a captured kiln tensor views, or None."""
+    """The live torch tensor a captured kiln tensor views (or mirrors, for a CUDA tensor), or None."""
     with _lock:
         ref = _torch_sources.get(_key(kiln_tensor))
     return ref() if ref is not None else None
