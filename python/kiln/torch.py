@@ -35,11 +35,6 @@ def to_torch(t) -> "torch.Tensor":
     return torch.from_dlpack(t.detach())
 
 
-def _device_of(t):
-    """The torch.device of a kiln.Tensor."""
-    return torch.device(str(t.device))
-
-
 def _leaf(t, needs_grad):
     if t is None:
         return None
@@ -172,8 +167,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             src = _capture.torch_source(kt)
             if src is None:
                 continue
-            if src.device != _device_of(kt):  # a CPU mirror of a CUDA tensor: refresh it from the source
-                to_torch(kt).copy_(src.detach())
+            if kt.data_ptr() != src.data_ptr():  # a CPU mirror of a CUDA tensor: refresh it from the source
+                _capture.refresh_mirror(kt, src)
             if src.is_floating_point():
                 captured_kiln.append(kt)
                 captured.append(src)
