@@ -11,7 +11,10 @@ tensor into a load in the mod's IR:
     from its closure or module globals to zero-copy kiln views. An array reached another way (an
     attribute, a container) fails at its first index with the line named.
 A torch tensor captured this way is remembered (weakly, by the kiln view's storage) so that
-kiln.torch.flex_attention can send the captured tensor's gradient back to torch.
+kiln.torch.flex_attention can send the captured tensor's gradient back to torch. Captured tensors
+live on the CPU for now (the CUDA kernels copy them to the device per call): a CUDA torch tensor is
+captured as a CPU mirror, which kiln.torch.flex_attention refreshes from the source on every call
+(a prebuilt ScoreMod used through kiln.nn.attention.flex_attention keeps the values it was built with).
 """
 import os
 import sys
@@ -22,11 +25,12 @@ import weakref
 from . import _C
 from ._dlpack import from_dlpack
 
-__all__ = ["call", "definition", "prepare", "to_capture", "torch_source", "user_location"]
+__all__ = ["call", "definition", "prepare", "refresh_mirror", "to_capture", "torch_source", "user_location"]
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()  # guards _torch_sources (free-threaded builds run tracers concurrently)
-_torch_sources = {}        # kiln view key -> weakref to the torch tensor it views
+_torch_sources = {}        # kiln view key -> weakref to the torch tensor it views (or mirrors)
+_mirrors = {}              # id(non-CPU torch tensor) -> (weakref to it, its _key, its CPU mirror)
 
 
 def user_location():
@@ -63,10 +67,11 @@ def to_capture(obj):
         return obj
     try:
         if _is_torch(obj):
+            if obj.device.type != "cpu":
+                return _mirror(obj)
             k = from_dlpack(obj.detach())
             with _lock:
-                for dead in [key for key, ref in _torch_sources.items() if ref() is None]:
-                    del _torch_sources[dead]
+                _sweep()
                 _torch_sources[_key(k)] = weakref.ref(obj)
             return k
         if _is_numpy(obj):
@@ -79,8 +84,43 @@ def to_capture(obj):
           "torch tensors or NumPy arrays")
 
 
+def _sweep():
+    # Under _lock: forget torch tensors that died (and free their mirrors).
+    for dead in [key for key, ref in _torch_sources.items() if ref() is None]:
+        del _torch_sources[dead]
+    for dead in [key for key, (ref, _, _) in _mirrors.items() if ref() is None]:
+        del _mirrors[dead]
+
+
+def _mirror(obj):
+    """The CPU mirror of a CUDA (or other non-CPU) torch tensor, refreshed from it: one per live
+    tensor, held here while the tensor lives, so its address cannot be reused by another captured
+    tensor and mistaken for it (torch_source looks tensors up by address)."""
+    key = (obj.data_ptr(), str(obj.device), tuple(obj.shape), tuple(obj.stride()), str(obj.dtype))
+    with _lock:
+        _sweep()
+        entry = _mirrors.get(id(obj))
+        k = entry[2] if entry is not None and entry[0]() is obj and entry[1] == key else None
+        if k is None:
+            if entry is not None:  # the tensor's storage or shape changed (bias.data = ...): remap
+                _torch_sources.pop(_key(entry[2]), None)
+            k = from_dlpack(obj.detach().to("cpu", copy=True))
+            _mirrors[id(obj)] = (weakref.ref(obj), key, k)
+            _torch_sources[_key(k)] = weakref.ref(obj)
+            return k
+    refresh_mirror(k, obj)
+    return k
+
+
+def refresh_mirror(mirror, obj):
+    """Copies a non-CPU torch tensor's current values into its CPU mirror (kiln.Tensor)."""
+    import torch
+
+    torch.from_dlpack(mirror.detach()).copy_(obj.detach())
+
+
 def torch_source(kiln_tensor):
-    """The live torch tensor a captured kiln tensor views, or None."""
+    """The live torch tensor a captured kiln tensor views (or mirrors, for a CUDA tensor), or None."""
     with _lock:
         ref = _torch_sources.get(_key(kiln_tensor))
     return ref() if ref is not None else None

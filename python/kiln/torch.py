@@ -114,13 +114,13 @@ class _FlexAttention(torch.autograd.Function):
         with _C_grad(any(needs)):
             r = _C.flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, return_lse)
         out, lse = r if return_lse else (r, None)
-        ctx.kiln = (out, lse, [q, k, v, *captured_kiln], needs)
+        ctx.kiln = (out, lse, [q, k, v, *captured_kiln], needs, [t.device for t in (query, key, value, *captured)])
         ctx.set_materialize_grads(False)
         return (to_torch(out), to_torch(lse)) if return_lse else to_torch(out)
 
     @staticmethod
     def backward(ctx, *grads):
-        out, lse, inputs, needs = _take(ctx, "flex_attention")
+        out, lse, inputs, needs, devices = _take(ctx, "flex_attention")
         outs, gouts = [], []
         for o, g in zip((out, lse), grads):
             if o is not None and g is not None and o.requires_grad:
@@ -131,7 +131,8 @@ class _FlexAttention(torch.autograd.Function):
         if outs and want:
             gs = _C._autograd_grad(outs, [inputs[i] for i in want], gouts, False, False)
             for i, g in zip(want, gs):
-                result[i] = to_torch(g) if g is not None else None
+                # A CUDA tensor captured by score_mod is mirrored on the CPU: its gradient goes back.
+                result[i] = to_torch(g).to(devices[i]) if g is not None else None
         return (None,) * 6 + tuple(result)
 
 
@@ -145,6 +146,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     [B, Hq, L] fp32 with return_lse=True). score_mod: a function (score, b, h, q_idx, kv_idx) ->
     score, traced once into kiln's IR (torch.where / tanh / ... on its arguments are fine), or a
     kiln ScoreMod. block_mask: a kiln BlockMask (kiln.nn.attention.flex_attention.create_block_mask).
+    Captured tensors are read on the CPU for now: a CUDA tensor score_mod captures (a learned bias on
+    the GPU) is mirrored there, refreshed from its source on every call (a small device-to-host copy)
+    and its gradient is returned on its own device.
     kernel_options is accepted for PyTorch compatibility and ignored."""
     from .nn.attention import flex_attention as fa
     from . import _capture
@@ -161,7 +165,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if score_mod is not None:
         for kt in score_mod.expr.captured_tensors:
             src = _capture.torch_source(kt)
-            if src is not None and src.is_floating_point():
+            if src is None:
+                continue
+            if kt.data_ptr() != src.data_ptr():  # a CPU mirror of a CUDA tensor: refresh it from the source
+                _capture.refresh_mirror(kt, src)
+            if src.is_floating_point():
                 captured_kiln.append(kt)
                 captured.append(src)
     return _FlexAttention.apply(score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln,

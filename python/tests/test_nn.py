@@ -1,5 +1,5 @@
 """kiln.nn.functional (rms_norm, cross_entropy, embedding, LCE) vs NumPy float64 and torch's unfused
-computation; the kiln.torch adapter (forward and backward through torch autograd)."""
+computation. The kiln.torch adapter is tested in test_torch_lce.py."""
 import numpy as np
 import pytest
 
@@ -138,39 +138,4 @@ def test_lce_matches_torch(opts):
     assert rel_error(kw.grad.numpy(), w.grad.numpy()) < 1e-10
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_kiln_torch_adapter(dtype):
-    torch = pytest.importorskip("torch")
-    import kiln.torch as kt
-
-    dt = getattr(torch, dtype)
-    B, T, H, V = 2, 8, 32, 64
-    x = torch.randn(B, T, H, dtype=dt, requires_grad=True)
-    w = (torch.randn(V, H) * 0.2).to(dt).requires_grad_()
-    b = torch.randn(V, dtype=dt, requires_grad=True)
-    t = torch.randint(0, V, (B, T))
-    loss = kt.linear_cross_entropy(x, w, t, b, label_smoothing=0.05)
-    assert isinstance(loss, torch.Tensor) and loss.dtype == dt
-    loss.backward()
-    xr, wr, br = (a.detach().double().requires_grad_() for a in (x, w, b))
-    ref = torch.nn.functional.cross_entropy((xr @ wr.T + br).view(-1, V), t.view(-1), label_smoothing=0.05)
-    ref.backward()
-    tol = 1e-5 if dtype == "float32" else 2e-2
-    assert rel_error(loss.detach().double().numpy(), ref.detach().numpy()) < tol
-    for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (b.grad, br.grad)):
-        assert got.dtype == dt and got.shape == want.shape
-        assert rel_error(got.double().numpy(), want.numpy()) < tol
-
-
-def test_kiln_torch_adapter_in_a_model():
-    torch = pytest.importorskip("torch")
-    import kiln.torch as kt
-
-    emb = torch.nn.Embedding(50, 16)
-    tokens = torch.randint(0, 50, (4, 6))
-    loss = kt.linear_cross_entropy(emb(tokens), emb.weight, tokens)  # tied weights
-    loss.backward()
-    h = emb(tokens).detach()
-    assert emb.weight.grad is not None and emb.weight.grad.shape == (50, 16)
-    ref = torch.nn.functional.cross_entropy((h @ emb.weight.detach().T).view(-1, 50), tokens.view(-1))
-    assert abs(loss.item() - ref.item()) < 1e-5
+# The kiln.torch adapter (CPU and CUDA, every option): test_torch_lce.py.

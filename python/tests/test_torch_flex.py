@@ -1,7 +1,10 @@
 """kiln.torch.flex_attention: forward and backward parity with PyTorch's own unfused attention
 (scores materialised in float64, mods and mask applied with torch ops) for the built-in mods, a
 captured learned bias (a torch Parameter whose .grad must arrive), GQA, return_lse, and use inside
-a torch model. Skips (with the reason) when torch is not installed."""
+a torch model. Skips (with the reason) when torch is not installed. The CUDA section (bf16 / fp16
+kernels vs float64, a learned bias on either device, GQA, the CPU fallback, zero-copy and memory
+statistics, a non-default torch stream) runs only where torch and kiln both see a GPU."""
+import gc
 import math
 
 import pytest
@@ -163,3 +166,226 @@ def test_bad_calls_raise():
         kt.flex_attention(q, torch.randn(1, 1, 32, 4), q)  # head dims differ
     with pytest.raises(kiln.KilnError, match=r"test_torch_flex.py:\d+"):
         kt.flex_attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s + torch.sin(s))
+
+
+# ---- CUDA: the bf16 / fp16 kernels (NVRTC) vs torch's unfused attention in float64 ----
+# These run only where torch and kiln both see a GPU (the lead's H200 machine); elsewhere they skip
+# with the reason. The reference takes the SAME 16-bit inputs, widened to float64 on the CPU, so the
+# difference is kiln's own rounding. Tolerances (norm-wise relative error, conftest.rel_error), as in
+# tests/flex/test_attention_cuda.cpp: bf16 keeps 8 significant bits (unit roundoff u = 2^-8 = 3.9e-3);
+# out is stored in bf16 and P is rounded to bf16 before P @ V, so out is within a few u: 2e-2. The
+# gradients go through dS = P * (dP - delta) (cancellation) and sums of rounded products over a row
+# or column: 4e-2. fp16 (u = 2^-11 = 4.9e-4): 5e-3 for out, 1e-2 for gradients.
+
+def _cuda_skip_reason():
+    if not torch.cuda.is_available():
+        return "torch has no CUDA"
+    if not kiln.cuda.is_available():
+        return "kiln was built without CUDA or sees no CUDA device"
+    return None
+
+
+requires_cuda = pytest.mark.skipif(_cuda_skip_reason() is not None,
+                                   reason=f"CUDA adapter tests skipped: {_cuda_skip_reason()}")
+CUDA_TOL = {torch.bfloat16: (2e-2, 4e-2), torch.float16: (5e-3, 1e-2)}
+CL, CH = 256, 4  # sequence length (4 tiles of 64), heads
+CDOCS = torch.tensor([0] * 100 + [1] * 3 + [2] * 90 + [3] * 63)  # ragged, one shorter than a tile
+CSLOPES = torch.tensor([2.0 ** -(i + 1) for i in range(CH)], dtype=torch.float64)
+
+CUDA_CASES = {
+    "causal": (None, causal_mask(), None, lambda b, h, qi, kv: qi >= kv),
+    "sliding_window": (None, sliding_window_mask(96), None, lambda b, h, qi, kv: (qi >= kv) & (qi - kv < 96)),
+    "document": (None, and_masks(document_mask(CDOCS), causal_mask()), None,
+                 lambda b, h, qi, kv: (CDOCS[qi] == CDOCS[kv]) & (qi >= kv)),
+    "alibi": (alibi(CSLOPES), causal_mask(), lambda s, b, h, qi, kv: s + CSLOPES[h] * (kv - qi),
+              lambda b, h, qi, kv: qi >= kv),
+    "softcap": (softcap(3.0), None, lambda s, b, h, qi, kv: 3.0 * torch.tanh(s / 3.0), None),
+}
+
+
+def rel_err(got, want):
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    assert torch.isfinite(got).all(), "non-finite values"
+    return ((got - want).norm() / want.norm().clamp_min(1e-300)).item()
+
+
+def cuda_randn(shape, dtype, scale=1.0):
+    return (torch.randn(*shape, device="cuda", dtype=torch.float32) * scale).to(dtype).requires_grad_()
+
+
+def as_f64_cpu(t):
+    return t.detach().cpu().double().requires_grad_()
+
+
+def check_parity(out, ref, ours, theirs, dtype, names):
+    """out vs ref (forward), then the gradients of a common random upstream gradient."""
+    tol, gtol = CUDA_TOL[dtype]
+    assert out.is_cuda and out.dtype == dtype and out.shape == ref.shape
+    assert rel_err(out, ref) < tol, f"out: {rel_err(out, ref):.3g}"
+    g = torch.randn(out.shape, device="cuda", dtype=torch.float32).to(dtype)
+    got = torch.autograd.grad(out, ours, g)
+    want = torch.autograd.grad(ref, theirs, g.cpu().double())
+    for name, a, b, t in zip(names, got, want, ours):
+        assert a.device == t.device and a.dtype == t.dtype and a.shape == t.shape, name
+        assert rel_err(a, b) < gtol, f"d{name}: {rel_err(a, b):.3g}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype,E", [(torch.bfloat16, 64), (torch.float16, 128)], ids=["bf16-E64", "fp16-E128"])
+@pytest.mark.parametrize("case", list(CUDA_CASES))
+def test_cuda_flex_matches_torch_float64(case, dtype, E):
+    score_mod, mask_mod, score_ref, mask_ref = CUDA_CASES[case]
+    torch.manual_seed(0)
+    q, k, v = (cuda_randn((2, CH, CL, E), dtype) for _ in range(3))
+    bm = create_block_mask(mask_mod, None, None, CL, CL) if mask_mod is not None else None
+    out = kt.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+    q64, k64, v64 = (as_f64_cpu(t) for t in (q, k, v))
+    ref, _ = torch_reference(q64, k64, v64, score_ref, mask_ref)
+    check_parity(out, ref, (q, k, v), (q64, k64, v64), dtype, "qkv")
+
+
+@requires_cuda
+@pytest.mark.parametrize("bias_device", ["cuda", "cpu"])
+@pytest.mark.parametrize("dtype,E", [(torch.bfloat16, 64), (torch.float16, 128)], ids=["bf16-E64", "fp16-E128"])
+def test_cuda_learned_bias_parameter(dtype, E, bias_device):
+    # A relative-position bias Parameter captured by a torch-style lambda: its gradient reaches torch on
+    # the Parameter's own device (a CUDA Parameter is mirrored on the CPU for kiln's IR).
+    torch.manual_seed(1)
+    q, k, v = (cuda_randn((2, CH, CL, E), dtype) for _ in range(3))
+    bias = torch.nn.Parameter(torch.randn(CH, 2 * CL - 1, device=bias_device) * 0.5)
+    bm = create_block_mask(causal_mask(), None, None, CL, CL, device="cuda", BLOCK_SIZE=64)
+    out = kt.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + bias[h, qi - kv + CL - 1], block_mask=bm)
+    q64, k64, v64, b64 = (as_f64_cpu(t) for t in (q, k, v, bias))
+    ref, _ = torch_reference(q64, k64, v64, lambda s, b, h, qi, kv: s + b64[h, qi - kv + CL - 1],
+                             lambda b, h, qi, kv: qi >= kv)
+    check_parity(out, ref, (q, k, v, bias), (q64, k64, v64, b64), dtype, ("q", "k", "v", "bias"))
+    # The mirror of a CUDA Parameter follows in-place updates (an optimizer step) on the next call.
+    with torch.no_grad():
+        bias.add_(1.0)
+        b64.add_(1.0)
+        out = kt.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + bias[h, qi - kv + CL - 1],
+                                block_mask=bm)
+        ref, _ = torch_reference(q64, k64, v64, lambda s, b, h, qi, kv: s + b64[h, qi - kv + CL - 1],
+                                 lambda b, h, qi, kv: qi >= kv)
+    assert rel_err(out, ref) < CUDA_TOL[dtype][0]
+    # .backward() fills .grad on the Parameter's device (what an optimizer reads).
+    out = kt.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + bias[h, qi - kv + CL - 1], block_mask=bm)
+    out.float().square().mean().backward()
+    assert bias.grad is not None and bias.grad.device == bias.device and bias.grad.abs().sum() > 0
+
+
+@requires_cuda
+def test_cuda_gqa_scale_lse():
+    dtype, E, Hq, Hkv = torch.bfloat16, 128, 8, 2
+    torch.manual_seed(2)
+    q, k, v = cuda_randn((1, Hq, CL, E), dtype), cuda_randn((1, Hkv, CL, E), dtype), cuda_randn((1, Hkv, CL, E), dtype)
+    bm = create_block_mask(causal_mask(), None, None, CL, CL)
+    out, lse = kt.flex_attention(q, k, v, block_mask=bm, scale=0.05, enable_gqa=True, return_lse=True)
+    q64, k64, v64 = (as_f64_cpu(t) for t in (q, k, v))
+    ref, ref_lse = torch_reference(q64, k64, v64, None, lambda b, h, qi, kv: qi >= kv, scale=0.05, gqa=True)
+    assert lse.is_cuda and lse.dtype == torch.float32 and lse.shape == (1, Hq, CL)
+    assert rel_err(lse, ref_lse) < 1e-3  # fp32 logsumexp of exact-input scores
+    check_parity(out, ref, (q, k, v), (q64, k64, v64), dtype, "qkv")
+
+
+@requires_cuda
+def test_cuda_flex_fallback_configuration():
+    # E = 32 is outside the CUDA kernels: kiln runs its CPU kernels through copies; the result is
+    # still a CUDA tensor with gradients on CUDA.
+    torch.manual_seed(3)
+    q, k, v = (cuda_randn((1, 2, 96, 32), torch.bfloat16) for _ in range(3))
+    out = kt.flex_attention(q, k, v, score_mod=softcap(3.0))
+    q64, k64, v64 = (as_f64_cpu(t) for t in (q, k, v))
+    ref, _ = torch_reference(q64, k64, v64, lambda s, b, h, qi, kv: 3.0 * torch.tanh(s / 3.0))
+    check_parity(out, ref, (q, k, v), (q64, k64, v64), torch.bfloat16, "qkv")
+
+
+@requires_cuda
+def test_cuda_zero_copy_and_memory_statistics():
+    dtype, E = torch.bfloat16, 64
+    q, k, v = (cuda_randn((2, CH, CL, E), dtype).detach() for _ in range(3))
+    # The adapter's kiln views share torch's memory (same data pointer through DLPack) ...
+    assert kt.to_kiln(q).data_ptr() == q.data_ptr() and kt.to_kiln(q).device == kiln.device("cuda:0")
+    bm = create_block_mask(causal_mask(), None, None, CL, CL)
+    kt.flex_attention(q, k, v, block_mask=bm)  # compiles the kernels, moves the BlockMask (cached)
+    torch.cuda.synchronize()
+    kiln.cuda.synchronize()
+    kiln.cuda.reset_peak_memory_stats()
+    kiln_before, torch_before = kiln.cuda.memory_allocated(), torch.cuda.memory_allocated()
+    out = kt.flex_attention(q, k, v, block_mask=bm)
+    torch.cuda.synchronize()
+    out_bytes = out.numel() * out.element_size()
+    kiln_during = kiln.cuda.memory_allocated()
+    # ... the output is kiln's allocation, seen by torch without a copy: kiln's statistics move by
+    # at least its size and torch's allocator allocates nothing for the call.
+    assert kiln_during - kiln_before >= out_bytes
+    assert kiln.cuda.max_memory_allocated() - kiln_before >= out_bytes
+    assert torch.cuda.memory_allocated() == torch_before
+    assert kt.to_kiln(out).data_ptr() == out.data_ptr()
+    # Dropping the torch tensor frees kiln's memory (the DLPack deleter releases kiln's tensor).
+    del out
+    gc.collect()
+    kiln.cuda.synchronize()
+    assert kiln_during - kiln.cuda.memory_allocated() >= out_bytes
+
+
+@requires_cuda
+def test_cuda_adapter_on_a_non_default_torch_stream():
+    # q is written on a side stream after a long sleep; kiln must see the write (its stream waits
+    # for torch's current stream) and torch must see kiln's output on that stream (and the reverse
+    # for the gradients), all without a host synchronisation in between.
+    if not hasattr(torch.cuda, "_sleep"):
+        pytest.skip("torch.cuda._sleep is unavailable")
+    dtype, E = torch.bfloat16, 64
+    torch.manual_seed(4)
+    src = [torch.randn(1, CH, CL, E, device="cuda").to(dtype) for _ in range(3)]
+    g = torch.randn(1, CH, CL, E, device="cuda").to(dtype)
+    bm = create_block_mask(causal_mask(), None, None, CL, CL)
+    kt.flex_attention(*src, block_mask=bm)  # warm up: compile outside the race
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.default_stream())  # src was made on the default stream
+    with torch.cuda.stream(s):
+        q = torch.zeros_like(src[0])
+        k, v = (t.clone() for t in src[1:])
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time on s before q gets its values
+        q.copy_(src[0])
+        q.requires_grad_()
+        k.requires_grad_()
+        out = kt.flex_attention(q, k, v, block_mask=bm)
+        seen = out.float() * 1.0  # consumed on s right away
+        dq, dk = torch.autograd.grad(out, (q, k), g)
+        dq_seen, dk_seen = dq.float() * 1.0, dk.float() * 1.0
+    torch.cuda.synchronize()
+    kiln.cuda.synchronize()
+    q64, k64, v64 = (as_f64_cpu(t) for t in src)
+    ref, _ = torch_reference(q64, k64, v64, None, lambda b, h, qi, kv: qi >= kv)
+    rq, rk = torch.autograd.grad(ref, (q64, k64), g.cpu().double())
+    tol, gtol = CUDA_TOL[dtype]
+    assert rel_err(seen, ref) < tol
+    assert rel_err(dq_seen, rq) < gtol and rel_err(dk_seen, rk) < gtol
+
+
+def test_mirrored_capture_follows_its_source_and_returns_its_grad():
+    # CUDA torch tensors are captured through CPU mirrors (kiln's IR reads captured tensors on the
+    # CPU). The mirror machinery is device-independent, so it is exercised here with a CPU source:
+    # one mirror per live tensor, refreshed by the adapter on every call (a prebuilt ScoreMod sees
+    # an optimizer's in-place update), gradient routed back to the source.
+    from kiln import _capture
+    from kiln.nn.attention.flex_attention import ScoreMod
+
+    bias = torch.nn.Parameter(torch.randn(H, 2 * L - 1, dtype=torch.float64) * 0.5)
+    mirror = _capture._mirror(bias)
+    assert mirror.data_ptr() != bias.data_ptr() and _capture._mirror(bias).data_ptr() == mirror.data_ptr()
+    assert _capture.torch_source(mirror) is bias
+    mod = ScoreMod(lambda s, b, h, qi, kv: s + mirror[h][qi - kv + L - 1])
+    bm = create_block_mask(causal_mask(), None, None, L, L, BLOCK_SIZE=16)
+    q, k, v = make((1, H, L, E)), make((1, H, L, E)), make((1, H, L, E))
+    with torch.no_grad():
+        bias.mul_(-2.0)  # after the mirror was taken: the adapter must refresh it
+    out = kt.flex_attention(q, k, v, score_mod=mod, block_mask=bm)
+    ref, _ = torch_reference(q, k, v, lambda s, b, h, qi, kv: s + bias[h, qi - kv + L - 1],
+                             lambda b, h, qi, kv: qi >= kv)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for g, r in zip(grads_of(out, (q, k, v, bias)), grads_of(ref, (q, k, v, bias))):
+        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
