@@ -13,6 +13,14 @@ class Stream {
  public:
   Stream() = default;
   static Stream create(int device = 0);  // a new non-blocking stream, destroyed with its last copy
+  // Wraps a stream someone else owns (e.g. torch's current stream; nullptr: the legacy default
+  // stream) without taking ownership: the owner must keep it alive while kiln uses it.
+  static Stream external(void* handle, int device) {
+    Stream s;
+    s.handle_ = std::shared_ptr<void>(handle, [](void*) {});
+    s.device_ = device;
+    return s;
+  }
   void* handle() const { return handle_ ? handle_.get() : nullptr; }
   int device() const { return device_; }
   void synchronize() const;

@@ -8,15 +8,19 @@
     out = kiln.torch.flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + bias[h, qi - kv],
                                     block_mask=bm)  # bias: a torch Parameter; its grad reaches torch
 
-Tensors cross in both directions through DLPack without copies. On CUDA, kiln orders its work
-after torch's current stream (torch passes kiln's stream a wait) and torch's stream after kiln's
-(kiln passes torch's stream an event wait): no host synchronisation. Importing kiln never imports
-torch; importing this module does.
+Tensors cross in both directions through DLPack without copies. On CUDA the adapters run kiln's
+kernels on torch's current stream (kiln's current stream is switched to it for the call, through
+a non-owning handle), so kiln's work, allocations and temporaries' frees are ordered with torch's
+work on that stream, with no host synchronisation. Importing kiln never imports torch; importing
+this module does.
 
-Caveat (CUDA): tensors kiln produces (the loss, the gradients) are freed by kiln's stream-ordered
-allocator on kiln's stream when torch drops them; kiln's current stream is the legacy default
-stream unless changed, which orders with torch's default stream.
+Caveat (CUDA): tensors kiln hands to torch (the loss, the gradients) are freed by kiln's
+stream-ordered allocator on kiln's current stream when torch drops them (the legacy default
+stream unless changed); as with torch's own allocator, using them on another non-blocking stream
+needs that stream synchronised before they are dropped.
 """
+import contextlib
+
 import torch
 
 from . import _C
@@ -35,6 +39,15 @@ def to_torch(t) -> "torch.Tensor":
     return torch.from_dlpack(t.detach())
 
 
+def _on_torch_stream(device):
+    """For the block, kiln's current stream on this CUDA device is torch's current stream there, so
+    kiln's kernels, allocations and temporaries' frees are ordered on it (no-op on the CPU)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    return _C._cuda.ExternalStream(torch.cuda.current_stream(dev).cuda_stream, dev)
+
+
 def _leaf(t, needs_grad):
     if t is None:
         return None
@@ -50,21 +63,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
         from .nn import functional as F
 
         needs = ctx.needs_input_grad
-        x, w, b = _leaf(input, needs[0]), _leaf(linear_weight, needs[1]), _leaf(linear_bias, needs[2])
-        kt = to_kiln(target.contiguous())
-        kw = to_kiln(weight.contiguous()) if weight is not None else None
-        with _C_grad(any(needs[:3])):
-            loss = F.linear_cross_entropy(x, w, kt, b, kw, **options)
-        ctx.kiln = (loss, x, w, b)
-        return to_torch(loss)
+        with _on_torch_stream(input.device):
+            x, w, b = _leaf(input, needs[0]), _leaf(linear_weight, needs[1]), _leaf(linear_bias, needs[2])
+            kt = to_kiln(target.contiguous())
+            kw = to_kiln(weight.contiguous()) if weight is not None else None
+            with _C_grad(any(needs[:3])):
+                loss = F.linear_cross_entropy(x, w, kt, b, kw, **options)
+            ctx.kiln = (loss, x, w, b)
+            return to_torch(loss)
 
     @staticmethod
     def backward(ctx, grad_loss):
         loss, x, w, b = _take(ctx, "linear_cross_entropy")  # kiln's graph is freed by its backward; drop our handles too
         if not loss.requires_grad:
             return None, None, None, None, None, None
-        loss.backward(to_kiln(grad_loss.contiguous()))
-        grads = [to_torch(t.grad) if t is not None and t.grad is not None else None for t in (x, w, b)]
+        with _on_torch_stream(grad_loss.device):
+            loss.backward(to_kiln(grad_loss.contiguous()))
+            grads = [to_torch(t.grad) if t is not None and t.grad is not None else None for t in (x, w, b)]
         return grads[0], grads[1], grads[2], None, None, None
 
 
@@ -108,32 +123,40 @@ class _FlexAttention(torch.autograd.Function):
     def forward(ctx, score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query, key, value,
                 *captured):
         needs = ctx.needs_input_grad[6:]
-        q, k, v = (_leaf(t, n) for t, n in zip((query, key, value), needs))
-        for kt, n in zip(captured_kiln, needs[3:]):
-            kt.requires_grad_(bool(n))
-        with _C_grad(any(needs)):
-            r = _C.flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, return_lse)
-        out, lse = r if return_lse else (r, None)
-        ctx.kiln = (out, lse, [q, k, v, *captured_kiln], needs, [t.device for t in (query, key, value, *captured)])
-        ctx.set_materialize_grads(False)
-        return (to_torch(out), to_torch(lse)) if return_lse else to_torch(out)
+        with _on_torch_stream(query.device):
+            q, k, v = (_leaf(t, n) for t, n in zip((query, key, value), needs))
+            for kt, n in zip(captured_kiln, needs[3:]):
+                kt.requires_grad_(bool(n))
+            with _C_grad(any(needs)):
+                r = _C.flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, return_lse)
+            out, lse = r if return_lse else (r, None)
+            ctx.kiln = (out, lse, [q, k, v, *captured_kiln], needs,
+                        [t.device for t in (query, key, value, *captured)])
+            ctx.set_materialize_grads(False)
+            ctx.kiln_device = query.device
+            return (to_torch(out), to_torch(lse)) if return_lse else to_torch(out)
 
     @staticmethod
     def backward(ctx, *grads):
         out, lse, inputs, needs, devices = _take(ctx, "flex_attention")
-        outs, gouts = [], []
-        for o, g in zip((out, lse), grads):
-            if o is not None and g is not None and o.requires_grad:
-                outs.append(o)
-                gouts.append(to_kiln(g.contiguous()))
-        result = [None] * len(inputs)
-        want = [i for i, (t, n) in enumerate(zip(inputs, needs)) if n and t.requires_grad]
-        if outs and want:
-            gs = _C._autograd_grad(outs, [inputs[i] for i in want], gouts, False, False)
-            for i, g in zip(want, gs):
-                # A CUDA tensor captured by score_mod is mirrored on the CPU: its gradient goes back.
-                result[i] = to_torch(g).to(devices[i]) if g is not None else None
-        return (None,) * 6 + tuple(result)
+        with _on_torch_stream(ctx.kiln_device):
+            return _flex_backward(out, lse, inputs, needs, devices, grads)
+
+
+def _flex_backward(out, lse, inputs, needs, devices, grads):
+    outs, gouts = [], []
+    for o, g in zip((out, lse), grads):
+        if o is not None and g is not None and o.requires_grad:
+            outs.append(o)
+            gouts.append(to_kiln(g.contiguous()))
+    result = [None] * len(inputs)
+    want = [i for i, (t, n) in enumerate(zip(inputs, needs)) if n and t.requires_grad]
+    if outs and want:
+        gs = _C._autograd_grad(outs, [inputs[i] for i in want], gouts, False, False)
+        for i, g in zip(want, gs):
+            # A CUDA tensor captured by score_mod is mirrored on the CPU: its gradient goes back.
+            result[i] = to_torch(g).to(devices[i]) if g is not None else None
+    return (None,) * 6 + tuple(result)
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,

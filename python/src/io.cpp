@@ -63,6 +63,26 @@ void bind_io(nb::module_& m) {
         nb::gil_scoped_release release;
         cuda::synchronize(device.value_or(-1));
       }, "device"_a = nb::none());
+  // `with _C._cuda.ExternalStream(ptr, device):` makes a stream kiln does not own (torch's current
+  // stream, as a cudaStream_t integer; 0 = legacy default) kiln's current stream for the block,
+  // so kernels, allocations and frees are ordered on it; the previous stream comes back on exit.
+  struct ExternalStream {
+    ExternalStream(uintptr_t h, int d) : handle(h), device(d) {}
+    uintptr_t handle;
+    int device;
+    std::optional<cuda::Stream> previous;
+  };
+  nb::class_<ExternalStream>(c, "ExternalStream")
+      .def(nb::init<uintptr_t, int>(), "handle"_a, "device"_a)
+      .def("__enter__", [](ExternalStream& s) -> ExternalStream& {
+        s.previous = cuda::current_stream(s.device);
+        cuda::set_current_stream(cuda::Stream::external(reinterpret_cast<void*>(s.handle), s.device));
+        return s;
+      }, nb::rv_policy::reference)
+      .def("__exit__", [](ExternalStream& s, nb::args) {
+        if (s.previous) cuda::set_current_stream(*s.previous);
+        s.previous.reset();
+      });
   // Memory statistics for any device (kiln.cuda.* pass CUDA devices, kiln.cpu.* the CPU).
   m.def("memory_allocated", [](std::optional<Device> d) { return memory_allocated(cuda_device(d)); }, "device"_a = nb::none())
       .def("max_memory_allocated", [](std::optional<Device> d) { return max_memory_allocated(cuda_device(d)); }, "device"_a = nb::none())
