@@ -241,6 +241,57 @@ TEST(ElementwiseAccuracy, BackwardFloat32Sweep) {
   }
 }
 
+// The fused backward rows in bf16 (g = 1) over every bf16 x: within one bf16 step of the
+// correctly rounded float64 derivative, or, where the derivative crosses zero (two terms of
+// ~0.2 cancel), within an absolute 2^-12 (the fp32 budget of ~2^-11 on each term).
+TEST(ElementwiseAccuracy, BackwardBFloat16AllValues) {
+  struct Bwd {
+    std::string name;
+    BinaryOp op;
+    std::function<double(double)> ref;
+  };
+  const std::vector<Bwd> bwd = {
+      {"silu'", BinaryOp::SiluBackward,
+       [](double x) { const double s = sigmoid_d(x); return s * (1 + x * (1 - s)); }},
+      {"gelu'", BinaryOp::GeluBackward,
+       [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI); }},
+      {"gelu_tanh'", BinaryOp::GeluTanhBackward,
+       [](double x) {
+         const double s = sigmoid_d(gelu_tanh_2u(x));
+         return s + 2 * x * s * (1 - s) * std::sqrt(2.0 / M_PI) * (1 + 3 * 0.044715 * x * x);
+       }},
+  };
+  const std::vector<double> xs = all_bf16();
+  const Tensor x = tensor(xs, kBFloat16), g = ones({static_cast<int64_t>(xs.size())}, TensorOptions(kBFloat16));
+  for (const Bwd& b : bwd) {
+    SCOPED_TRACE(b.name);
+    const Tensor out = empty_like(x);
+    cpu::binary(b.op, out, g, x, {});
+    const std::vector<double> o = out.to_vector();
+    int64_t off_nearest = 0, beyond = 0, floor_used = 0, bad_nan = 0;
+    double worst_abs = 0, at = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (std::isnan(xs[i]) || std::isinf(xs[i])) {  // NaN in: NaN out (inf: the limits are NaN or 0/1)
+        if (std::isnan(xs[i]) && !std::isnan(o[i])) ++bad_nan;
+        continue;
+      }
+      const double r = b.ref(xs[i]);
+      const int32_t steps = std::abs(bf16_key(nearest_bf16(r)) - bf16_key(bf16_bits(o[i])));
+      if (steps > 0) ++off_nearest;
+      if (steps <= 1) continue;
+      ++floor_used;
+      if (std::fabs(o[i] - r) > worst_abs) worst_abs = std::fabs(o[i] - r), at = xs[i];
+      if (std::fabs(o[i] - r) > std::ldexp(1.0, -12)) ++beyond;
+    }
+    std::printf("[accuracy] bf16 %-10s %lld of 65536 results off the nearest bf16; %lld more than one step off "
+                "(near zero crossings), at most %.3g absolute (x=%.6g)\n",
+                b.name.c_str(), static_cast<long long>(off_nearest), static_cast<long long>(floor_used), worst_abs, at);
+    EXPECT_EQ(beyond, 0) << "at x=" << at;
+    EXPECT_EQ(bad_nan, 0);
+    EXPECT_LE(off_nearest, 65536 / 100);
+  }
+}
+
 // NaN in gives NaN out in every dtype and op, and bf16 NaN survives the rounding.
 TEST(ElementwiseAccuracy, NanPropagates) {
   for (const Case& c : cases()) {

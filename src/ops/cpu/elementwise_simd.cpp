@@ -145,6 +145,11 @@ concept Splits = requires(const F& f, DF d, VF v) {
   requires F::kFastAbsMax > 0.0f;
 };
 template <class F>
+concept SplitsBinary = requires(const F& f, DF d, VF v) {  // the range is on b
+  f.Fast(d, v, v);
+  requires F::kFastAbsMax > 0.0f;
+};
+template <class F>
 constexpr bool kApproxOf = requires { requires F::kApprox; };
 struct AddF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return hn::Add(a, b); } };
 struct AxpyF {
@@ -157,6 +162,13 @@ struct MaxF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return NanMax(a, 
 struct MinF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return NanMin(a, b); } };
 template <bool L> struct SiluBwdF {
   static constexpr bool kApprox = true;
+  static constexpr float kFastAbsMax = kExpFastMax;
+  static HWY_INLINE VF Fast(DF d, VF g, VF x) {
+    const VF e = ExpFast<L>(d, hn::Neg(x));
+    const VF den = hn::Add(hn::Set(d, 1.0f), e);
+    const VF s = L ? RecipBf(d, den) : DivFast(d, hn::Set(d, 1.0f), den);
+    return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, hn::Mul(e, s), hn::Set(d, 1.0f)));
+  }
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
     VF s, s1m;
     SigmoidPair<L>(d, x, s, s1m);
@@ -177,6 +189,8 @@ template <bool L> struct GeluBwdF {
     const VF df = hn::MulAdd(hn::MulAdd(hi, u2, mid), u2, lo);
     return hn::MulAdd(hn::Mul(hn::Mul(x, df), hn::Mul(e, s)), s, s);
   }
+  static constexpr float kFastAbsMax = L ? kGeluBfMax : -1.0f;  // f32: no split
+  static HWY_INLINE VF Fast(DF d, VF g, VF x) { return hn::Mul(g, BfFast(d, x)); }
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
     if (L) {
       const auto ok = AbsLe(d, x, kGeluBfMax);
@@ -199,13 +213,24 @@ template <bool L> struct GeluBwdF {
 // d/dx x sigmoid(2u) with s = sigmoid(2u): s + 2 x s (1 - s) u'.
 template <bool L> struct GeluTanhBwdF {
   static constexpr bool kApprox = true;
-  HWY_INLINE VF operator()(DF d, VF g, VF x) const {
+  static constexpr float kFastAbsMax = 9.5f;  // |2u| <= 77
+  static HWY_INLINE VF Fast(DF d, VF g, VF x) {
+    const VF e = ExpFast<L>(d, hn::Neg(GeluTanh2U(d, x)));
+    const VF den = hn::Add(hn::Set(d, 1.0f), e);
+    const VF s = L ? RecipBf(d, den) : DivFast(d, hn::Set(d, 1.0f), den);
+    return Combine(d, g, x, s, hn::Mul(e, s));
+  }
+  static HWY_INLINE VF Combine(DF d, VF g, VF x, VF s, VF s1m) {
     const VF one = hn::Set(d, 1.0f);
-    VF s, s1m;
-    SigmoidPair<L>(d, GeluTanh2U(d, x), s, s1m);
     const VF du = hn::Mul(hn::Set(d, kSqrt2OverPi), hn::MulAdd(hn::Set(d, 3.0f * kCubic), hn::Mul(x, x), one));
     const VF right = hn::Mul(hn::Mul(hn::Add(x, x), hn::Mul(s, s1m)), du);
     return hn::Mul(g, hn::Add(s, right));
+  }
+  HWY_INLINE VF operator()(DF d, VF g, VF x) const {
+    VF s, s1m;
+    SigmoidPair<L>(d, GeluTanh2U(d, x), s, s1m);
+    // Past |x| = 1e4 s (1 - s) is 0; the clamp keeps x^2 finite there (else 0 * inf = NaN).
+    return Combine(d, g, hn::Min(hn::Max(x, hn::Set(d, -1e4f)), hn::Set(d, 1e4f)), s, s1m);
   }
 };
 struct SigmoidBwdF {
@@ -293,6 +318,25 @@ HWY_INLINE void RowBinary(const typename IO::P* a, const typename IO::P* b, bool
     IO::template Store<kApproxOf<F>>(d, f(d, a0, b0), f(d, a1, b1), po);
   };
   int64_t i = 0;
+  if constexpr (SplitsBinary<F>) {
+    if (!b_scalar) {
+      for (; i + 2 * block <= n; i += 2 * block) {
+        VF a0, a1, a2, a3, b0, b1, b2, b3;
+        IO::Load(d, a + i, a0, a1);
+        IO::Load(d, a + i + block, a2, a3);
+        IO::Load(d, b + i, b0, b1);
+        IO::Load(d, b + i + block, b2, b3);
+        VF y0, y1, y2, y3;
+        if (HWY_LIKELY(IO::AllAbsLe(d, b + i, b0, b1, b2, b3, F::kFastAbsMax))) {
+          y0 = f.Fast(d, a0, b0), y1 = f.Fast(d, a1, b1), y2 = f.Fast(d, a2, b2), y3 = f.Fast(d, a3, b3);
+        } else {
+          y0 = f(d, a0, b0), y1 = f(d, a1, b1), y2 = f(d, a2, b2), y3 = f(d, a3, b3);
+        }
+        IO::template Store<kApproxOf<F>>(d, y0, y1, out + i);
+        IO::template Store<kApproxOf<F>>(d, y2, y3, out + i + block);
+      }
+    }
+  }
   for (; i + block <= n; i += block) step(a + i, b + i, out + i);
   if (i == n) return;
   HWY_ALIGN P ta[kMaxBlock] = {}, tb[kMaxBlock] = {}, to[kMaxBlock] = {};
