@@ -83,11 +83,11 @@ struct BF16IO {
     p[0] = static_cast<uint16_t>(hn::GetLane(Round<kApprox>(d, v0)) >> 16);
     p[1] = static_cast<uint16_t>(hn::GetLane(Round<kApprox>(d, v1)) >> 16);
 #else
-    const DU du;
     const hn::Repartition<uint16_t, DU> d16;
-    const auto w = hn::Or(hn::ShiftRight<16>(Round<kApprox>(d, v0)),
-                          hn::And(Round<kApprox>(d, v1), hn::Set(du, 0xffff0000u)));
-    hn::StoreU(hn::BitCast(d16, w), d16, p);
+    // Odd u16 lanes (high halves) from v1, even (low) from v0 shifted down: one blend.
+    const auto w = hn::OddEven(hn::BitCast(d16, Round<kApprox>(d, v1)),
+                               hn::BitCast(d16, hn::ShiftRight<16>(Round<kApprox>(d, v0))));
+    hn::StoreU(w, d16, p);
 #endif
   }
   // Every |x| <= lim in the two blocks at p, tested on the bf16 bits (lim truncated to bf16,
