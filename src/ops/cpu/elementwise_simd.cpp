@@ -182,7 +182,7 @@ template <bool L> struct GeluBwdF {
   static constexpr bool kApprox = true;
   static HWY_INLINE VF BfFast(DF d, VF x) {  // |x| <= kGeluBfMax
     const VF u = hn::Mul(x, x), u2 = hn::Mul(u, u);
-    const VF e = ExpFast<true>(d, GeluLogitNeg(d, x, u));
+    const VF e = Exp2FastBf(d, GeluLogitNeg2(d, x, u));
     const VF s = RecipBf(d, hn::Add(hn::Set(d, 1.0f), e));
     const VF lo = Lin(d, u, 1.59556258f, 0.219162837f), mid = Lin(d, u, -0.00131432747f, -0.000481714553f);
     const VF hi = Lin(d, u, 3.36268495e-05f, -7.35446577e-07f);

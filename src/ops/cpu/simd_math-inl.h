@@ -374,19 +374,32 @@ HWY_INLINE bool CdfFastOk(D d, V x) {
 // activations) skip the reciprocal: 0.5 erfc(z) = exp(-z^2 + G(z)) with G a polynomial in z of
 // degree 8 (error 1.0e-7) or, lite, 6 (1.0e-6). Past |x| = 15 Phi is 1 or underflows, so x is
 // clamped there.
+// 2^y for |y| <= 126, bf16 budget: y = n + r, |r| <= 1/2, 2^r = 1 + r q(r) with q of degree 2
+// (relative error 1.0e-4). For callers whose y comes from a polynomial with log2(e) folded into
+// its coefficients: the reduction is then adds only (the FMA pipes are the busy ones).
+template <class D, class V>
+HWY_INLINE V Exp2FastBf(D d, V y) {
+  const hn::RebindToSigned<D> di;
+  const V t = hn::Add(y, hn::Set(d, kRoundMagic));
+  const V r = hn::Sub(y, hn::Sub(t, hn::Set(d, kRoundMagic)));
+  const V q = hn::MulAdd(hn::MulAdd(hn::Set(d, 0.0550058633f), r, hn::Set(d, 0.242216378f)), r, hn::Set(d, 0.693283856f));
+  const V p = hn::MulAdd(r, q, hn::Set(d, 1.0f));
+  return hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::BitCast(di, t))));
+}
 // bf16, |x| <= 4: Phi(x) = sigmoid(f(x)) with f = logit(Phi) = x F(x^2), F of degree 5 (absolute
-// error 6.1e-5 in f, so relative in Phi's left tail); GeluLogitNeg returns -f.
+// error 6.1e-5 in f, so relative in Phi's left tail), by Estrin. GeluLogitNeg2 returns
+// -f log2(e), for Exp2FastBf.
 constexpr float kGeluBfMax = 4.0f;
 template <class D, class V>
-HWY_INLINE V GeluLogitNeg(D d, V x, V u) {
+HWY_INLINE V GeluLogitNeg2(D d, V x, V u) {
   const V u2 = hn::Mul(u, u);
-  const V lo = Lin(d, u, -1.59557128f, -0.0730183274f), mid = Lin(d, u, 0.000242814029f, 7.2570474e-05f);
-  const V hi = Lin(d, u, -4.01739226e-06f, 7.41356843e-08f);
+  const V lo = Lin(d, u, -2.3019228f, -0.105343178f), mid = Lin(d, u, 0.000350306596f, 0.000104697065f);
+  const V hi = Lin(d, u, -5.79587186e-06f, 1.06955184e-07f);
   return hn::Mul(x, hn::MulAdd(hn::MulAdd(hi, u2, mid), u2, lo));
 }
 template <class D, class V>
 HWY_INLINE V GeluBfFast(D d, V x) {
-  const V den = hn::Add(hn::Set(d, 1.0f), ExpFast<true>(d, GeluLogitNeg(d, x, hn::Mul(x, x))));
+  const V den = hn::Add(hn::Set(d, 1.0f), Exp2FastBf(d, GeluLogitNeg2(d, x, hn::Mul(x, x))));
   return hn::Mul(x, RecipBf(d, den));
 }
 template <bool L = false, class D, class V>
