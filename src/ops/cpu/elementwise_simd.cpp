@@ -126,6 +126,11 @@ constexpr float kCubic = 0.044715f;
 HWY_INLINE VF GeluTanh2U(DF d, VF x) {
   return hn::Mul(x, hn::MulAdd(hn::Set(d, 2.0f * kSqrt2OverPi * kCubic), hn::Mul(x, x), hn::Set(d, 2.0f * kSqrt2OverPi)));
 }
+// bf16 rows, |x| <= 9.5: e^-2u as 2^(x (a + b x^2)), log2(e) folded into a and b.
+HWY_INLINE VF GeluTanhExpNeg2U(DF d, VF x) {
+  constexpr float kA = -2.0f * kSqrt2OverPi * 1.44269504088896341f;
+  return Exp2FastBf(d, hn::Mul(x, hn::MulAdd(hn::Set(d, kA * kCubic), hn::Mul(x, x), hn::Set(d, kA))));
+}
 // x / (1 + e^-y), the shared shape of silu (y = x) and gelu-tanh (y = 2u).
 template <bool L>
 HWY_INLINE VF TimesSigmoid(DF d, VF x, VF y) {
@@ -215,7 +220,7 @@ template <bool L> struct GeluTanhBwdF {
   static constexpr bool kApprox = true;
   static constexpr float kFastAbsMax = 9.5f;  // |2u| <= 77
   static HWY_INLINE VF Fast(DF d, VF g, VF x) {
-    const VF e = ExpFast<L>(d, hn::Neg(GeluTanh2U(d, x)));
+    const VF e = L ? GeluTanhExpNeg2U(d, x) : ExpFast(d, hn::Neg(GeluTanh2U(d, x)));
     const VF den = hn::Add(hn::Set(d, 1.0f), e);
     const VF s = L ? RecipBf(d, den) : DivFast(d, hn::Set(d, 1.0f), den);
     return Combine(d, g, x, s, hn::Mul(e, s));
@@ -227,10 +232,16 @@ template <bool L> struct GeluTanhBwdF {
     return hn::Mul(g, hn::Add(s, right));
   }
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
+    VF fast;
+    if (L) {
+      fast = Fast(d, g, x);
+      if (HWY_LIKELY(hn::AllTrue(d, AbsLe(d, x, kFastAbsMax)))) return fast;
+    }
     VF s, s1m;
     SigmoidPair<L>(d, GeluTanh2U(d, x), s, s1m);
     // Past |x| = 1e4 s (1 - s) is 0; the clamp keeps x^2 finite there (else 0 * inf = NaN).
-    return Combine(d, g, hn::Min(hn::Max(x, hn::Set(d, -1e4f)), hn::Set(d, 1e4f)), s, s1m);
+    const VF r = Combine(d, g, hn::Min(hn::Max(x, hn::Set(d, -1e4f)), hn::Set(d, 1e4f)), s, s1m);
+    return L ? hn::IfThenElse(AbsLe(d, x, kFastAbsMax), fast, r) : r;
   }
 };
 struct SigmoidBwdF {
@@ -288,10 +299,19 @@ template <bool L> struct GeluF {
 };
 template <bool L> struct GeluTanhF {
   static constexpr bool kApprox = true;
-  HWY_INLINE VF operator()(DF d, VF x) const { return TimesSigmoid<L>(d, x, GeluTanh2U(d, x)); }
+  HWY_INLINE VF operator()(DF d, VF x) const {
+    if (!L) return TimesSigmoid<L>(d, x, GeluTanh2U(d, x));
+    const VF fast = Fast(d, x);
+    const auto ok = AbsLe(d, x, kFastAbsMax);
+    if (HWY_LIKELY(hn::AllTrue(d, ok))) return fast;
+    return hn::IfThenElse(ok, fast, TimesSigmoidFull(d, x, GeluTanh2U(d, x)));
+  }
   // |x| <= 9.5 keeps |2u| <= 77, inside exp's fast range.
   static constexpr float kFastAbsMax = 9.5f;
-  static HWY_INLINE VF Fast(DF d, VF x) { return TimesSigmoidFast<L>(d, x, GeluTanh2U(d, x)); }
+  static HWY_INLINE VF Fast(DF d, VF x) {
+    if (L) return hn::Mul(x, RecipBf(d, hn::Add(hn::Set(d, 1.0f), GeluTanhExpNeg2U(d, x))));
+    return TimesSigmoidFast<L>(d, x, GeluTanh2U(d, x));
+  }
 };
 struct ClampF {
   float lo, hi;
