@@ -294,8 +294,8 @@ template <bool L> struct SiluF {
 template <bool L> struct GeluF {
   static constexpr bool kApprox = true;
   HWY_INLINE VF operator()(DF d, VF x) const { return Gelu<L>(d, x); }
-  static constexpr float kFastAbsMax = L ? kGeluBfMax : -1.0f;  // f32: no split
-  static HWY_INLINE VF Fast(DF d, VF x) { return GeluBfFast(d, x); }
+  static constexpr float kFastAbsMax = L ? kGeluBfMax : kGeluF32FastMax;
+  static HWY_INLINE VF Fast(DF d, VF x) { return L ? GeluBfFast(d, x) : GeluF32Fast(d, x); }
 };
 template <bool L> struct GeluTanhF {
   static constexpr bool kApprox = true;

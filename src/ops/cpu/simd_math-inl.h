@@ -402,6 +402,17 @@ HWY_INLINE V GeluBfFast(D d, V x) {
   const V den = hn::Add(hn::Set(d, 1.0f), Exp2FastBf(d, GeluLogitNeg2(d, x, hn::Mul(x, x))));
   return hn::Mul(x, RecipBf(d, den));
 }
+// float32, |x| <= 3: 0.5 erfc(z) = exp(-z^2 + G(z)), see Gelu.
+constexpr float kGeluF32FastMax = 3.0f;
+template <class D, class V>
+HWY_INLINE V GeluF32Fast(D d, V x) {
+  const V z = hn::Mul(hn::Abs(x), hn::Set(d, kInvSqrt2));
+  const V z2 = hn::Mul(z, z);
+  const V g = Poly8(d, z, z2, -0.693147123f, -1.12838387f, 0.363440543f, -0.103073239f, 0.0198779646f,
+                    -0.000831777754f, -0.000875192636f, 0.000267228374f, -2.72394391e-05f);
+  const V h = ExpFast(d, hn::Sub(g, z2));
+  return hn::Mul(x, hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h)));
+}
 template <bool L = false, class D, class V>
 HWY_INLINE V Gelu(D d, V x) {
   const V ax = hn::Abs(x);
@@ -410,14 +421,7 @@ HWY_INLINE V Gelu(D d, V x) {
     if (HWY_LIKELY(hn::AllTrue(d, ok))) return GeluBfFast(d, x);
     return hn::IfThenElse(ok, GeluBfFast(d, x), Gelu<false>(d, x));
   }
-  if (HWY_LIKELY(hn::AllTrue(d, hn::Le(ax, hn::Set(d, 3.0f))))) {
-    const V z = hn::Mul(ax, hn::Set(d, kInvSqrt2));
-    const V z2 = hn::Mul(z, z);
-    const V g = Poly8(d, z, z2, -0.693147123f, -1.12838387f, 0.363440543f, -0.103073239f, 0.0198779646f,
-                      -0.000831777754f, -0.000875192636f, 0.000267228374f, -2.72394391e-05f);
-    const V h = ExpFast(d, hn::Sub(g, z2));
-    return hn::Mul(x, hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h)));
-  }
+  if (HWY_LIKELY(hn::AllTrue(d, hn::Le(ax, hn::Set(d, kGeluF32FastMax))))) return GeluF32Fast(d, x);
   if (HWY_LIKELY(CdfFastOk(d, x))) return hn::Mul(x, NormalCdf(d, x, false));
   // Left tail: h * 2^64 keeps Phi normal until x * Phi is formed, then one rounding.
   const V xc = hn::Min(hn::Max(x, hn::Set(d, -15.0f)), hn::Set(d, 15.0f));
