@@ -2,9 +2,12 @@
 // Highway knows (foreach_target) and picked at run time. Rows run blocks of two vectors: fp32
 // loads two vectors; bf16 loads 2N values as N u32 pairs and splits them into the even and odd
 // elements (a 16-bit shift or a mask widens bf16 to fp32, in order, without shuffles), then
-// rounds both back to nearest even with integer ops and merges them the same way. Tails run the
-// same vector code on a padded stack copy, so every element of a tensor sees the same arithmetic.
-// The transcendental functions are in simd_math-inl.h.
+// rounds both back with integer ops and merges them with one blend. Ops with a fast formula on
+// a range (exp, sigmoid, silu, gelu, their backward rows) take two blocks at a time behind one
+// range check (on the raw bits for bf16), so four independent chains interleave; a block that
+// fails the check runs the general path, which gives in-range lanes the same fast formula, so a
+// value's result never depends on its neighbours. Tails run the same vector code on a padded
+// stack copy. The transcendental functions are in simd_math-inl.h.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep

@@ -4,7 +4,8 @@
 // for the rest; the check is one compare per vector, so typical data never pays for specials.
 // Polynomials are our own minimax fits (Lawson-weighted least squares against mpmath); the
 // relative errors quoted below are the fits', before float32 rounding. Measured errors of the
-// finished functions are in tests/ops/test_elementwise_accuracy.cpp.
+// finished functions are in tests/ops/test_elementwise_accuracy.cpp. The bf16 variants (flag L)
+// work to a looser budget, see RecipBf.
 //
 // Usage: include inside a file compiled with foreach_target, after hwy/highway.h.
 #if defined(KILN_OPS_CPU_SIMD_MATH_INL_H_) == defined(HWY_TARGET_TOGGLE)
