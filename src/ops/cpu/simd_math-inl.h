@@ -77,10 +77,10 @@ HWY_INLINE V RecipFast(D d, V a) {
 }
 
 // Template flag L selects the bf16 variants. A bf16 result keeps 8 significant bits (half an
-// ulp is 2^-9 relative or more), so the fp32 value before rounding only needs ~2^-12: then the
-// bf16 result is the correctly rounded one or its neighbour, and rarely the neighbour. Budget:
-// polynomials and rationals <= 1.3e-4 relative (or absolute in an exponent), reciprocals
-// refined once (RecipBf), exp reductions without the low part of ln2.
+// ulp is 2^-9 relative or more): any fp32 error below 2^-9 keeps the bf16 result the correctly
+// rounded one or its neighbour, and ~2^-11 makes the neighbour rare (<= 0.3% of all inputs).
+// Budget: polynomials and rationals <= 1.3e-4 relative (or absolute in an exponent), the bare
+// reciprocal estimate (RecipBf), exp reductions without the low part of ln2.
 
 // num / den to ~0.5-1 ulp: the reciprocal's quotient plus one correction by its exact residual.
 template <class D, class V>
