@@ -183,7 +183,7 @@ template <bool L> struct SiluBwdF {
     return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, s1m, hn::Set(d, 1.0f)));
   }
 };
-// gelu'(x) = Phi(x) + x phi(x). bf16, |x| <= 4: Phi = s = sigmoid(f) as in Gelu<true>, and
+// gelu'(x) = Phi(x) + x phi(x). bf16, |x| <= 3.5: Phi = s = sigmoid(f) as in Gelu<true>, and
 // phi = s (1 - s) f'(x) with f' fitted on its own (even, degree 5 in x^2, relative error 1.3e-4)
 // rather than differentiated from F (5.6e-4).
 template <bool L> struct GeluBwdF {
