@@ -2,9 +2,12 @@
 // Highway knows (foreach_target) and picked at run time. Rows run blocks of two vectors: fp32
 // loads two vectors; bf16 loads 2N values as N u32 pairs and splits them into the even and odd
 // elements (a 16-bit shift or a mask widens bf16 to fp32, in order, without shuffles), then
-// rounds both back to nearest even with integer ops and merges them the same way. Tails run the
-// same vector code on a padded stack copy, so every element of a tensor sees the same arithmetic.
-// The transcendental functions are in simd_math-inl.h.
+// rounds both back with integer ops and merges them with one blend. Ops with a fast formula on
+// a range (exp, sigmoid, silu, gelu, their backward rows) take two blocks at a time behind one
+// range check (on the raw bits for bf16), so four independent chains interleave; a block that
+// fails the check runs the general path, which gives in-range lanes the same fast formula, so a
+// value's result never depends on its neighbours. Tails run the same vector code on a padded
+// stack copy. The transcendental functions are in simd_math-inl.h.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -12,6 +15,7 @@
 #include <hwy/highway.h>
 
 #include <cmath>
+#include <concepts>
 #include <cstring>
 
 #include "ops/cpu/elementwise_simd.h"
@@ -33,9 +37,17 @@ struct F32IO {
     v0 = hn::LoadU(d, p);
     v1 = hn::LoadU(d, p + hn::Lanes(d));
   }
+  template <bool kApprox = false>
   static void Store(DF d, VF v0, VF v1, float* p) {
     hn::StoreU(v0, d, p);
     hn::StoreU(v1, d, p + hn::Lanes(d));
+  }
+  // Every |x| <= lim in two blocks (x0..x3 loaded from p); false on NaN.
+  static bool AllAbsLe(DF d, const float*, VF x0, VF x1, VF x2, VF x3, float lim) {
+    const VF l = hn::Set(d, lim);
+    const auto m01 = hn::And(hn::Le(hn::Abs(x0), l), hn::Le(hn::Abs(x1), l));
+    const auto m23 = hn::And(hn::Le(hn::Abs(x2), l), hn::Le(hn::Abs(x3), l));
+    return hn::AllTrue(d, hn::And(m01, m23));
   }
   static float ToFloat(float v) { return v; }
 };
@@ -59,21 +71,42 @@ struct BF16IO {
   // Round to nearest even in the top 16 bits: u + 0x7fff + lsb. No NaN fix-up is needed: every
   // NaN here is a bf16 input's (low 16 bits zero) or the hardware default NaN (0x7fc00000 up to
   // sign), and adding at most 0x8000 to zero low bits never carries into the top half.
+  // kApprox: ties away from zero (u + 0x8000), two ops fewer; only exact ties differ.
+  template <bool kApprox>
   static hn::Vec<DU> Round(DF, VF v) {
     const DU du;
     const auto u = hn::BitCast(du, v);
+    if (kApprox) return hn::Add(u, hn::Set(du, 0x8000u));
     const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
     return hn::Add(hn::Add(u, hn::Set(du, 0x7fffu)), lsb);
   }
+  template <bool kApprox = false>
   static void Store(DF d, VF v0, VF v1, uint16_t* p) {
 #if HWY_TARGET == HWY_SCALAR
-    p[0] = static_cast<uint16_t>(hn::GetLane(Round(d, v0)) >> 16);
-    p[1] = static_cast<uint16_t>(hn::GetLane(Round(d, v1)) >> 16);
+    p[0] = static_cast<uint16_t>(hn::GetLane(Round<kApprox>(d, v0)) >> 16);
+    p[1] = static_cast<uint16_t>(hn::GetLane(Round<kApprox>(d, v1)) >> 16);
 #else
-    const DU du;
     const hn::Repartition<uint16_t, DU> d16;
-    const auto w = hn::Or(hn::ShiftRight<16>(Round(d, v0)), hn::And(Round(d, v1), hn::Set(du, 0xffff0000u)));
-    hn::StoreU(hn::BitCast(d16, w), d16, p);
+    // Odd u16 lanes (high halves) from v1, even (low) from v0 shifted down: one blend.
+    const auto w = hn::OddEven(hn::BitCast(d16, Round<kApprox>(d, v1)),
+                               hn::BitCast(d16, hn::ShiftRight<16>(Round<kApprox>(d, v0))));
+    hn::StoreU(w, d16, p);
+#endif
+  }
+  // Every |x| <= lim in the two blocks at p, tested on the bf16 bits (lim truncated to bf16,
+  // which only narrows it): |bits| <= lim's bits as int16, false on NaN.
+  static bool AllAbsLe(DF d, const uint16_t* p, VF x0, VF x1, VF x2, VF x3, float lim) {
+#if HWY_TARGET == HWY_SCALAR
+    return F32IO::AllAbsLe(d, nullptr, x0, x1, x2, x3, lim);
+#else
+    (void)d, (void)x0, (void)x1, (void)x2, (void)x3;
+    const hn::Repartition<int16_t, DF> d16;
+    uint32_t lb;
+    std::memcpy(&lb, &lim, 4);
+    const auto l = hn::Set(d16, static_cast<int16_t>(lb >> 16)), m = hn::Set(d16, int16_t{0x7fff});
+    const auto a = hn::And(hn::BitCast(d16, hn::LoadU(hn::Repartition<uint16_t, DF>(), p)), m);
+    const auto b = hn::And(hn::BitCast(d16, hn::LoadU(hn::Repartition<uint16_t, DF>(), p + hn::Lanes(d16))), m);
+    return hn::AllFalse(d16, hn::Or(hn::Gt(a, l), hn::Gt(b, l)));
 #endif
   }
   static float ToFloat(uint16_t v) {
@@ -96,14 +129,36 @@ constexpr float kCubic = 0.044715f;
 HWY_INLINE VF GeluTanh2U(DF d, VF x) {
   return hn::Mul(x, hn::MulAdd(hn::Set(d, 2.0f * kSqrt2OverPi * kCubic), hn::Mul(x, x), hn::Set(d, 2.0f * kSqrt2OverPi)));
 }
+// bf16 rows, |x| <= 9.5: e^-2u as 2^(x (a + b x^2)), log2(e) folded into a and b.
+HWY_INLINE VF GeluTanhExpNeg2U(DF d, VF x) {
+  constexpr float kA = -2.0f * kSqrt2OverPi * 1.44269504088896341f;
+  return Exp2FastBf(d, hn::Mul(x, hn::MulAdd(hn::Set(d, kA * kCubic), hn::Mul(x, x), hn::Set(d, kA))));
+}
 // x / (1 + e^-y), the shared shape of silu (y = x) and gelu-tanh (y = 2u).
 template <bool L>
 HWY_INLINE VF TimesSigmoid(DF d, VF x, VF y) {
   if (HWY_LIKELY(ExpFastOk(d, y))) return TimesSigmoidFast<L>(d, x, y);
-  return TimesSigmoidFull(d, x, y);
+  if (!L) return TimesSigmoidFull(d, x, y);
+  return hn::IfThenElse(AbsLe(d, y, kExpFastMax), TimesSigmoidFast<L>(d, x, y), TimesSigmoidFull(d, x, y));
 }
 
 // ---- op functors: (d, a, b) or (d, x) -> fp32 vector ----
+// Unary functors with a fast formula for |x| <= kFastAbsMax (Fast; operator() handles any x and
+// gives the same results on those lanes) let the row take one branch per four vectors, whose
+// chains then interleave. Functors marked kApprox (the transcendental ones) may round bf16
+// ties away from zero, as their fp32 values are approximations anyway.
+template <class F>
+concept Splits = requires(const F& f, DF d, VF v) {
+  f.Fast(d, v);
+  requires F::kFastAbsMax > 0.0f;
+};
+template <class F>
+concept SplitsBinary = requires(const F& f, DF d, VF v) {  // the range is on b
+  f.Fast(d, v, v);
+  requires F::kFastAbsMax > 0.0f;
+};
+template <class F>
+constexpr bool kApproxOf = requires { requires F::kApprox; };
 struct AddF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return hn::Add(a, b); } };
 struct AxpyF {
   float alpha;
@@ -113,15 +168,43 @@ struct MulF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return hn::Mul(a,
 struct DivF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return hn::Div(a, b); } };
 struct MaxF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return NanMax(a, b); } };
 struct MinF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return NanMin(a, b); } };
-struct SiluBwdF {
+template <bool L> struct SiluBwdF {
+  static constexpr bool kApprox = true;
+  static constexpr float kFastAbsMax = kExpFastMax;
+  static HWY_INLINE VF Fast(DF d, VF g, VF x) {
+    const VF e = ExpFast<L>(d, hn::Neg(x));
+    const VF den = hn::Add(hn::Set(d, 1.0f), e);
+    const VF s = L ? RecipBf(d, den) : DivFast(d, hn::Set(d, 1.0f), den);
+    return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, hn::Mul(e, s), hn::Set(d, 1.0f)));
+  }
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
     VF s, s1m;
-    SigmoidPair(d, x, s, s1m);
+    SigmoidPair<L>(d, x, s, s1m);
     return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, s1m, hn::Set(d, 1.0f)));
   }
 };
-struct GeluBwdF {
+// gelu'(x) = Phi(x) + x phi(x). bf16, |x| <= 3.5: Phi = s = sigmoid(f) as in Gelu<true>, and
+// phi = s (1 - s) f'(x) with f' fitted on its own (even, degree 5 in x^2, relative error 1.3e-4)
+// rather than differentiated from F (5.6e-4).
+template <bool L> struct GeluBwdF {
+  static constexpr bool kApprox = true;
+  static HWY_INLINE VF BfFast(DF d, VF x) {  // |x| <= kGeluBfMax
+    const VF u = hn::Mul(x, x), u2 = hn::Mul(u, u);
+    const VF e = Exp2FastBf(d, GeluLogitNeg2(d, x, u));
+    const VF s = RecipBf(d, hn::Add(hn::Set(d, 1.0f), e));
+    const VF lo = Lin(d, u, 1.59556258f, 0.219162837f), mid = Lin(d, u, -0.00131432747f, -0.000481714553f);
+    const VF hi = Lin(d, u, 3.36268495e-05f, -7.35446577e-07f);
+    const VF df = hn::MulAdd(hn::MulAdd(hi, u2, mid), u2, lo);
+    return hn::MulAdd(hn::Mul(hn::Mul(x, df), hn::Mul(e, s)), s, s);
+  }
+  static constexpr float kFastAbsMax = L ? kGeluBfMax : -1.0f;  // f32: no split
+  static HWY_INLINE VF Fast(DF d, VF g, VF x) { return hn::Mul(g, BfFast(d, x)); }
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
+    if (L) {
+      const auto ok = AbsLe(d, x, kGeluBfMax);
+      if (HWY_LIKELY(hn::AllTrue(d, ok))) return hn::Mul(g, BfFast(d, x));
+      return hn::IfThenElse(ok, hn::Mul(g, BfFast(d, x)), GeluBwdF<false>()(d, g, x));
+    }
     const VF e_arg = hn::Mul(hn::Set(d, -0.5f), hn::Mul(x, x));
     VF cdf, pdf;
     if (HWY_LIKELY(CdfFastOk(d, x))) {
@@ -136,14 +219,32 @@ struct GeluBwdF {
   }
 };
 // d/dx x sigmoid(2u) with s = sigmoid(2u): s + 2 x s (1 - s) u'.
-struct GeluTanhBwdF {
-  HWY_INLINE VF operator()(DF d, VF g, VF x) const {
+template <bool L> struct GeluTanhBwdF {
+  static constexpr bool kApprox = true;
+  static constexpr float kFastAbsMax = 9.5f;  // |2u| <= 77
+  static HWY_INLINE VF Fast(DF d, VF g, VF x) {
+    const VF e = L ? GeluTanhExpNeg2U(d, x) : ExpFast(d, hn::Neg(GeluTanh2U(d, x)));
+    const VF den = hn::Add(hn::Set(d, 1.0f), e);
+    const VF s = L ? RecipBf(d, den) : DivFast(d, hn::Set(d, 1.0f), den);
+    return Combine(d, g, x, s, hn::Mul(e, s));
+  }
+  static HWY_INLINE VF Combine(DF d, VF g, VF x, VF s, VF s1m) {
     const VF one = hn::Set(d, 1.0f);
-    VF s, s1m;
-    SigmoidPair(d, GeluTanh2U(d, x), s, s1m);
     const VF du = hn::Mul(hn::Set(d, kSqrt2OverPi), hn::MulAdd(hn::Set(d, 3.0f * kCubic), hn::Mul(x, x), one));
     const VF right = hn::Mul(hn::Mul(hn::Add(x, x), hn::Mul(s, s1m)), du);
     return hn::Mul(g, hn::Add(s, right));
+  }
+  HWY_INLINE VF operator()(DF d, VF g, VF x) const {
+    VF fast;
+    if (L) {
+      fast = Fast(d, g, x);
+      if (HWY_LIKELY(hn::AllTrue(d, AbsLe(d, x, kFastAbsMax)))) return fast;
+    }
+    VF s, s1m;
+    SigmoidPair<L>(d, GeluTanh2U(d, x), s, s1m);
+    // Past |x| = 1e4 s (1 - s) is 0; the clamp keeps x^2 finite there (else 0 * inf = NaN).
+    const VF r = Combine(d, g, hn::Min(hn::Max(x, hn::Set(d, -1e4f)), hn::Set(d, 1e4f)), s, s1m);
+    return L ? hn::IfThenElse(AbsLe(d, x, kFastAbsMax), fast, r) : r;
   }
 };
 struct SigmoidBwdF {
@@ -157,21 +258,63 @@ struct ReluBwdF {
 };
 
 struct NegF { HWY_INLINE VF operator()(DF, VF x) const { return hn::Neg(x); } };
-template <bool L> struct ExpF { HWY_INLINE VF operator()(DF d, VF x) const { return Exp<L>(d, x); } };
-struct LogF { HWY_INLINE VF operator()(DF d, VF x) const { return Log(d, x); } };
-struct ErfF { HWY_INLINE VF operator()(DF d, VF x) const { return Erf(d, x); } };
-template <bool L> struct TanhF { HWY_INLINE VF operator()(DF d, VF x) const { return Tanh<L>(d, x); } };
+template <bool L> struct ExpF {
+  static constexpr bool kApprox = true;
+  HWY_INLINE VF operator()(DF d, VF x) const { return Exp<L>(d, x); }
+  static constexpr float kFastAbsMax = kExpFastMax;
+  static HWY_INLINE VF Fast(DF d, VF x) { return ExpFast<L>(d, x); }
+};
+template <bool L> struct LogF {
+  static constexpr bool kApprox = true;
+  HWY_INLINE VF operator()(DF d, VF x) const { return L ? LogBf(d, x) : Log(d, x); }
+};
+template <bool L> struct ErfF {
+  static constexpr bool kApprox = true;
+  HWY_INLINE VF operator()(DF d, VF x) const { return Erf<L>(d, x); }
+};
+template <bool L> struct TanhF {
+  static constexpr bool kApprox = true;
+  HWY_INLINE VF operator()(DF d, VF x) const { return Tanh<L>(d, x); }
+};
 struct SqrtF { HWY_INLINE VF operator()(DF, VF x) const { return hn::Sqrt(x); } };
 struct RsqrtF { HWY_INLINE VF operator()(DF d, VF x) const { return hn::Div(hn::Set(d, 1.0f), hn::Sqrt(x)); } };
 struct AbsF { HWY_INLINE VF operator()(DF, VF x) const { return hn::Abs(x); } };
-template <bool L> struct SigmoidF { HWY_INLINE VF operator()(DF d, VF x) const { return Sigmoid<L>(d, x); } };
+template <bool L> struct SigmoidF {
+  static constexpr bool kApprox = true;
+  HWY_INLINE VF operator()(DF d, VF x) const { return Sigmoid<L>(d, x); }
+  static constexpr float kFastAbsMax = kExpFastMax;
+  static HWY_INLINE VF Fast(DF d, VF x) { return TimesSigmoidFast<L>(d, hn::Set(d, 1.0f), x); }
+};
 struct ReluF {
   HWY_INLINE VF operator()(DF d, VF x) const { return hn::IfThenZeroElse(hn::Lt(x, hn::Zero(d)), x); }
 };
-template <bool L> struct SiluF { HWY_INLINE VF operator()(DF d, VF x) const { return TimesSigmoid<L>(d, x, x); } };
-template <bool L> struct GeluF { HWY_INLINE VF operator()(DF d, VF x) const { return Gelu<L>(d, x); } };
+template <bool L> struct SiluF {
+  static constexpr bool kApprox = true;
+  HWY_INLINE VF operator()(DF d, VF x) const { return TimesSigmoid<L>(d, x, x); }
+  static constexpr float kFastAbsMax = kExpFastMax;
+  static HWY_INLINE VF Fast(DF d, VF x) { return TimesSigmoidFast<L>(d, x, x); }
+};
+template <bool L> struct GeluF {
+  static constexpr bool kApprox = true;
+  HWY_INLINE VF operator()(DF d, VF x) const { return Gelu<L>(d, x); }
+  static constexpr float kFastAbsMax = L ? kGeluBfMax : kGeluF32FastMax;
+  static HWY_INLINE VF Fast(DF d, VF x) { return L ? GeluBfFast(d, x) : GeluF32Fast(d, x); }
+};
 template <bool L> struct GeluTanhF {
-  HWY_INLINE VF operator()(DF d, VF x) const { return TimesSigmoid<L>(d, x, GeluTanh2U(d, x)); }
+  static constexpr bool kApprox = true;
+  HWY_INLINE VF operator()(DF d, VF x) const {
+    if (!L) return TimesSigmoid<L>(d, x, GeluTanh2U(d, x));
+    const VF fast = Fast(d, x);
+    const auto ok = AbsLe(d, x, kFastAbsMax);
+    if (HWY_LIKELY(hn::AllTrue(d, ok))) return fast;
+    return hn::IfThenElse(ok, fast, TimesSigmoidFull(d, x, GeluTanh2U(d, x)));
+  }
+  // |x| <= 9.5 keeps |2u| <= 77, inside exp's fast range.
+  static constexpr float kFastAbsMax = 9.5f;
+  static HWY_INLINE VF Fast(DF d, VF x) {
+    if (L) return hn::Mul(x, RecipBf(d, hn::Add(hn::Set(d, 1.0f), GeluTanhExpNeg2U(d, x))));
+    return TimesSigmoidFast<L>(d, x, GeluTanh2U(d, x));
+  }
 };
 struct ClampF {
   float lo, hi;
@@ -195,9 +338,28 @@ HWY_INLINE void RowBinary(const typename IO::P* a, const typename IO::P* b, bool
     VF a0, a1, b0 = bs, b1 = bs;
     IO::Load(d, pa, a0, a1);
     if (!b_scalar) IO::Load(d, pb, b0, b1);
-    IO::Store(d, f(d, a0, b0), f(d, a1, b1), po);
+    IO::template Store<kApproxOf<F>>(d, f(d, a0, b0), f(d, a1, b1), po);
   };
   int64_t i = 0;
+  if constexpr (SplitsBinary<F>) {
+    if (!b_scalar) {
+      for (; i + 2 * block <= n; i += 2 * block) {
+        VF a0, a1, a2, a3, b0, b1, b2, b3;
+        IO::Load(d, a + i, a0, a1);
+        IO::Load(d, a + i + block, a2, a3);
+        IO::Load(d, b + i, b0, b1);
+        IO::Load(d, b + i + block, b2, b3);
+        VF y0, y1, y2, y3;
+        if (HWY_LIKELY(IO::AllAbsLe(d, b + i, b0, b1, b2, b3, F::kFastAbsMax))) {
+          y0 = f.Fast(d, a0, b0), y1 = f.Fast(d, a1, b1), y2 = f.Fast(d, a2, b2), y3 = f.Fast(d, a3, b3);
+        } else {
+          y0 = f(d, a0, b0), y1 = f(d, a1, b1), y2 = f(d, a2, b2), y3 = f(d, a3, b3);
+        }
+        IO::template Store<kApproxOf<F>>(d, y0, y1, out + i);
+        IO::template Store<kApproxOf<F>>(d, y2, y3, out + i + block);
+      }
+    }
+  }
   for (; i + block <= n; i += block) step(a + i, b + i, out + i);
   if (i == n) return;
   HWY_ALIGN P ta[kMaxBlock] = {}, tb[kMaxBlock] = {}, to[kMaxBlock] = {};
@@ -216,9 +378,26 @@ HWY_INLINE void RowUnary(const typename IO::P* x, typename IO::P* out, int64_t n
   auto step = [&](const P* px, P* po) {
     VF x0, x1;
     IO::Load(d, px, x0, x1);
-    IO::Store(d, f(d, x0), f(d, x1), po);
+    IO::template Store<kApproxOf<F>>(d, f(d, x0), f(d, x1), po);
   };
   int64_t i = 0;
+  for (; i + 2 * block <= n; i += 2 * block) {
+    VF x0, x1, x2, x3;
+    IO::Load(d, x + i, x0, x1);
+    IO::Load(d, x + i + block, x2, x3);
+    VF y0, y1, y2, y3;
+    if constexpr (Splits<F>) {
+      if (HWY_LIKELY(IO::AllAbsLe(d, x + i, x0, x1, x2, x3, F::kFastAbsMax))) {
+        y0 = f.Fast(d, x0), y1 = f.Fast(d, x1), y2 = f.Fast(d, x2), y3 = f.Fast(d, x3);
+      } else {
+        y0 = f(d, x0), y1 = f(d, x1), y2 = f(d, x2), y3 = f(d, x3);
+      }
+    } else {
+      y0 = f(d, x0), y1 = f(d, x1), y2 = f(d, x2), y3 = f(d, x3);
+    }
+    IO::template Store<kApproxOf<F>>(d, y0, y1, out + i);
+    IO::template Store<kApproxOf<F>>(d, y2, y3, out + i + block);
+  }
   for (; i + block <= n; i += block) step(x + i, out + i);
   if (i == n) return;
   HWY_ALIGN P tx[kMaxBlock] = {}, to[kMaxBlock] = {};
@@ -239,9 +418,9 @@ void BinaryRowT(BinaryOp op, const typename IO::P* a, const typename IO::P* b, b
     case BinaryOp::Div: return RowBinary<IO>(a, b, bs, out, n, DivF{});
     case BinaryOp::Maximum: return RowBinary<IO>(a, b, bs, out, n, MaxF{});
     case BinaryOp::Minimum: return RowBinary<IO>(a, b, bs, out, n, MinF{});
-    case BinaryOp::SiluBackward: return RowBinary<IO>(a, b, bs, out, n, SiluBwdF{});
-    case BinaryOp::GeluBackward: return RowBinary<IO>(a, b, bs, out, n, GeluBwdF{});
-    case BinaryOp::GeluTanhBackward: return RowBinary<IO>(a, b, bs, out, n, GeluTanhBwdF{});
+    case BinaryOp::SiluBackward: return RowBinary<IO>(a, b, bs, out, n, SiluBwdF<IO::kLite>{});
+    case BinaryOp::GeluBackward: return RowBinary<IO>(a, b, bs, out, n, GeluBwdF<IO::kLite>{});
+    case BinaryOp::GeluTanhBackward: return RowBinary<IO>(a, b, bs, out, n, GeluTanhBwdF<IO::kLite>{});
     case BinaryOp::SigmoidBackward: return RowBinary<IO>(a, b, bs, out, n, SigmoidBwdF{});
     case BinaryOp::TanhBackward: return RowBinary<IO>(a, b, bs, out, n, TanhBwdF{});
     case BinaryOp::ReluBackward: return RowBinary<IO>(a, b, bs, out, n, ReluBwdF{});
@@ -254,8 +433,8 @@ void UnaryRowT(UnaryOp op, const typename IO::P* x, typename IO::P* out, int64_t
   switch (op) {
     case UnaryOp::Neg: return RowUnary<IO>(x, out, n, NegF{});
     case UnaryOp::Exp: return RowUnary<IO>(x, out, n, ExpF<IO::kLite>{});
-    case UnaryOp::Log: return RowUnary<IO>(x, out, n, LogF{});
-    case UnaryOp::Erf: return RowUnary<IO>(x, out, n, ErfF{});
+    case UnaryOp::Log: return RowUnary<IO>(x, out, n, LogF<IO::kLite>{});
+    case UnaryOp::Erf: return RowUnary<IO>(x, out, n, ErfF<IO::kLite>{});
     case UnaryOp::Tanh: return RowUnary<IO>(x, out, n, TanhF<IO::kLite>{});
     case UnaryOp::Sqrt: return RowUnary<IO>(x, out, n, SqrtF{});
     case UnaryOp::Rsqrt: return RowUnary<IO>(x, out, n, RsqrtF{});

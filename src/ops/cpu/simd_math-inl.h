@@ -4,7 +4,8 @@
 // for the rest; the check is one compare per vector, so typical data never pays for specials.
 // Polynomials are our own minimax fits (Lawson-weighted least squares against mpmath); the
 // relative errors quoted below are the fits', before float32 rounding. Measured errors of the
-// finished functions are in tests/ops/test_elementwise_accuracy.cpp.
+// finished functions are in tests/ops/test_elementwise_accuracy.cpp. The bf16 variants (flag L)
+// work to a looser budget, see RecipBf.
 //
 // Usage: include inside a file compiled with foreach_target, after hwy/highway.h.
 #if defined(KILN_OPS_CPU_SIMD_MATH_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -75,9 +76,11 @@ HWY_INLINE V RecipFast(D d, V a) {
   return y;
 }
 
-// Template flag L ("lite") selects cheaper variants for bf16 results, which are rounded to 8
-// significant bits afterwards: relative errors up to ~3e-6 (still inside the float32 tolerance
-// of 1e-5) instead of ~1e-7, for about a quarter fewer vector ops.
+// Template flag L selects the bf16 variants. A bf16 result keeps 8 significant bits (half an
+// ulp is 2^-9 relative or more): any fp32 error below 2^-9 keeps the bf16 result the correctly
+// rounded one or its neighbour, and ~2^-11 makes the neighbour rare (<= 0.3% of all inputs).
+// Budget: polynomials and rationals <= 1.3e-4 relative (or absolute in an exponent), the bare
+// reciprocal estimate (RecipBf), exp reductions without the low part of ln2.
 
 // num / den to ~0.5-1 ulp: the reciprocal's quotient plus one correction by its exact residual.
 template <class D, class V>
@@ -85,6 +88,20 @@ HWY_INLINE V DivFast(D d, V num, V den) {
   const V y = RecipFast(d, den);
   const V q = hn::Mul(num, y);
   return hn::MulAdd(hn::NegMulAdd(q, den, num), y, q);
+}
+
+// 1/a for the bf16 budget: the hardware estimate alone, 1.5 * 2^-12 relative at worst (Intel's
+// bound; 2^-11.6 measured on Zen 2; AVX-512's 2^-14). A Newton step (two FMAs, ~2^-22) costs
+// 15-19% of the sigmoid-type rows, and with the polynomials' <= 1.3e-4 the total stays near
+// 2^-11, a quarter of the 2^-9 that keeps the bf16 result within one ulp of correct rounding.
+template <class D, class V>
+HWY_INLINE V RecipBf(D d, V a) {
+  V y = hn::ApproximateReciprocal(a);
+#if !HWY_ARCH_X86  // ARM's estimate has 8 bits
+  y = hn::MulAdd(y, hn::NegMulAdd(a, y, hn::Set(d, 1.0f)), y);
+#endif
+  (void)d;
+  return y;
 }
 
 // Cody-Waite reduction of x = n*ln2 + r with |r| <= ln2/2. t holds n in its low mantissa bits,
@@ -97,13 +114,14 @@ HWY_INLINE V ExpReduce(D d, V x, V& t) {
   const V r = hn::NegMulAdd(n, hn::Set(d, kLn2), x);
   return L ? r : hn::NegMulAdd(n, hn::Set(d, kLn2Lo), r);
 }
-// e^r = 1 + r q(r) on |r| <= ln2/2: q of degree 5 (relative error 2.1e-9) or, lite, degree 3
-// (3.0e-6). ExpQ returns q.
+// e^r = 1 + r q(r) on |r| <= ln2/2: q of degree 5 (relative error 2.1e-9) or, bf16, degree 2
+// by Horner (1.0e-4; Horner's chain is as short as Estrin's at this degree, with one op less).
+// ExpQ returns q.
 template <bool L = false, class D, class V>
 HWY_INLINE V ExpQ(D d, V r) {
+  if (L) return hn::MulAdd(hn::MulAdd(hn::Set(d, 0.165167734f), r, hn::Set(d, 0.504149556f)), r, hn::Set(d, 1.00019789f));
   const V r2 = hn::Mul(r, r);
-  return L ? Poly3(d, r, r2, 0.999965549f, 0.500031412f, 0.167898461f, 0.0415104628f)
-           : Poly5(d, r, r2, 1.0f, 0.49999994f, 0.166664213f, 0.0416680574f, 0.00837496575f, 0.00138427049f);
+  return Poly5(d, r, r2, 1.0f, 0.49999994f, 0.166664213f, 0.0416680574f, 0.00837496575f, 0.00138427049f);
 }
 
 // e^x for |x| <= kExpFastMax (NaN excluded): the exponent is added as an integer.
@@ -156,10 +174,16 @@ template <class D, class V>
 HWY_INLINE bool ExpFastOk(D d, V x) {
   return hn::AllTrue(d, hn::Le(hn::Abs(x), hn::Set(d, kExpFastMax)));  // false on NaN
 }
+// bf16 rows: where a vector leaves the fast range, its in-range lanes still take the fast
+// formula, so that a value's result never depends on its neighbours.
+template <class D, class V>
+HWY_INLINE hn::Mask<D> AbsLe(D d, V x, float lim) {
+  return hn::Le(hn::Abs(x), hn::Set(d, lim));  // false on NaN
+}
 template <bool L = false, class D, class V>
 HWY_INLINE V Exp(D d, V x) {
   if (HWY_LIKELY(ExpFastOk(d, x))) return ExpFast<L>(d, x);
-  return ExpFull(d, x);
+  return L ? hn::IfThenElse(AbsLe(d, x, kExpFastMax), ExpFast<L>(d, x), ExpFull(d, x)) : ExpFull(d, x);
 }
 
 // e^y - 1 for |y| <= kExpFastMax: 2^n (1 + r q) - 1 = (2^n - 1) + 2^n r q keeps small results
@@ -206,6 +230,24 @@ HWY_INLINE V Log(D d, V x) {
   return hn::IfThenElse(hn::IsNaN(x), x, r);
 }
 
+// bf16: log(m) = f P(f), f = m - 1, P of degree 4 (relative error 5.1e-5), no division.
+template <class D, class V>
+HWY_INLINE V LogBf(D d, V x) {
+  const V min_normal = hn::Set(d, 1.17549435e-38f), max_finite = hn::Set(d, 3.40282347e38f);
+  const auto ok = hn::And(hn::Ge(x, min_normal), hn::Le(x, max_finite));
+  const hn::RebindToSigned<D> di;
+  const auto sqrt_half = hn::Set(di, 0x3f3504f3);
+  const auto u = hn::Sub(hn::BitCast(di, x), sqrt_half);
+  const V e = hn::ConvertTo(d, hn::ShiftRight<23>(u));
+  const V f = hn::Sub(hn::BitCast(d, hn::Add(hn::And(u, hn::Set(di, 0x007fffff)), sqrt_half)), hn::Set(d, 1.0f));
+  const V f2 = hn::Mul(f, f);
+  const V p = hn::MulAdd(hn::MulAdd(hn::Set(d, 0.176579461f), f2, Lin(d, f, 0.336388767f, -0.270943969f)), f2,
+                         Lin(d, f, 0.999966204f, -0.499450833f));
+  const V r = hn::MulAdd(e, hn::Set(d, kLn2), hn::Mul(f, p));
+  if (HWY_LIKELY(hn::AllTrue(d, ok))) return r;
+  return hn::IfThenElse(ok, r, Log(d, x));
+}
+
 // sigmoid(x) = 1 / (1 + e^-x); the full path uses e^-|x| so that large negative x keep their
 // tiny (even denormal) values instead of 1/inf.
 template <class D, class V>
@@ -232,34 +274,56 @@ HWY_INLINE V TimesSigmoidFull(D d, V x, V y) {
 }
 
 // x / (1 + e^-y) for |y| <= kExpFastMax: a corrected division (exactly x at saturation) or,
-// lite, x times the refined reciprocal.
+// bf16, x times RecipBf.
 template <bool L = false, class D, class V>
 HWY_INLINE V TimesSigmoidFast(D d, V x, V y) {
   const V den = hn::Add(hn::Set(d, 1.0f), ExpFast<L>(d, hn::Neg(y)));
-  return L ? hn::Mul(x, RecipFast(d, den)) : DivFast(d, x, den);
+  return L ? hn::Mul(x, RecipBf(d, den)) : DivFast(d, x, den);
 }
 template <bool L = false, class D, class V>
 HWY_INLINE V Sigmoid(D d, V x) {
   if (HWY_LIKELY(ExpFastOk(d, x))) return TimesSigmoidFast<L>(d, hn::Set(d, 1.0f), x);
-  return SigmoidFull(d, x);
+  if (!L) return SigmoidFull(d, x);
+  return hn::IfThenElse(AbsLe(d, x, kExpFastMax), TimesSigmoidFast<L>(d, hn::Set(d, 1.0f), x), SigmoidFull(d, x));
 }
 // sigmoid(y) and 1 - sigmoid(y) = e^-y sigmoid(y), without the cancellation of 1 - s.
-template <class D, class V>
+template <bool L = false, class D, class V>
 HWY_INLINE void SigmoidPair(D d, V y, V& s, V& s1m) {
   if (HWY_LIKELY(ExpFastOk(d, y))) {
-    const V e = ExpFast(d, hn::Neg(y));
-    s = DivFast(d, hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), e));
+    const V e = ExpFast<L>(d, hn::Neg(y));
+    const V den = hn::Add(hn::Set(d, 1.0f), e);
+    s = L ? RecipBf(d, den) : DivFast(d, hn::Set(d, 1.0f), den);
     s1m = hn::Mul(e, s);
     return;
   }
   s = SigmoidFull(d, y);
   s1m = SigmoidFull(d, hn::Neg(y));
+  if (L) {
+    const auto ok = AbsLe(d, y, kExpFastMax);
+    const V e = ExpFast<L>(d, hn::Neg(y));
+    const V sf = RecipBf(d, hn::Add(hn::Set(d, 1.0f), e));
+    s = hn::IfThenElse(ok, sf, s);
+    s1m = hn::IfThenElse(ok, hn::Mul(e, sf), s1m);
+  }
+}
+
+// Odd rational x P(x^2) / Q(x^2) for the bf16 budget, Q(0) = 1, x clamped to [-c, c] (where
+// the function rounds to +-1 in bf16); NaN kept.
+template <class D, class V>
+HWY_INLINE V OddRationalBf(D d, V x, float c, float p0, float p1, float p2, float q1, float q2) {
+  const V xc = hn::Min(hn::Max(x, hn::Set(d, -c)), hn::Set(d, c));
+  const V u = hn::Mul(xc, xc);
+  const V p = hn::MulAdd(hn::MulAdd(hn::Set(d, p2), u, hn::Set(d, p1)), u, hn::Set(d, p0));
+  const V q = hn::MulAdd(hn::MulAdd(hn::Set(d, q2), u, hn::Set(d, q1)), u, hn::Set(d, 1.0f));
+  return hn::IfThenElse(hn::IsNaN(x), x, hn::Mul(hn::Mul(xc, p), RecipBf(d, q)));
 }
 
 // tanh(x) = -m / (2 + m) with m = expm1(-2|x|), sign restored; |x| is capped at 9.5, past which
-// tanh rounds to 1 in float32 (the corrected division returns exactly 1 there).
+// tanh rounds to 1 in float32 (the corrected division returns exactly 1 there). bf16: a
+// rational of degrees 5/4 on [-4.5, 4.5] (relative error 2.8e-5; tanh(4.5) rounds to 1).
 template <bool L = false, class D, class V>
 HWY_INLINE V Tanh(D d, V x) {
+  if (L) return OddRationalBf(d, x, 4.5f, 0.999971688f, 0.103911608f, 0.000719365315f, 0.437055528f, 0.0132887503f);
   const V a = hn::Min(hn::Abs(x), hn::Set(d, 9.5f));
   const V m = ExpM1Fast<L>(d, hn::Mul(a, hn::Set(d, -2.0f)));
   const V r = DivFast(d, hn::Neg(m), hn::Add(m, hn::Set(d, 2.0f)));
@@ -311,23 +375,53 @@ HWY_INLINE bool CdfFastOk(D d, V x) {
 // activations) skip the reciprocal: 0.5 erfc(z) = exp(-z^2 + G(z)) with G a polynomial in z of
 // degree 8 (error 1.0e-7) or, lite, 6 (1.0e-6). Past |x| = 15 Phi is 1 or underflows, so x is
 // clamped there.
+// 2^y for |y| <= 126, bf16 budget: y = n + r, |r| <= 1/2, 2^r = 1 + r q(r) with q of degree 2
+// (relative error 1.0e-4). For callers whose y comes from a polynomial with log2(e) folded into
+// its coefficients: the reduction is then adds only (the FMA pipes are the busy ones).
+template <class D, class V>
+HWY_INLINE V Exp2FastBf(D d, V y) {
+  const hn::RebindToSigned<D> di;
+  const V t = hn::Add(y, hn::Set(d, kRoundMagic));
+  const V r = hn::Sub(y, hn::Sub(t, hn::Set(d, kRoundMagic)));
+  const V q = hn::MulAdd(hn::MulAdd(hn::Set(d, 0.0550058633f), r, hn::Set(d, 0.242216378f)), r, hn::Set(d, 0.693283856f));
+  const V p = hn::MulAdd(r, q, hn::Set(d, 1.0f));
+  return hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::BitCast(di, t))));
+}
+// bf16, |x| <= 3.5: Phi(x) = sigmoid(f(x)) with f = logit(Phi) = x F(x^2), F of degree 4 (absolute
+// error 1.2e-4 in f, so relative in Phi's left tail), by Estrin. GeluLogitNeg2 returns
+// -f log2(e), for Exp2FastBf.
+constexpr float kGeluBfMax = 3.5f;
+template <class D, class V>
+HWY_INLINE V GeluLogitNeg2(D d, V x, V u) {
+  const V u2 = hn::Mul(u, u);
+  const V lo = Lin(d, u, -2.30166745f, -0.105779499f), mid = Lin(d, u, 0.000558992557f, 6.40103681e-05f);
+  return hn::Mul(x, hn::MulAdd(hn::MulAdd(hn::Set(d, -2.33216588e-06f), u2, mid), u2, lo));
+}
+template <class D, class V>
+HWY_INLINE V GeluBfFast(D d, V x) {
+  const V den = hn::Add(hn::Set(d, 1.0f), Exp2FastBf(d, GeluLogitNeg2(d, x, hn::Mul(x, x))));
+  return hn::Mul(x, RecipBf(d, den));
+}
+// float32, |x| <= 3: 0.5 erfc(z) = exp(-z^2 + G(z)), see Gelu.
+constexpr float kGeluF32FastMax = 3.0f;
+template <class D, class V>
+HWY_INLINE V GeluF32Fast(D d, V x) {
+  const V z = hn::Mul(hn::Abs(x), hn::Set(d, kInvSqrt2));
+  const V z2 = hn::Mul(z, z);
+  const V g = Poly8(d, z, z2, -0.693147123f, -1.12838387f, 0.363440543f, -0.103073239f, 0.0198779646f,
+                    -0.000831777754f, -0.000875192636f, 0.000267228374f, -2.72394391e-05f);
+  const V h = ExpFast(d, hn::Sub(g, z2));
+  return hn::Mul(x, hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h)));
+}
 template <bool L = false, class D, class V>
 HWY_INLINE V Gelu(D d, V x) {
   const V ax = hn::Abs(x);
-  if (HWY_LIKELY(hn::AllTrue(d, hn::Le(ax, hn::Set(d, 3.0f))))) {
-    const V z = hn::Mul(ax, hn::Set(d, kInvSqrt2));
-    const V z2 = hn::Mul(z, z);
-    V g;
-    if (L) {
-      g = Poly6(d, z, z2, -0.693146169f, -1.1284343f, 0.363887072f, -0.104569539f, 0.0223279521f, -0.00300004566f,
-               0.000182648801f);
-    } else {
-      g = Poly8(d, z, z2, -0.693147123f, -1.12838387f, 0.363440543f, -0.103073239f, 0.0198779646f, -0.000831777754f,
-                -0.000875192636f, 0.000267228374f, -2.72394391e-05f);
-    }
-    const V h = ExpFast<L>(d, hn::Sub(g, z2));
-    return hn::Mul(x, hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h)));
+  if (L) {
+    const auto ok = hn::Le(ax, hn::Set(d, kGeluBfMax));
+    if (HWY_LIKELY(hn::AllTrue(d, ok))) return GeluBfFast(d, x);
+    return hn::IfThenElse(ok, GeluBfFast(d, x), Gelu<false>(d, x));
   }
+  if (HWY_LIKELY(hn::AllTrue(d, hn::Le(ax, hn::Set(d, kGeluF32FastMax))))) return GeluF32Fast(d, x);
   if (HWY_LIKELY(CdfFastOk(d, x))) return hn::Mul(x, NormalCdf(d, x, false));
   // Left tail: h * 2^64 keeps Phi normal until x * Phi is formed, then one rounding.
   const V xc = hn::Min(hn::Max(x, hn::Set(d, -15.0f)), hn::Set(d, 15.0f));
@@ -340,9 +434,24 @@ HWY_INLINE V Gelu(D d, V x) {
 }
 
 // erf(z): z E(z^2) for |z| <= 0.75 (E of degree 5, relative error 1.4e-9), else
-// sign(z) (1 - 2 h(|z|)); |z| is capped at 4.5, where erf rounds to 1.
-template <class D, class V>
+// sign(z) (1 - 2 h(|z|)); |z| is capped at 4.5, where erf rounds to 1. bf16: a rational of
+// degrees 5/6 on [-2.5, 2.5] (relative error 2.4e-5; erf(2.5) rounds to 1) written as
+// z (2/sqrt(pi) + u R(u) / Q(u)), u = z^2: the reciprocal's error then vanishes for small z
+// (z P/Q would put 2.4e-4 on every tiny result, 2% of all bf16 results off the nearest) and
+// reaches 5.8e-4 only near z = 2, where erf is within a few bf16 ulps of 1.
+template <bool L = false, class D, class V>
 HWY_INLINE V Erf(D d, V z) {
+  if (L) {
+    const V zc = hn::Min(hn::Max(z, hn::Set(d, -2.5f)), hn::Set(d, 2.5f));
+    const V u = hn::Mul(zc, zc);
+    const V r = hn::MulAdd(hn::MulAdd(hn::Set(d, -0.00442491984f), u, hn::Set(d, -0.0623295158f)), u,
+                           hn::Set(d, -0.375870198f));
+    const V q = hn::MulAdd(hn::MulAdd(hn::MulAdd(hn::Set(d, 0.00392148318f), u, hn::Set(d, 0.0817606673f)), u,
+                                      hn::Set(d, 0.463691920f)),
+                           u, hn::Set(d, 1.0f));
+    const V e = hn::Mul(zc, hn::MulAdd(hn::Mul(u, r), RecipBf(d, q), hn::Set(d, 1.12837923f)));
+    return hn::IfThenElse(hn::IsNaN(z), z, e);
+  }
   const V a = hn::Min(hn::Abs(z), hn::Set(d, 4.5f));
   const V z2 = hn::Mul(z, z);
   const V small = hn::Mul(z, Poly5(d, z2, hn::Mul(z2, z2), 1.12837911f, -0.3761262f, 0.112833768f, -0.0268346239f,
