@@ -37,13 +37,45 @@ struct Problem {
   void q_blocks(int64_t b, int64_t h, int64_t j, std::vector<std::pair<int32_t, bool>>& out) const;
 };
 
+// A mask_mod row as runs of kept / masked kv positions, for masks made of integer affine
+// comparisons of the indices (row_mask.cpp). Exact: the same result as the row evaluator.
+class AffineMask {
+ public:
+  explicit AffineMask(const detail::Program& p);
+  bool ok() const { return ok_; }
+  // Sets masked entries of s[0, n) (kv positions c0..c0+n-1) to -inf; false: this row does not
+  // fit (nothing written), evaluate it the general way.
+  template <typename F>
+  bool apply(int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n, F* s);
+  bool index_error() const { return index_error_; }
+
+ private:
+  static constexpr int kMaxFlips = 8;
+  struct Lin { int64_t a = 0, c = 0; };  // a * kv + c
+  struct Step {  // value at kv = -inf, then flips at at[0..n)
+    bool v0 = false;
+    int n = 0;
+    int64_t at[kMaxFlips] = {};
+  };
+  template <typename Op2>
+  static bool combine(const Step& x, const Step& y, Op2 f, Step& out);
+  bool eval(int64_t b, int64_t h, int64_t q);
+  const detail::Program* prog_;
+  bool ok_ = false, index_error_ = false;
+  std::vector<Lin> ints_;
+  std::vector<Step> bools_;
+};
+
 // Per-thread evaluators of the score and mask programs.
 template <typename F>
 struct Mods {
   std::unique_ptr<detail::RowEval<F>> score, mask;
+  std::unique_ptr<AffineMask> affine;  // set when the mask fits AffineMask
   bool index_error = false;
   explicit Mods(const Problem& p);
-  bool error() const { return (score && score->index_error()) || (mask && mask->index_error()); }
+  bool error() const {
+    return (score && score->index_error()) || (mask && mask->index_error()) || (affine && affine->index_error());
+  }
 };
 
 // c[i][j] = (accumulate ? c[i][j] : 0) + scale * sum_k a(i, k) * b[k][j] for i < M, j < N, with
@@ -56,6 +88,14 @@ void gemm(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t
 // (row stride n), s: row stride ld. The sum runs e = 0..E-1 in order for every element.
 template <typename F>
 void score_tile(const F* a, const F* bt, int64_t m, int64_t n, int64_t E, F scale, F* s, int64_t ld);
+
+// Largest of s[0, n) (-inf when n == 0 or all are -inf).
+template <typename F>
+F row_max(const F* s, int64_t n);
+// s[c] = exp(s[c] - m), 0 where s[c] is -inf (m finite); returns the sum, in a fixed order.
+// float: a vectorised exp (within 2 ulp of std::exp, 0 below e^-87).
+template <typename F>
+F exp_sum(F* s, int64_t n, F m);
 
 // Applies score_mod then (on partial blocks) mask_mod to one row of n raw scores in place:
 // masked entries become -inf. Leaves the score evaluator holding this row (for its backward).

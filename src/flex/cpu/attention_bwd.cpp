@@ -60,11 +60,9 @@ void recompute_tile(const Problem& p, Mods<F>& mods, Tiles<F>& t, int64_t b, int
     F* d = t.dp + r * p.KB;
     mod_row(mods, p, s, b, h, r0 + r, c0, n, partial);
     const F l = lse[r], dl = delta[r];
-    for (int64_t c = 0; c < n; ++c) {
-      const F pc = (l == kNegInf || s[c] == kNegInf) ? F(0) : std::exp(s[c] - l);
-      s[c] = pc;
-      d[c] = pc * (d[c] - dl);
-    }
+    if (l == kNegInf) std::fill_n(s, n, F(0));  // fully masked row
+    else exp_sum(s, n, l);
+    for (int64_t c = 0; c < n; ++c) d[c] = s[c] * (d[c] - dl);
     if (mods.score) {  // chain through score_mod: d raw score = dS * d(mod)/d(score)
       mods.score->backward(d, t.dsc, grads ? *grads : no_grads);
       std::copy_n(t.dsc, n, d);

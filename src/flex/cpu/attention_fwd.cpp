@@ -54,19 +54,14 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
         for (int64_t r = 0; r < m; ++r) {
           F* s = st + r * p.KB;
           mod_row(mods, p, s, b, h, r0 + r, c0, n, partial);
-          F mx = kNegInf;
-          for (int64_t c = 0; c < n; ++c) mx = s[c] > mx ? s[c] : mx;
+          const F mx = row_max(s, n);
           const F m_new = mx > mrow[r] ? mx : mrow[r];
           if (m_new == kNegInf) {  // nothing attended yet in this row: contributes nothing
             std::fill_n(s, n, F(0));
             continue;
           }
           const F alpha = mrow[r] == kNegInf ? F(0) : std::exp(mrow[r] - m_new);
-          F sum = 0;
-          for (int64_t c = 0; c < n; ++c) {
-            s[c] = s[c] == kNegInf ? F(0) : std::exp(s[c] - m_new);
-            sum += s[c];
-          }
+          const F sum = exp_sum(s, n, m_new);
           lrow[r] = lrow[r] * alpha + sum;
           mrow[r] = m_new;
           if (alpha != F(1))
