@@ -114,6 +114,11 @@ void load_transposed(const T* src, int64_t r0, int64_t n, int64_t D, F* dst);
 template <typename T>
 void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, bool* index_error);
 
+// The backward fuses its two passes (one recompute of P and dS per tile) when the per-(q block,
+// kv block) dQ slots take at most max(this many bytes, 8 x dQ); default 128 MB. Negative: never
+// fuse (tests compare both paths, which give the same bits).
+void set_fused_backward_limit(int64_t bytes);
+
 // dout / dlse may be null (no gradient flowed). grads: one vector per score_mod buffer, sized to the
 // buffer where its gradient is wanted (filled, in a fixed order), empty otherwise.
 template <typename T>

@@ -12,6 +12,8 @@
 // kiln's memory statistics).
 #include <omp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -70,7 +72,11 @@ void recompute_tile(const Problem& p, Mods<F>& mods, Tiles<F>& t, int64_t b, int
   }
 }
 
+std::atomic<int64_t> g_fused_limit{int64_t{128} << 20};
+
 }  // namespace
+
+void set_fused_backward_limit(int64_t bytes) { g_fused_limit = bytes; }
 
 template <typename T>
 void flex_backward(const Problem& p, const T* q, const T* k, const T* v, const T* out, const T* dout,
@@ -92,10 +98,24 @@ void flex_backward(const Problem& p, const T* q, const T* k, const T* v, const T
   }
   bool err = false;
 
-  // Pass 1: dQ per (b, h, q block).
+  // Fused backward: where the (q block, kv block) pairs are few (a sparse BlockMask), pass 2 also
+  // writes each pair's dS K into its own slot, and dQ sums a q block's slots in ascending kv
+  // order: the additions of pass 1, in its order, so the same bits, without recomputing P and dS.
   const int64_t units1 = p.B * p.Hq * p.nQ;
-#pragma omp parallel reduction(|| : err) if (p.parallel())
-  {
+  std::vector<int64_t> pair_off(static_cast<size_t>(units1 + 1), 0);
+  for (int64_t u = 0; u < units1; ++u) {
+    const int64_t i = u % p.nQ, bh = u / p.nQ, r = p.mask_bh(bh / p.Hq, bh % p.Hq) * p.nQ + i;
+    pair_off[u + 1] = pair_off[u] + (p.all_full ? p.nKV : p.kv_num[r] + p.fkv_num[r]);
+  }
+  const int64_t pair_elems = pair_off[units1] * p.QB * p.E, dq_elems = rows * p.E;
+  const int64_t limit = g_fused_limit;
+  const bool fused = limit >= 0 && pair_elems <= std::max<int64_t>(8 * dq_elems, limit / int64_t(sizeof(F)));
+  Tensor pairs_t = fused ? empty({pair_elems}, dtype_of<F>::value) : Tensor();
+  F* pairs = fused ? pairs_t.data_ptr<F>() : nullptr;
+
+  // Pass 1: dQ per (b, h, q block).
+#pragma omp parallel reduction(|| : err) if (p.parallel() && !fused)
+  if (!fused) {
     Mods<F> mods(p);
     Tiles<F> t(p, scratch.data_ptr<F>() + omp_get_thread_num() * Tiles<F>::size(p));
     F* dqa = t.extra;
@@ -141,7 +161,7 @@ void flex_backward(const Problem& p, const T* q, const T* k, const T* v, const T
     Mods<F> mods(p);
     Tiles<F> t(p, scratch.data_ptr<F>() + omp_get_thread_num() * Tiles<F>::size(p));
     F *dka = t.extra, *dva = t.extra + p.KB * p.E;
-    std::vector<std::pair<int32_t, bool>> blocks;
+    std::vector<std::pair<int32_t, bool>> blocks, kv_list;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t slot = 0; slot < slots; ++slot) {
       std::vector<std::vector<double>>* sg = slot_grads.empty() ? nullptr : &slot_grads[slot];
@@ -150,6 +170,7 @@ void flex_backward(const Problem& p, const T* q, const T* k, const T* v, const T
         const int64_t c0 = j * p.KB, n = std::min(p.KB, p.S - c0);
         load_transposed(k + bhk * p.S * p.E, c0, n, p.E, t.kt);
         load_transposed(v + bhk * p.S * p.Ev, c0, n, p.Ev, t.vt);
+        if (fused) load_rows(k + bhk * p.S * p.E, c0, n, p.E, t.kr);
         std::fill_n(dka, n * p.E, F(0));
         std::fill_n(dva, n * p.Ev, F(0));
         for (int64_t g = 0; g < G; ++g) {
@@ -163,6 +184,13 @@ void flex_backward(const Problem& p, const T* q, const T* k, const T* v, const T
             recompute_tile(p, mods, t, b, h, r0, m, c0, n, partial, lse + row0, delta + row0, sg);
             gemm<F>(t.st, 1, p.KB, t.dot, p.Ev, n, p.Ev, m, F(1), dva, p.Ev, true);  // dV += P^T dO
             gemm<F>(t.dp, 1, p.KB, t.qt, p.E, n, p.E, m, F(1), dka, p.E, true);   // dK += dS^T Q
+            if (fused) {  // this pair's dS K, in its slot (the kv block's rank in q block i's list)
+              p.kv_blocks(b, h, i, kv_list);
+              const auto at = std::lower_bound(kv_list.begin(), kv_list.end(), std::pair<int32_t, bool>(
+                                                   static_cast<int32_t>(j), false));
+              F* dst = pairs + (pair_off[bh * p.nQ + i] + (at - kv_list.begin())) * p.QB * p.E;
+              gemm<F>(t.dp, p.KB, 1, t.kr, p.E, m, p.E, n, F(1), dst, p.E, false);
+            }
           }
         }
         T* dkb = dk + (bhk * p.S + c0) * p.E;
@@ -172,6 +200,20 @@ void flex_backward(const Problem& p, const T* q, const T* k, const T* v, const T
       }
     }
     err = err || mods.error();
+  }
+  if (fused) {  // dQ = scale * sum of the pair slots, kv blocks ascending (pass 1's order)
+#pragma omp parallel for schedule(static) if (p.parallel())
+    for (int64_t u = 0; u < units1; ++u) {
+      const int64_t i = u % p.nQ, bh = u / p.nQ, r0 = i * p.QB, m = std::min(p.QB, p.L - r0);
+      T* dqb = dq + (bh * p.L + r0) * p.E;
+      const F* first = pairs + pair_off[u] * p.QB * p.E;
+      const int64_t count = pair_off[u + 1] - pair_off[u];
+      for (int64_t x = 0; x < m * p.E; ++x) {
+        F acc = 0;
+        for (int64_t c = 0; c < count; ++c) acc += first[c * p.QB * p.E + x];
+        dqb[x] = cast_value<T>(acc * scale);
+      }
+    }
   }
   for (size_t x = 0; x < grads.size(); ++x)
     for (const auto& sg : slot_grads)
