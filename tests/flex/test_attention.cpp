@@ -226,7 +226,7 @@ TEST(FlexAttention, GradcheckCapturedTensors) {
 }
 
 // Gradients of q, k, v and a captured bias for a fixed problem, as raw bits.
-std::vector<std::vector<double>> run_backward(const BlockMask& bm, uint64_t seed) {
+std::vector<std::vector<double>> run_backward(const BlockMask& bm, uint64_t seed, bool with_score = true) {
   manual_seed(seed);
   const int64_t H = 4, L = 150, S = 170;
   Tensor q = randn({2, H, L, 32}).requires_grad_(), k = randn({2, 2, S, 32}).requires_grad_(),
@@ -234,10 +234,12 @@ std::vector<std::vector<double>> run_backward(const BlockMask& bm, uint64_t seed
   FlexOptions o;
   o.block_mask = &bm;
   o.enable_gqa = true;
-  o.score_mod = relative_position_bias(bias, S);
+  if (with_score) o.score_mod = relative_position_bias(bias, S);
+  else bias.requires_grad_(false);
   const Tensor out = flex_attention(q, k, v, o);
   out.backward(randn(out.sizes()));
-  return {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector(), bias.grad().to_vector()};
+  return {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector(),
+          with_score ? bias.grad().to_vector() : std::vector<double>()};
 }
 
 bool same_bits(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
@@ -276,9 +278,20 @@ TEST(FlexAttention, BackwardIsBitwiseDeterministic) {
   // The two-pass backward (used where the fused one's dQ slots would be too large): same bits.
   cpu::set_fused_backward_limit(-1);
   const auto two_pass = run_backward(bm, 5), two_pass_partial = run_backward(all_partial, 5);
-  cpu::set_fused_backward_limit(int64_t{128} << 20);
+  cpu::set_fused_backward_limit(int64_t{32} << 20);
   EXPECT_TRUE(same_bits(a, two_pass)) << "fused vs two-pass backward differ";
   EXPECT_TRUE(same_bits(a, two_pass_partial)) << "fused vs two-pass backward differ (all partial)";
+  // Without a score_mod the backward also skips the masked columns / rows of partial blocks.
+  const auto plain = run_backward(bm, 6, false);
+  EXPECT_TRUE(same_bits(plain, run_backward(all_partial, 6, false))) << "no score_mod: full vs partial differ";
+  omp_set_num_threads(1);
+  const auto plain_one = run_backward(bm, 6, false);
+  omp_set_num_threads(threads);
+  cpu::set_fused_backward_limit(-1);
+  const auto plain_two_pass = run_backward(bm, 6, false);
+  cpu::set_fused_backward_limit(int64_t{32} << 20);
+  EXPECT_TRUE(same_bits(plain, plain_one)) << "no score_mod: 1 thread vs 2 threads differ";
+  EXPECT_TRUE(same_bits(plain, plain_two_pass)) << "no score_mod: fused vs two-pass differ";
 }
 
 // AffineMask (runs of kept kv positions for affine index masks) against the row evaluator, on

@@ -28,6 +28,9 @@ namespace {
 template <typename F>
 struct Tiles {
   F *qt, *dot, *kt, *vt, *kr, *st, *dp, *dsc, *extra;
+  // Kept-column bounds per q row, kept-row bounds per kv column (partial blocks of affine masks).
+  std::vector<int32_t> lo, hi, rlo, rhi;
+  bool ranged = false;
   static int64_t size(const Problem& p) {
     return p.QB * p.E + p.QB * p.Ev + p.E * p.KB + p.Ev * p.KB + p.KB * p.E + 2 * p.QB * p.KB + p.KB +
            std::max(p.QB * p.E, p.KB * (p.E + p.Ev));
@@ -43,7 +46,15 @@ struct Tiles {
     dp = take(p.QB * p.KB);
     dsc = take(p.KB);
     extra = base;
+    lo.resize(static_cast<size_t>(p.QB));
+    hi.resize(static_cast<size_t>(p.QB));
+    rlo.resize(static_cast<size_t>(p.KB));
+    rhi.resize(static_cast<size_t>(p.KB));
   }
+  const int32_t* klo() const { return ranged ? lo.data() : nullptr; }
+  const int32_t* khi() const { return ranged ? hi.data() : nullptr; }
+  const int32_t* kvlo() const { return ranged ? rlo.data() : nullptr; }
+  const int32_t* kvhi() const { return ranged ? rhi.data() : nullptr; }
 };
 
 // Recomputes P (in st) and dS (in dp) for a q block x kv block tile whose q rows / dO rows are in
@@ -54,8 +65,11 @@ void recompute_tile(const Problem& p, Mods<F>& mods, Tiles<F>& t, int64_t b, int
                     int64_t c0, int64_t n, bool partial, const F* lse, const F* delta,
                     std::vector<std::vector<double>>* grads) {
   const F kNegInf = -std::numeric_limits<F>::infinity();
-  score_tile(t.qt, t.kt, m, n, p.E, static_cast<F>(p.scale), t.st, p.KB);
-  score_tile(t.dot, t.vt, m, n, p.Ev, F(1), t.dp, p.KB);
+  // Skipped columns would reach a score_mod's derivative as 0 * f'(0): only without a score_mod.
+  t.ranged = !mods.score && kept_columns(mods, b, h, r0, m, c0, n, partial, t.lo.data(), t.hi.data());
+  if (t.ranged) kept_rows(t.lo.data(), t.hi.data(), m, n, t.rlo.data(), t.rhi.data());
+  score_tile(t.qt, t.kt, m, n, p.E, static_cast<F>(p.scale), t.st, p.KB, t.klo(), t.khi());
+  score_tile(t.dot, t.vt, m, n, p.Ev, F(1), t.dp, p.KB, t.klo(), t.khi());
   static std::vector<std::vector<double>> no_grads;
   for (int64_t r = 0; r < m; ++r) {
     F* s = t.st + r * p.KB;
@@ -63,6 +77,7 @@ void recompute_tile(const Problem& p, Mods<F>& mods, Tiles<F>& t, int64_t b, int
     mod_row(mods, p, s, b, h, r0 + r, c0, n, partial);
     const F l = lse[r], dl = delta[r];
     if (l == kNegInf) std::fill_n(s, n, F(0));  // fully masked row
+    else if (t.ranged) exp_sum_range(s, n, l, t.lo[r], t.hi[r]);
     else exp_sum(s, n, l);
     for (int64_t c = 0; c < n; ++c) d[c] = s[c] * (d[c] - dl);
     if (mods.score) {  // chain through score_mod: d raw score = dS * d(mod)/d(score)
@@ -72,7 +87,7 @@ void recompute_tile(const Problem& p, Mods<F>& mods, Tiles<F>& t, int64_t b, int
   }
 }
 
-std::atomic<int64_t> g_fused_limit{int64_t{128} << 20};
+std::atomic<int64_t> g_fused_limit{int64_t{32} << 20};
 
 }  // namespace
 
@@ -137,7 +152,7 @@ void flex_backward(const Problem& p, const T* q, const T* k, const T* v, const T
         load_transposed(vb, c0, n, p.Ev, t.vt);
         load_rows(kb, c0, n, p.E, t.kr);
         recompute_tile(p, mods, t, b, h, r0, m, c0, n, partial, lse + row0, delta + row0, nullptr);
-        gemm<F>(t.dp, p.KB, 1, t.kr, p.E, m, p.E, n, F(1), dqa, p.E, true);  // dQ += dS K
+        gemm<F>(t.dp, p.KB, 1, t.kr, p.E, m, p.E, n, F(1), dqa, p.E, true, t.klo(), t.khi());  // dQ += dS K
       }
       T* dqb = dq + (bh * p.L + r0) * p.E;
       for (int64_t x = 0; x < m * p.E; ++x) dqb[x] = cast_value<T>(dqa[x] * scale);
@@ -182,14 +197,14 @@ void flex_backward(const Problem& p, const T* q, const T* k, const T* v, const T
             if (dout) load_rows(dout + bh * p.L * p.Ev, r0, m, p.Ev, t.dot);
             else std::fill_n(t.dot, m * p.Ev, F(0));
             recompute_tile(p, mods, t, b, h, r0, m, c0, n, partial, lse + row0, delta + row0, sg);
-            gemm<F>(t.st, 1, p.KB, t.dot, p.Ev, n, p.Ev, m, F(1), dva, p.Ev, true);  // dV += P^T dO
-            gemm<F>(t.dp, 1, p.KB, t.qt, p.E, n, p.E, m, F(1), dka, p.E, true);   // dK += dS^T Q
+            gemm<F>(t.st, 1, p.KB, t.dot, p.Ev, n, p.Ev, m, F(1), dva, p.Ev, true, t.kvlo(), t.kvhi());  // dV += P^T dO
+            gemm<F>(t.dp, 1, p.KB, t.qt, p.E, n, p.E, m, F(1), dka, p.E, true, t.kvlo(), t.kvhi());   // dK += dS^T Q
             if (fused) {  // this pair's dS K, in its slot (the kv block's rank in q block i's list)
               p.kv_blocks(b, h, i, kv_list);
               const auto at = std::lower_bound(kv_list.begin(), kv_list.end(), std::pair<int32_t, bool>(
                                                    static_cast<int32_t>(j), false));
               F* dst = pairs + (pair_off[bh * p.nQ + i] + (at - kv_list.begin())) * p.QB * p.E;
-              gemm<F>(t.dp, p.KB, 1, t.kr, p.E, m, p.E, n, F(1), dst, p.E, false);
+              gemm<F>(t.dp, p.KB, 1, t.kr, p.E, m, p.E, n, F(1), dst, p.E, false, t.klo(), t.khi());
             }
           }
         }

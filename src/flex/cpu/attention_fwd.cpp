@@ -34,6 +34,7 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
     F *qt = take(p.QB * p.E), *kt = take(p.E * p.KB), *vb = take(p.KB * p.Ev), *st = take(p.QB * p.KB),
       *acc = take(p.QB * p.Ev), *mrow = take(p.QB), *lrow = take(p.QB);
     std::vector<std::pair<int32_t, bool>> blocks;
+    std::vector<int32_t> lo(static_cast<size_t>(p.QB)), hi(static_cast<size_t>(p.QB));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t i = u % p.nQ, bh = u / p.nQ, b = bh / p.Hq, h = bh % p.Hq, hk = h / G;
@@ -50,7 +51,10 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
         const int64_t c0 = j * p.KB, n = std::min(p.KB, p.S - c0);
         load_transposed(kb, c0, n, p.E, kt);
         load_rows(vbp, c0, n, p.Ev, vb);
-        score_tile(qt, kt, m, n, p.E, scale, st, p.KB);
+        // Partial blocks of affine masks: only the kept columns' panels and terms are computed.
+        const bool ranged = kept_columns(mods, b, h, r0, m, c0, n, partial, lo.data(), hi.data());
+        const int32_t *clo = ranged ? lo.data() : nullptr, *chi = ranged ? hi.data() : nullptr;
+        score_tile(qt, kt, m, n, p.E, scale, st, p.KB, clo, chi);
         for (int64_t r = 0; r < m; ++r) {
           F* s = st + r * p.KB;
           mod_row(mods, p, s, b, h, r0 + r, c0, n, partial);
@@ -61,13 +65,13 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
             continue;
           }
           const F alpha = mrow[r] == kNegInf ? F(0) : std::exp(mrow[r] - m_new);
-          const F sum = exp_sum(s, n, m_new);
+          const F sum = ranged ? exp_sum_range(s, n, m_new, lo[r], hi[r]) : exp_sum(s, n, m_new);
           lrow[r] = lrow[r] * alpha + sum;
           mrow[r] = m_new;
           if (alpha != F(1))
             for (int64_t e = 0; e < p.Ev; ++e) acc[r * p.Ev + e] *= alpha;
         }
-        gemm<F>(st, p.KB, 1, vb, p.Ev, m, p.Ev, n, F(1), acc, p.Ev, true);  // acc += P V
+        gemm<F>(st, p.KB, 1, vb, p.Ev, m, p.Ev, n, F(1), acc, p.Ev, true, clo, chi);  // acc += P V
       }
       T* ob = out + ((b * p.Hq + h) * p.L + r0) * p.Ev;
       F* lb = lse + (b * p.Hq + h) * p.L + r0;

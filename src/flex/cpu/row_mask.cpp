@@ -193,6 +193,28 @@ bool AffineMask::apply(int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n, F
   return true;
 }
 
+bool AffineMask::bounds(int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n, int32_t& lo, int32_t& hi) {
+  if (!ok_ || !eval(b, h, q)) return false;
+  const Step& r = bools_[prog_->result];
+  int64_t first = n, last = 0;  // kept positions: [first, last)
+  bool v = r.v0;
+  int64_t from = c0;
+  for (int i = 0; i <= r.n; ++i) {
+    const int64_t to = i < r.n ? r.at[i] : c0 + n;
+    const int64_t a = std::clamp<int64_t>(from, c0, c0 + n) - c0, e = std::clamp<int64_t>(to, c0, c0 + n) - c0;
+    if (v && a < e) {
+      first = std::min(first, a);
+      last = std::max(last, e);
+    }
+    from = std::max(from, to);
+    v = !v;
+  }
+  if (first >= last) first = last = 0;
+  lo = static_cast<int32_t>(first);
+  hi = static_cast<int32_t>(last);
+  return true;
+}
+
 template bool AffineMask::apply<float>(int64_t, int64_t, int64_t, int64_t, int64_t, float*);
 template bool AffineMask::apply<double>(int64_t, int64_t, int64_t, int64_t, int64_t, double*);
 

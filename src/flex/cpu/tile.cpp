@@ -110,28 +110,62 @@ template <typename F>
     for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] = accumulate ? c[i * ldc + j] + acc[i][j] * scale : acc[i][j] * scale;
 }
 
+// Optional per output row ranges [lo, hi): of k (terms outside are zero: skipping them leaves every
+// sum's bits unchanged, as acc + 0 * b == acc) or, with cols, of the columns wanted (the others of
+// the row's panels are written as 0). A strip of rows uses the union of its rows' ranges.
+struct Ranges {
+  const int32_t *lo = nullptr, *hi = nullptr;
+  bool cols = false;
+};
+
 template <typename F, int64_t R>
 [[gnu::always_inline]] inline void strip(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t N,
-                                         int64_t K, F scale, F* c, int64_t ldc, bool accumulate) {
+                                         int64_t K, F scale, F* c, int64_t ldc, bool accumulate, const Ranges& rg,
+                                         int64_t r) {
   constexpr int64_t kC = 2 * Vec<F>::kLanes;
-  int64_t j = 0;
-  for (; j + kC <= N; j += kC) micro_full<F, R>(a, ars, acs, b + j, ldb, K, scale, c + j, ldc, accumulate);
-  if (j < N) micro_edge<F>(a, ars, acs, b + j, ldb, R, N - j, K, scale, c + j, ldc, accumulate);
+  int64_t j0 = 0, j1 = N;
+  if (rg.lo) {
+    int64_t ulo = std::numeric_limits<int64_t>::max(), uhi = 0;
+    for (int64_t i = r; i < r + R; ++i)
+      if (rg.lo[i] < rg.hi[i]) {
+        ulo = std::min<int64_t>(ulo, rg.lo[i]);
+        uhi = std::max<int64_t>(uhi, rg.hi[i]);
+      }
+    if (uhi == 0) ulo = 0;
+    if (rg.cols) {  // whole panels, so each column is computed by the same kernel as without ranges
+      j0 = std::min(N, ulo / kC * kC);
+      j1 = std::max(j0, std::min(N, (uhi + kC - 1) / kC * kC));
+      for (int64_t i = 0; i < R; ++i) {
+        std::fill(c + i * ldc, c + i * ldc + j0, F(0));
+        std::fill(c + i * ldc + j1, c + i * ldc + N, F(0));
+      }
+    } else {
+      const int64_t k0 = std::min(K, ulo), k1 = std::max(k0, std::min(K, uhi));
+      a += k0 * acs;
+      b += k0 * ldb;
+      K = k1 - k0;
+    }
+  }
+  int64_t j = j0;
+  for (; j + kC <= N && j < j1; j += kC) micro_full<F, R>(a, ars, acs, b + j, ldb, K, scale, c + j, ldc, accumulate);
+  if (j < j1) micro_edge<F>(a, ars, acs, b + j, ldb, R, N - j, K, scale, c + j, ldc, accumulate);
 }
 
 template <typename F>
 [[gnu::always_inline]] inline void gemm_body(const F* a, int64_t ars, int64_t acs, const F* b, int64_t ldb, int64_t M,
-                                             int64_t N, int64_t K, F scale, F* c, int64_t ldc, bool accumulate) {
+                                             int64_t N, int64_t K, F scale, F* c, int64_t ldc, bool accumulate,
+                                             const Ranges& rg) {
   int64_t r = 0;
-  for (; r + kR <= M; r += kR) strip<F, kR>(a + r * ars, ars, acs, b, ldb, N, K, scale, c + r * ldc, ldc, accumulate);
+  for (; r + kR <= M; r += kR)
+    strip<F, kR>(a + r * ars, ars, acs, b, ldb, N, K, scale, c + r * ldc, ldc, accumulate, rg, r);
   const F* ar = a + r * ars;
   F* cr = c + r * ldc;
   switch (M - r) {
-    case 5: strip<F, 5>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate); break;
-    case 4: strip<F, 4>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate); break;
-    case 3: strip<F, 3>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate); break;
-    case 2: strip<F, 2>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate); break;
-    case 1: strip<F, 1>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate); break;
+    case 5: strip<F, 5>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate, rg, r); break;
+    case 4: strip<F, 4>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate, rg, r); break;
+    case 3: strip<F, 3>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate, rg, r); break;
+    case 2: strip<F, 2>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate, rg, r); break;
+    case 1: strip<F, 1>(ar, ars, acs, b, ldb, N, K, scale, cr, ldc, accumulate, rg, r); break;
     default: break;
   }
 }
@@ -144,12 +178,14 @@ template <typename F>
 #endif
 
 KILN_FLEX_CLONES void gemm_f32(const float* a, int64_t ars, int64_t acs, const float* b, int64_t ldb, int64_t M,
-                               int64_t N, int64_t K, float scale, float* c, int64_t ldc, bool accumulate) {
-  gemm_body<float>(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+                               int64_t N, int64_t K, float scale, float* c, int64_t ldc, bool accumulate,
+                               const Ranges& rg) {
+  gemm_body<float>(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate, rg);
 }
 KILN_FLEX_CLONES void gemm_f64(const double* a, int64_t ars, int64_t acs, const double* b, int64_t ldb, int64_t M,
-                               int64_t N, int64_t K, double scale, double* c, int64_t ldc, bool accumulate) {
-  gemm_body<double>(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+                               int64_t N, int64_t K, double scale, double* c, int64_t ldc, bool accumulate,
+                               const Ranges& rg) {
+  gemm_body<double>(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate, rg);
 }
 
 // e^x, 8 lanes, for the softmax (x <= 0 up to rounding): x = n ln2 + r with |r| <= ln2 / 2,
@@ -242,18 +278,25 @@ double exp_sum<double>(double* s, int64_t n, double m) {
 
 template <>
 void gemm<float>(const float* a, int64_t ars, int64_t acs, const float* b, int64_t ldb, int64_t M, int64_t N, int64_t K,
-                 float scale, float* c, int64_t ldc, bool accumulate) {
-  gemm_f32(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+                 float scale, float* c, int64_t ldc, bool accumulate, const int32_t* klo, const int32_t* khi) {
+  gemm_f32(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate, Ranges{klo, khi, false});
 }
 template <>
 void gemm<double>(const double* a, int64_t ars, int64_t acs, const double* b, int64_t ldb, int64_t M, int64_t N,
-                  int64_t K, double scale, double* c, int64_t ldc, bool accumulate) {
-  gemm_f64(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate);
+                  int64_t K, double scale, double* c, int64_t ldc, bool accumulate, const int32_t* klo,
+                  const int32_t* khi) {
+  gemm_f64(a, ars, acs, b, ldb, M, N, K, scale, c, ldc, accumulate, Ranges{klo, khi, false});
 }
 
-template <typename F>
-void score_tile(const F* a, const F* bt, int64_t m, int64_t n, int64_t E, F scale, F* s, int64_t ld) {
-  gemm<F>(a, E, 1, bt, n, m, n, E, scale, s, ld, false);
+template <>
+void score_tile<float>(const float* a, const float* bt, int64_t m, int64_t n, int64_t E, float scale, float* s,
+                       int64_t ld, const int32_t* clo, const int32_t* chi) {
+  gemm_f32(a, E, 1, bt, n, m, n, E, scale, s, ld, false, Ranges{clo, chi, true});
+}
+template <>
+void score_tile<double>(const double* a, const double* bt, int64_t m, int64_t n, int64_t E, double scale, double* s,
+                        int64_t ld, const int32_t* clo, const int32_t* chi) {
+  gemm_f64(a, E, 1, bt, n, m, n, E, scale, s, ld, false, Ranges{clo, chi, true});
 }
 
 template <typename F>
@@ -272,6 +315,27 @@ void mod_row(Mods<F>& mods, const Problem& p, F* s, int64_t b, int64_t h, int64_
   }
 }
 
+template <typename F>
+bool kept_columns(Mods<F>& mods, int64_t b, int64_t h, int64_t q0, int64_t m, int64_t c0, int64_t n, bool partial,
+                  int32_t* lo, int32_t* hi) {
+  if (!partial || !mods.affine) return false;
+  for (int64_t r = 0; r < m; ++r)
+    if (!mods.affine->bounds(b, h, q0 + r, c0, n, lo[r], hi[r])) return false;
+  return true;
+}
+
+void kept_rows(const int32_t* lo, const int32_t* hi, int64_t m, int64_t n, int32_t* rlo, int32_t* rhi) {
+  std::fill_n(rlo, n, static_cast<int32_t>(m));
+  std::fill_n(rhi, n, 0);
+  for (int64_t r = 0; r < m; ++r)  // the first and last rows whose range holds c
+    for (int32_t c = lo[r]; c < hi[r]; ++c) {
+      rlo[c] = std::min(rlo[c], static_cast<int32_t>(r));
+      rhi[c] = static_cast<int32_t>(r + 1);
+    }
+  for (int64_t c = 0; c < n; ++c)
+    if (rlo[c] >= rhi[c]) rlo[c] = rhi[c] = 0;
+}
+
 template <typename T, typename F>
 void load_rows(const T* src, int64_t r0, int64_t m, int64_t D, F* dst) {
   const T* p = src + r0 * D;
@@ -287,7 +351,8 @@ void load_transposed(const T* src, int64_t r0, int64_t n, int64_t D, F* dst) {
 
 #define KILN_FLEX_INSTANTIATE_F(F)                                                                              \
   template struct Mods<F>;                                                                                      \
-  template void score_tile<F>(const F*, const F*, int64_t, int64_t, int64_t, F, F*, int64_t);                   \
+  template bool kept_columns<F>(Mods<F>&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int32_t*,     \
+                                int32_t*);                                                                      \
   template void mod_row<F>(Mods<F>&, const Problem&, F*, int64_t, int64_t, int64_t, int64_t, int64_t, bool);
 KILN_FLEX_INSTANTIATE_F(float)
 KILN_FLEX_INSTANTIATE_F(double)
