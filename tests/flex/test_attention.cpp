@@ -330,17 +330,24 @@ TEST(FlexAttention, AffineMaskRowsMatchRowEval) {
     ASSERT_TRUE(affine.ok()) << "trial " << trial;
     detail::RowEval<float> eval(prog, 48);
     std::vector<float> s(48);
+    std::vector<int32_t> lo(100), hi(100);
     for (int64_t b = 0; b < 2; ++b)
       for (int64_t h = 0; h < 4; ++h)
-        for (int64_t q = 0; q < 100; q += 7)
-          for (int64_t c0 = 0; c0 < 140; c0 += 48) {
+        for (int64_t c0 = 0; c0 < 140; c0 += 48) {
+          const bool cached = c0 == 48;  // rows from bounds() (cached), else evaluated one by one
+          if (cached) ASSERT_TRUE(affine.bounds(b, h, 0, 100, c0, 48, lo.data(), hi.data()));
+          for (int64_t q = 0; q < 100; q += 7) {
             std::fill(s.begin(), s.end(), 1.0f);
             ASSERT_TRUE(affine.apply(b, h, q, c0, 48, s.data())) << "trial " << trial;
             eval.run(b, h, q, c0, 48, nullptr);
-            for (int64_t c = 0; c < 48; ++c)
-              ASSERT_EQ(s[c] == 1.0f, eval.bool_result()[c] != 0)
-                  << "trial " << trial << " b " << b << " h " << h << " q " << q << " kv " << c0 + c;
+            for (int64_t c = 0; c < 48; ++c) {
+              const bool keep = eval.bool_result()[c] != 0;
+              ASSERT_EQ(s[c] == 1.0f, keep) << "trial " << trial << " b " << b << " h " << h << " q " << q
+                                            << " kv " << c0 + c;
+              if (cached && keep) ASSERT_TRUE(c >= lo[q] && c < hi[q]) << "trial " << trial << " q " << q;
+            }
           }
+        }
   }
   // Masks that are not affine in kv (a kv-dependent division or gather) are left to RowEval.
   const detail::Program chunked = detail::compile(chunked_mask(16).expr);

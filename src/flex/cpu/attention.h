@@ -48,8 +48,9 @@ class AffineMask {
   // fit (nothing written), evaluate it the general way.
   template <typename F>
   bool apply(int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n, F* s);
-  // The smallest [lo, hi) (relative to c0, within [0, n)) holding every kept position of the row.
-  bool bounds(int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n, int32_t& lo, int32_t& hi);
+  // For rows q0..q0+m-1: the smallest [lo[r], hi[r]) (relative to c0, within [0, n)) holding every
+  // kept position. The rows are kept for the apply calls that follow (a row depends on b, h, q only).
+  bool bounds(int64_t b, int64_t h, int64_t q0, int64_t m, int64_t c0, int64_t n, int32_t* lo, int32_t* hi);
   bool index_error() const { return index_error_; }
 
  private:
@@ -63,10 +64,14 @@ class AffineMask {
   template <typename Op2>
   static bool combine(const Step& x, const Step& y, Op2 f, Step& out);
   bool eval(int64_t b, int64_t h, int64_t q);
+  const Step* row(int64_t b, int64_t h, int64_t q);  // null: does not fit
+  static void row_bounds(const Step& r, int64_t c0, int64_t n, int32_t& lo, int32_t& hi);
   const detail::Program* prog_;
   bool ok_ = false, index_error_ = false;
   std::vector<Lin> ints_;
   std::vector<Step> bools_;
+  std::vector<Step> rows_;  // results of rows rq0_.. for (rb_, rh_), from bounds()
+  int64_t rb_ = -1, rh_ = -1, rq0_ = 0;
 };
 
 // Per-thread evaluators of the score and mask programs.

@@ -6,10 +6,13 @@
 //           ascending order; gradients of captured score_mod tensors are summed here, per fixed
 //           slot of consecutive units, and the slots are added in order: the same bits for any
 //           thread count.
+// Fused (the default where the pairs are few, e.g. a sliding window): pass 2 also writes each
+// (q block, kv block) pair's dS K to its own slot and dQ sums a q block's slots in pass 1's order,
+// so P and dS are recomputed once per tile instead of twice, with the same bits.
 // dS = P * (dP - delta) with dP = dO V^T and delta = rowsum(dO * O) - dlse; a score_mod's own
 // derivative is applied row by row by its reverse pass. Memory: a few tiles per thread, plus
-// delta [B, Hq, L] and the captured-gradient slot buffers (bounded to 256 MB, not yet counted in
-// kiln's memory statistics).
+// delta [B, Hq, L], the fused path's dQ slots (at most max(32 MB, 8 x dQ)) and the captured-gradient
+// slot buffers (bounded to 256 MB, not yet counted in kiln's memory statistics).
 #include <omp.h>
 
 #include <algorithm>

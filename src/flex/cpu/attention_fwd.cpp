@@ -1,7 +1,9 @@
 // CPU FlexAttention forward: flash-style online softmax, one work unit per (b, q head, q block),
 // OpenMP over units. A unit visits only the kv blocks its BlockMask row lists, in ascending order
 // (partial and full merged, so the result never depends on the classification), applies
-// score_mod everywhere and mask_mod on partial blocks only.
+// score_mod everywhere and mask_mod on partial blocks only. Partial blocks of masks made of affine
+// index comparisons (causal, sliding window, prefix...) evaluate the mask as runs (AffineMask) and
+// compute only the panels of S and the terms of P V that hold kept entries (the same bits).
 // Reads q, k, v; writes out and lse. Never materialises more than one QB x KB score tile per
 // thread (fp32, fp64 for fp64 inputs): memory O(threads * tile), not O(L * S).
 // Tiles are the BlockMask's blocks (128 x 128 by default): K^T (E x 128) and the score tile stay

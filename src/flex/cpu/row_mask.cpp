@@ -176,10 +176,17 @@ bool AffineMask::eval(int64_t b, int64_t h, int64_t q) {
   return true;
 }
 
+const AffineMask::Step* AffineMask::row(int64_t b, int64_t h, int64_t q) {
+  if (b == rb_ && h == rh_ && q >= rq0_ && q < rq0_ + static_cast<int64_t>(rows_.size())) return &rows_[q - rq0_];
+  if (!ok_ || !eval(b, h, q)) return nullptr;
+  return &bools_[prog_->result];
+}
+
 template <typename F>
 bool AffineMask::apply(int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n, F* s) {
-  if (!ok_ || !eval(b, h, q)) return false;
-  const Step& r = bools_[prog_->result];
+  const Step* step = row(b, h, q);
+  if (!step) return false;
+  const Step& r = *step;
   const F kNegInf = -std::numeric_limits<F>::infinity();
   bool v = r.v0;
   int64_t from = c0;  // start of the current run, kv coordinates
@@ -193,9 +200,22 @@ bool AffineMask::apply(int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n, F
   return true;
 }
 
-bool AffineMask::bounds(int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n, int32_t& lo, int32_t& hi) {
-  if (!ok_ || !eval(b, h, q)) return false;
-  const Step& r = bools_[prog_->result];
+bool AffineMask::bounds(int64_t b, int64_t h, int64_t q0, int64_t m, int64_t c0, int64_t n, int32_t* lo,
+                        int32_t* hi) {
+  rb_ = -1;  // the cache is refilled below; invalid until every row fits
+  rows_.resize(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    if (!ok_ || !eval(b, h, q0 + i)) return false;
+    rows_[i] = bools_[prog_->result];
+    row_bounds(rows_[i], c0, n, lo[i], hi[i]);
+  }
+  rb_ = b;
+  rh_ = h;
+  rq0_ = q0;
+  return true;
+}
+
+void AffineMask::row_bounds(const Step& r, int64_t c0, int64_t n, int32_t& lo, int32_t& hi) {
   int64_t first = n, last = 0;  // kept positions: [first, last)
   bool v = r.v0;
   int64_t from = c0;
@@ -212,7 +232,6 @@ bool AffineMask::bounds(int64_t b, int64_t h, int64_t q, int64_t c0, int64_t n, 
   if (first >= last) first = last = 0;
   lo = static_cast<int32_t>(first);
   hi = static_cast<int32_t>(last);
-  return true;
 }
 
 template bool AffineMask::apply<float>(int64_t, int64_t, int64_t, int64_t, int64_t, float*);

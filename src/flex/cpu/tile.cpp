@@ -1,7 +1,10 @@
 // Tile primitives shared by the CPU forward and backward. Defined once (never inlined into the
 // two kernels separately) so a score recomputed in the backward is bit-for-bit the forward's.
-// gemm keeps a 6 x (2 vectors) block of accumulators in registers and streams rows of b (for scores: the
-// transposed K block, E x n): every element is summed over k in order, whatever its tile position.
+// gemm keeps a 6 x (2 vectors) block of accumulators in registers (12 of AVX2's 16) and streams
+// rows of b (for scores: the transposed K block, E x n): every element is one multiply-add chain
+// over k in order, whatever its tile position. Optional per-row ranges let partial blocks skip
+// masked panels and zero terms without changing any kept element's bits. exp_sum is the online
+// softmax's exp and row sum, vectorised (8 lanes, lane sums combined in a fixed order).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -318,10 +321,7 @@ void mod_row(Mods<F>& mods, const Problem& p, F* s, int64_t b, int64_t h, int64_
 template <typename F>
 bool kept_columns(Mods<F>& mods, int64_t b, int64_t h, int64_t q0, int64_t m, int64_t c0, int64_t n, bool partial,
                   int32_t* lo, int32_t* hi) {
-  if (!partial || !mods.affine) return false;
-  for (int64_t r = 0; r < m; ++r)
-    if (!mods.affine->bounds(b, h, q0 + r, c0, n, lo[r], hi[r])) return false;
-  return true;
+  return partial && mods.affine && mods.affine->bounds(b, h, q0, m, c0, n, lo, hi);
 }
 
 void kept_rows(const int32_t* lo, const int32_t* hi, int64_t m, int64_t n, int32_t* rlo, int32_t* rhi) {
