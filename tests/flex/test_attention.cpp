@@ -335,7 +335,9 @@ TEST(FlexAttention, AffineMaskRowsMatchRowEval) {
       for (int64_t h = 0; h < 4; ++h)
         for (int64_t c0 = 0; c0 < 140; c0 += 48) {
           const bool cached = c0 == 48;  // rows from bounds() (cached), else evaluated one by one
-          if (cached) ASSERT_TRUE(affine.bounds(b, h, 0, 100, c0, 48, lo.data(), hi.data()));
+          if (cached) {
+            ASSERT_TRUE(affine.bounds(b, h, 0, 100, c0, 48, lo.data(), hi.data()));
+          }
           for (int64_t q = 0; q < 100; q += 7) {
             std::fill(s.begin(), s.end(), 1.0f);
             ASSERT_TRUE(affine.apply(b, h, q, c0, 48, s.data())) << "trial " << trial;
@@ -344,7 +346,9 @@ TEST(FlexAttention, AffineMaskRowsMatchRowEval) {
               const bool keep = eval.bool_result()[c] != 0;
               ASSERT_EQ(s[c] == 1.0f, keep) << "trial " << trial << " b " << b << " h " << h << " q " << q
                                             << " kv " << c0 + c;
-              if (cached && keep) ASSERT_TRUE(c >= lo[q] && c < hi[q]) << "trial " << trial << " q " << q;
+              if (cached && keep) {
+                ASSERT_TRUE(c >= lo[q] && c < hi[q]) << "trial " << trial << " q " << q;
+              }
             }
           }
         }
