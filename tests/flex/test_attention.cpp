@@ -6,6 +6,8 @@
 #include <cstring>
 #include <random>
 
+#include "flex/cpu/attention.h"
+#include "flex/ir.h"
 #include "kiln/flex.h"
 #include "reference.h"
 #include "support/testing.h"
@@ -224,7 +226,7 @@ TEST(FlexAttention, GradcheckCapturedTensors) {
 }
 
 // Gradients of q, k, v and a captured bias for a fixed problem, as raw bits.
-std::vector<std::vector<double>> run_backward(const BlockMask& bm, uint64_t seed) {
+std::vector<std::vector<double>> run_backward(const BlockMask& bm, uint64_t seed, bool with_score = true) {
   manual_seed(seed);
   const int64_t H = 4, L = 150, S = 170;
   Tensor q = randn({2, H, L, 32}).requires_grad_(), k = randn({2, 2, S, 32}).requires_grad_(),
@@ -232,10 +234,12 @@ std::vector<std::vector<double>> run_backward(const BlockMask& bm, uint64_t seed
   FlexOptions o;
   o.block_mask = &bm;
   o.enable_gqa = true;
-  o.score_mod = relative_position_bias(bias, S);
+  if (with_score) o.score_mod = relative_position_bias(bias, S);
+  else bias.requires_grad_(false);
   const Tensor out = flex_attention(q, k, v, o);
   out.backward(randn(out.sizes()));
-  return {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector(), bias.grad().to_vector()};
+  return {out.to_vector(), q.grad().to_vector(), k.grad().to_vector(), v.grad().to_vector(),
+          with_score ? bias.grad().to_vector() : std::vector<double>()};
 }
 
 bool same_bits(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
@@ -271,6 +275,87 @@ TEST(FlexAttention, BackwardIsBitwiseDeterministic) {
   }
   const BlockMask all_partial = BlockMask::from_kv_blocks(num, idx, Tensor(), Tensor(), 150, 170, 32, bm.mask_mod);
   EXPECT_TRUE(same_bits(a, run_backward(all_partial, 5))) << "full vs partial classification changes the result";
+  // The two-pass backward (used where the fused one's dQ slots would be too large): same bits.
+  cpu::set_fused_backward_limit(-1);
+  const auto two_pass = run_backward(bm, 5), two_pass_partial = run_backward(all_partial, 5);
+  cpu::set_fused_backward_limit(int64_t{32} << 20);
+  EXPECT_TRUE(same_bits(a, two_pass)) << "fused vs two-pass backward differ";
+  EXPECT_TRUE(same_bits(a, two_pass_partial)) << "fused vs two-pass backward differ (all partial)";
+  // Without a score_mod the backward also skips the masked columns / rows of partial blocks.
+  const auto plain = run_backward(bm, 6, false);
+  EXPECT_TRUE(same_bits(plain, run_backward(all_partial, 6, false))) << "no score_mod: full vs partial differ";
+  omp_set_num_threads(1);
+  const auto plain_one = run_backward(bm, 6, false);
+  omp_set_num_threads(threads);
+  cpu::set_fused_backward_limit(-1);
+  const auto plain_two_pass = run_backward(bm, 6, false);
+  cpu::set_fused_backward_limit(int64_t{32} << 20);
+  EXPECT_TRUE(same_bits(plain, plain_one)) << "no score_mod: 1 thread vs 2 threads differ";
+  EXPECT_TRUE(same_bits(plain, plain_two_pass)) << "no score_mod: fused vs two-pass differ";
+}
+
+// AffineMask (runs of kept kv positions for affine index masks) against the row evaluator, on
+// random compositions of comparisons, and/or/not/where, scaled and shifted indices, and loads.
+TEST(FlexAttention, AffineMaskRowsMatchRowEval) {
+  std::mt19937 rng(11);
+  const Tensor offs = tensor(std::vector<double>{3, -2, 7, 0}, kInt64);
+  const Captured off = capture(offs);
+  auto leaf = [&](int pick, const Expr& b, const Expr& h, const Expr& q, const Expr& kv) -> Expr {
+    const int64_t c = static_cast<int64_t>(rng() % 40) - 20;
+    switch (pick) {
+      case 0: return q - kv < Expr(c);
+      case 1: return q >= kv;
+      case 2: return kv * Expr(2) + Expr(c) <= q;
+      case 3: return Expr(3) * q - kv * Expr(3) > Expr(c);
+      case 4: return (q - kv) == Expr(c % 5);
+      case 5: return kv != q + off[h] + b;
+      case 6: return -kv + q / Expr(4) >= Expr(c) - h;
+      default: return kv < Expr(c + 30);
+    }
+  };
+  for (int trial = 0; trial < 40; ++trial) {
+    const int p0 = static_cast<int>(rng() % 8), p1 = static_cast<int>(rng() % 8), p2 = static_cast<int>(rng() % 8),
+              shape = static_cast<int>(rng() % 4);
+    const MaskMod m([&](Expr b, Expr h, Expr q, Expr kv) {
+      Expr x = leaf(p0, b, h, q, kv), y = leaf(p1, b, h, q, kv), z = leaf(p2, b, h, q, kv);
+      switch (shape) {
+        case 0: return x & y;
+        case 1: return (x | y) & !z;
+        case 2: return where(x, y, z);
+        default: return (!(x & y)) | z;
+      }
+    });
+    const detail::Program prog = detail::compile(m.expr);
+    cpu::AffineMask affine(prog);
+    ASSERT_TRUE(affine.ok()) << "trial " << trial;
+    detail::RowEval<float> eval(prog, 48);
+    std::vector<float> s(48);
+    std::vector<int32_t> lo(100), hi(100);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t c0 = 0; c0 < 140; c0 += 48) {
+          const bool cached = c0 == 48;  // rows from bounds() (cached), else evaluated one by one
+          if (cached) {
+            ASSERT_TRUE(affine.bounds(b, h, 0, 100, c0, 48, lo.data(), hi.data()));
+          }
+          for (int64_t q = 0; q < 100; q += 7) {
+            std::fill(s.begin(), s.end(), 1.0f);
+            ASSERT_TRUE(affine.apply(b, h, q, c0, 48, s.data())) << "trial " << trial;
+            eval.run(b, h, q, c0, 48, nullptr);
+            for (int64_t c = 0; c < 48; ++c) {
+              const bool keep = eval.bool_result()[c] != 0;
+              ASSERT_EQ(s[c] == 1.0f, keep) << "trial " << trial << " b " << b << " h " << h << " q " << q
+                                            << " kv " << c0 + c;
+              if (cached && keep) {
+                ASSERT_TRUE(c >= lo[q] && c < hi[q]) << "trial " << trial << " q " << q;
+              }
+            }
+          }
+        }
+  }
+  // Masks that are not affine in kv (a kv-dependent division or gather) are left to RowEval.
+  const detail::Program chunked = detail::compile(chunked_mask(16).expr);
+  EXPECT_FALSE(cpu::AffineMask(chunked).ok() && cpu::AffineMask(chunked).apply(0, 0, 5, 0, 8, std::vector<float>(8).data()));
 }
 
 TEST(FlexAttention, BlockMaskBroadcastsOverBatchAndHeads) {

@@ -1,7 +1,9 @@
 // CPU FlexAttention forward: flash-style online softmax, one work unit per (b, q head, q block),
 // OpenMP over units. A unit visits only the kv blocks its BlockMask row lists, in ascending order
 // (partial and full merged, so the result never depends on the classification), applies
-// score_mod everywhere and mask_mod on partial blocks only.
+// score_mod everywhere and mask_mod on partial blocks only. Partial blocks of masks made of affine
+// index comparisons (causal, sliding window, prefix...) evaluate the mask as runs (AffineMask) and
+// compute only the panels of S and the terms of P V that hold kept entries (the same bits).
 // Reads q, k, v; writes out and lse. Never materialises more than one QB x KB score tile per
 // thread (fp32, fp64 for fp64 inputs): memory O(threads * tile), not O(L * S).
 // Tiles are the BlockMask's blocks (128 x 128 by default): K^T (E x 128) and the score tile stay
@@ -34,6 +36,7 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
     F *qt = take(p.QB * p.E), *kt = take(p.E * p.KB), *vb = take(p.KB * p.Ev), *st = take(p.QB * p.KB),
       *acc = take(p.QB * p.Ev), *mrow = take(p.QB), *lrow = take(p.QB);
     std::vector<std::pair<int32_t, bool>> blocks;
+    std::vector<int32_t> lo(static_cast<size_t>(p.QB)), hi(static_cast<size_t>(p.QB));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t i = u % p.nQ, bh = u / p.nQ, b = bh / p.Hq, h = bh % p.Hq, hk = h / G;
@@ -50,29 +53,27 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
         const int64_t c0 = j * p.KB, n = std::min(p.KB, p.S - c0);
         load_transposed(kb, c0, n, p.E, kt);
         load_rows(vbp, c0, n, p.Ev, vb);
-        score_tile(qt, kt, m, n, p.E, scale, st, p.KB);
+        // Partial blocks of affine masks: only the kept columns' panels and terms are computed.
+        const bool ranged = kept_columns(mods, b, h, r0, m, c0, n, partial, lo.data(), hi.data());
+        const int32_t *clo = ranged ? lo.data() : nullptr, *chi = ranged ? hi.data() : nullptr;
+        score_tile(qt, kt, m, n, p.E, scale, st, p.KB, clo, chi);
         for (int64_t r = 0; r < m; ++r) {
           F* s = st + r * p.KB;
           mod_row(mods, p, s, b, h, r0 + r, c0, n, partial);
-          F mx = kNegInf;
-          for (int64_t c = 0; c < n; ++c) mx = s[c] > mx ? s[c] : mx;
+          const F mx = row_max(s, n);
           const F m_new = mx > mrow[r] ? mx : mrow[r];
           if (m_new == kNegInf) {  // nothing attended yet in this row: contributes nothing
             std::fill_n(s, n, F(0));
             continue;
           }
           const F alpha = mrow[r] == kNegInf ? F(0) : std::exp(mrow[r] - m_new);
-          F sum = 0;
-          for (int64_t c = 0; c < n; ++c) {
-            s[c] = s[c] == kNegInf ? F(0) : std::exp(s[c] - m_new);
-            sum += s[c];
-          }
+          const F sum = ranged ? exp_sum_range(s, n, m_new, lo[r], hi[r]) : exp_sum(s, n, m_new);
           lrow[r] = lrow[r] * alpha + sum;
           mrow[r] = m_new;
           if (alpha != F(1))
             for (int64_t e = 0; e < p.Ev; ++e) acc[r * p.Ev + e] *= alpha;
         }
-        gemm<F>(st, p.KB, 1, vb, p.Ev, m, p.Ev, n, F(1), acc, p.Ev, true);  // acc += P V
+        gemm<F>(st, p.KB, 1, vb, p.Ev, m, p.Ev, n, F(1), acc, p.Ev, true, clo, chi);  // acc += P V
       }
       T* ob = out + ((b * p.Hq + h) * p.L + r0) * p.Ev;
       F* lb = lse + (b * p.Hq + h) * p.L + r0;
