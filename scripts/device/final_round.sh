@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The session's closing GPU round on the H200 (carry [".device"]), ordered by what has no GPU
+# A short GPU round (carry [".device"]) for a nearly spent device budget, ordered by what has no GPU
 # figure yet (the device budget was nearly spent): build, CTest, the causal FlexAttention row
 # beside torch and the sliding row, the 125M training step beside PyTorch eager, pytest
 # (bounded), kiln's LCE variants. Logs and JSON under $OUT.
