@@ -198,7 +198,33 @@ TEST(ElementwiseAccuracy, BFloat16AllValues) {
     EXPECT_EQ(beyond_one, 0) << "e.g. at x=" << worst_at;
     EXPECT_EQ(special_bad, 0) << "special input or NaN result wrong, e.g. at x=" << worst_at;
     EXPECT_LE(off_nearest, 65536 / 100);
+    if (c.name == "gelu") {
+      EXPECT_EQ(off_nearest, 0);  // a table of correctly rounded results
+    }
   }
+}
+
+// bf16 gelu's table rows on every length and offset (four values per step, then a tail) and in
+// place: each result is the correctly rounded one.
+TEST(ElementwiseAccuracy, GeluBFloat16TableRows) {
+  const Tensor x = mul(randn({1031}, TensorOptions(kFloat32)), 2.5).to(kBFloat16);
+  const std::vector<double> xv = x.to_vector();
+  for (int64_t off : {0, 1, 2, 3}) {
+    for (int64_t len : {1, 2, 3, 4, 5, 7, 8, 9, 1000}) {
+      const std::vector<double> out = gelu(x.slice(0, off, off + len)).to_vector();
+      for (int64_t i = 0; i < len; ++i)
+        ASSERT_EQ(bf16_bits(out[i]), nearest_bf16(gelu_d(xv[off + i]))) << "x=" << xv[off + i] << " len " << len;
+    }
+  }
+  Tensor y = x.clone();
+  cpu::unary(UnaryOp::Gelu, y, y, {});
+  const std::vector<double> yv = y.to_vector();
+  for (size_t i = 0; i < xv.size(); ++i) ASSERT_EQ(bf16_bits(yv[i]), nearest_bf16(gelu_d(xv[i])));
+  // Strided input takes the generic fp32 loop (src/ops/cpu/elementwise.cpp), whose
+  // 0.5 x (1 + erf) flushes the far left tail (x < ~-5.5) to -0: compared with an absolute floor.
+  const Tensor xs = x.slice(0, 0, 1030).view({515, 2}).transpose(0, 1);
+  const std::vector<double> sv = gelu(xs).to_vector(), xsv = xs.to_vector();
+  for (size_t i = 0; i < sv.size(); ++i) EXPECT_NEAR(sv[i], gelu_d(xsv[i]), 8e-3 * std::abs(gelu_d(xsv[i])) + 1e-6);
 }
 
 // The fused backward rows (g = 1): derivative errors relative to max(|ref|, 0.01), as they cross

@@ -371,10 +371,6 @@ template <class D, class V>
 HWY_INLINE bool CdfFastOk(D d, V x) {
   return hn::AllTrue(d, hn::Le(hn::Abs(x), hn::Set(d, kErfcFastMax / kInvSqrt2)));  // false on NaN
 }
-// gelu(x) = x Phi(x). Vectors with every |x| <= 3 (z <= 2.13, almost all of them for
-// activations) skip the reciprocal: 0.5 erfc(z) = exp(-z^2 + G(z)) with G a polynomial in z of
-// degree 8 (error 1.0e-7) or, lite, 6 (1.0e-6). Past |x| = 15 Phi is 1 or underflows, so x is
-// clamped there.
 // 2^y for |y| <= 126, bf16 budget: y = n + r, |r| <= 1/2, 2^r = 1 + r q(r) with q of degree 2
 // (relative error 1.0e-4). For callers whose y comes from a polynomial with log2(e) folded into
 // its coefficients: the reduction is then adds only (the FMA pipes are the busy ones).
@@ -387,20 +383,15 @@ HWY_INLINE V Exp2FastBf(D d, V y) {
   const V p = hn::MulAdd(r, q, hn::Set(d, 1.0f));
   return hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::BitCast(di, t))));
 }
-// bf16, |x| <= 3.5: Phi(x) = sigmoid(f(x)) with f = logit(Phi) = x F(x^2), F of degree 4 (absolute
-// error 1.2e-4 in f, so relative in Phi's left tail), by Estrin. GeluLogitNeg2 returns
-// -f log2(e), for Exp2FastBf.
+// bf16 gelu backward, |x| <= 3.5: Phi(x) = sigmoid(f(x)) with f = logit(Phi) = x F(x^2), F of
+// degree 4 (absolute error 1.2e-4 in f, so relative in Phi's left tail), by Estrin.
+// GeluLogitNeg2 returns -f log2(e), for Exp2FastBf. (bf16 gelu itself is a table.)
 constexpr float kGeluBfMax = 3.5f;
 template <class D, class V>
 HWY_INLINE V GeluLogitNeg2(D d, V x, V u) {
   const V u2 = hn::Mul(u, u);
   const V lo = Lin(d, u, -2.30166745f, -0.105779499f), mid = Lin(d, u, 0.000558992557f, 6.40103681e-05f);
   return hn::Mul(x, hn::MulAdd(hn::MulAdd(hn::Set(d, -2.33216588e-06f), u2, mid), u2, lo));
-}
-template <class D, class V>
-HWY_INLINE V GeluBfFast(D d, V x) {
-  const V den = hn::Add(hn::Set(d, 1.0f), Exp2FastBf(d, GeluLogitNeg2(d, x, hn::Mul(x, x))));
-  return hn::Mul(x, RecipBf(d, den));
 }
 // float32, |x| <= 3: 0.5 erfc(z) = exp(-z^2 + G(z)), see Gelu.
 constexpr float kGeluF32FastMax = 3.0f;
@@ -413,14 +404,13 @@ HWY_INLINE V GeluF32Fast(D d, V x) {
   const V h = ExpFast(d, hn::Sub(g, z2));
   return hn::Mul(x, hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h)));
 }
-template <bool L = false, class D, class V>
+// gelu(x) = x Phi(x), float32 (bf16 gelu is a table, elementwise_simd.cpp). Vectors with every |x| <= 3 (z <= 2.13, almost all of them for
+// activations) skip the reciprocal: 0.5 erfc(z) = exp(-z^2 + G(z)) with G a polynomial in z of
+// degree 8 (error 1.0e-7) or, lite, 6 (1.0e-6). Past |x| = 15 Phi is 1 or underflows, so x is
+// clamped there.
+template <class D, class V>
 HWY_INLINE V Gelu(D d, V x) {
   const V ax = hn::Abs(x);
-  if (L) {
-    const auto ok = hn::Le(ax, hn::Set(d, kGeluBfMax));
-    if (HWY_LIKELY(hn::AllTrue(d, ok))) return GeluBfFast(d, x);
-    return hn::IfThenElse(ok, GeluBfFast(d, x), Gelu<false>(d, x));
-  }
   if (HWY_LIKELY(hn::AllTrue(d, hn::Le(ax, hn::Set(d, kGeluF32FastMax))))) return GeluF32Fast(d, x);
   if (HWY_LIKELY(CdfFastOk(d, x))) return hn::Mul(x, NormalCdf(d, x, false));
   // Left tail: h * 2^64 keeps Phi normal until x * Phi is formed, then one rounding.
