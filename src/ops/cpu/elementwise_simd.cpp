@@ -159,6 +159,10 @@ concept SplitsBinary = requires(const F& f, DF d, VF v) {  // the range is on b
 };
 template <class F>
 constexpr bool kApproxOf = requires { requires F::kApprox; };
+// Functors whose fast formula is one long dependency chain (~85 cycles for f32 gelu) run eight
+// vectors per branch: four chains leave Zen 2's two FMA pipes mostly idle.
+template <class F>
+constexpr bool kWideOf = requires { requires F::kWide; };
 struct AddF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return hn::Add(a, b); } };
 struct AxpyF {
   float alpha;
@@ -296,6 +300,7 @@ template <bool L> struct SiluF {
 };
 struct GeluF {  // float32; bf16 gelu is a table (gelu_bf16_rows)
   static constexpr bool kApprox = true;
+  static constexpr bool kWide = true;
   HWY_INLINE VF operator()(DF d, VF x) const { return Gelu(d, x); }
   static constexpr float kFastAbsMax = kGeluF32FastMax;
   static HWY_INLINE VF Fast(DF d, VF x) { return GeluF32Fast(d, x); }
@@ -381,6 +386,27 @@ HWY_INLINE void RowUnary(const typename IO::P* x, typename IO::P* out, int64_t n
     IO::template Store<kApproxOf<F>>(d, f(d, x0), f(d, x1), po);
   };
   int64_t i = 0;
+  if constexpr (Splits<F> && kWideOf<F>) {
+    for (; i + 4 * block <= n; i += 4 * block) {  // no arrays: sizeless vectors (SVE) forbid them
+      VF x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7;
+      IO::Load(d, x + i, x0, x1);
+      IO::Load(d, x + i + block, x2, x3);
+      IO::Load(d, x + i + 2 * block, x4, x5);
+      IO::Load(d, x + i + 3 * block, x6, x7);
+      if (HWY_LIKELY(IO::AllAbsLe(d, x + i, x0, x1, x2, x3, F::kFastAbsMax) &&
+                     IO::AllAbsLe(d, x + i + 2 * block, x4, x5, x6, x7, F::kFastAbsMax))) {
+        y0 = f.Fast(d, x0), y1 = f.Fast(d, x1), y2 = f.Fast(d, x2), y3 = f.Fast(d, x3);
+        y4 = f.Fast(d, x4), y5 = f.Fast(d, x5), y6 = f.Fast(d, x6), y7 = f.Fast(d, x7);
+      } else {
+        y0 = f(d, x0), y1 = f(d, x1), y2 = f(d, x2), y3 = f(d, x3);
+        y4 = f(d, x4), y5 = f(d, x5), y6 = f(d, x6), y7 = f(d, x7);
+      }
+      IO::template Store<kApproxOf<F>>(d, y0, y1, out + i);
+      IO::template Store<kApproxOf<F>>(d, y2, y3, out + i + block);
+      IO::template Store<kApproxOf<F>>(d, y4, y5, out + i + 2 * block);
+      IO::template Store<kApproxOf<F>>(d, y6, y7, out + i + 3 * block);
+    }
+  }
   for (; i + 2 * block <= n; i += 2 * block) {
     VF x0, x1, x2, x3;
     IO::Load(d, x + i, x0, x1);
