@@ -6,7 +6,8 @@
 // a range (exp, sigmoid, silu, gelu, their backward rows) take two blocks at a time behind one
 // range check (on the raw bits for bf16), so four independent chains interleave; a block that
 // fails the check runs the general path, which gives in-range lanes the same fast formula, so a
-// value's result never depends on its neighbours. Tails run the same vector code on a padded
+// value's result never depends on its neighbours; f32 gelu (kWide) takes four blocks per check.
+// bf16 gelu is a table lookup (gelu_bf16_rows). Tails run the same vector code on a padded
 // stack copy. The transcendental functions are in simd_math-inl.h.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
