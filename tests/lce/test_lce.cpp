@@ -436,14 +436,14 @@ TEST(LinearCrossEntropyCuda, AllIgnoredMeanIsNaN) {
   EXPECT_TRUE(std::isnan(nn::functional::linear_cross_entropy(x, w, y).item()));
 }
 
-// Both strategies on CUDA against float64 in f32 and bf16, with the default vocabulary tiling.
-void check_cuda_default_tiles(const Case& c, int64_t chunk_n, const char* what) {
+// Both strategies on CUDA against float64 in f32 and bf16 (chunk 0: the op's own choice).
+void check_cuda_chunks(const Case& c, int64_t chunk_n, int64_t chunk_v, const char* what) {
   for (DType dt : {kFloat32, kBFloat16})
     for (LceStrategy s : {LceStrategy::Memory, LceStrategy::Speed}) {
       const RefIn in = make_inputs(c, dt);
       const std::vector<double> cot = cotangent(c, dt);
       const RefOut ref = lce_test::reference(in, cot);
-      const LceRun got = run(in, dt, s, cot, Device("cuda"), chunk_n, /*chunk_v=*/0);
+      const LceRun got = run(in, dt, s, cot, Device("cuda"), chunk_n, chunk_v);
       expect_matches(got, in, ref, dt, detail::str_cat(what, ", ", dtype_name(dt), ", strategy ", static_cast<int>(s)));
     }
 }
@@ -458,12 +458,12 @@ TEST(LinearCrossEntropyCuda, LargeVocabularyDefaultChunks) {
   c.h = 64;
   c.v = 128256;
   c.ignore = true;
-  check_cuda_default_tiles(c, /*chunk_n=*/0, "large vocabulary");
+  check_cuda_chunks(c, /*chunk_n=*/0, /*chunk_v=*/0, "large vocabulary");
 }
 
-// Several token chunks with long rows: the memory strategy's fp32 dW slices summed over chunks,
-// the speed strategy's dW summed in the weight dtype over chunks, and the in-place 16-bit dz
-// written over rows that span several kernel segments (V > 2048) with a ragged tail.
+// Several token and vocabulary chunks with long rows: the memory strategy's fp32 dW slices summed
+// over token chunks, the speed strategy's dW summed in the weight dtype over chunks, and the
+// in-place 16-bit dz written over rows that span several kernel segments with a ragged tail.
 TEST(LinearCrossEntropyCuda, SeveralTokenChunksLongRows) {
   KILN_REQUIRE_CUDA();
   manual_seed(6);
@@ -472,7 +472,7 @@ TEST(LinearCrossEntropyCuda, SeveralTokenChunksLongRows) {
   c.h = 64;
   c.v = 5003;
   c.ignore = true;
-  check_cuda_default_tiles(c, /*chunk_n=*/128, "several chunks");
+  check_cuda_chunks(c, /*chunk_n=*/128, /*chunk_v=*/2048, "several chunks");
 }
 
 // The speed strategy scales its forward-computed gradients in place only when the graph is freed
