@@ -75,9 +75,22 @@ void run(Device device, int64_t n) {
                 copy_bw / 1e9);
     struct Case {
       std::string name;
-      int streams;
+      double streams;  // bytes moved per element, in units of the dtype's size
       std::function<void()> f;
     };
+    const double es = static_cast<double>(element_size(dt));
+    const Tensor cond = gt(a, b);  // bool, one byte per element
+    Tensor bo = empty({n}, TensorOptions(kBool).device(device));
+    auto bin_p = [&](BinaryOp op, const Tensor& x, const Tensor& y, EwParams p) {
+      return [&, op, p] { gpu ? KILN_GPU(cuda::binary(op, o, x, y, p)) : cpu::binary(op, o, x, y, p); };
+    };
+    auto un_p = [&](UnaryOp op, const Tensor& x, EwParams p) {
+      return [&, op, p] { gpu ? KILN_GPU(cuda::unary(op, o, x, p)) : cpu::unary(op, o, x, p); };
+    };
+    EwParams sub_p, clamp_p;
+    sub_p.alpha = -1.0;
+    clamp_p.lo = -0.5;
+    clamp_p.hi = 0.5;
     auto un = [&](UnaryOp op, const Tensor& x) {
       return [&, op] { gpu ? KILN_GPU(cuda::unary(op, o, x, {})) : cpu::unary(op, o, x, {}); };
     };
@@ -99,6 +112,17 @@ void run(Device device, int64_t n) {
         {"rsqrt", 2, un(UnaryOp::Rsqrt, pos)},
         {"silu_backward", 3, bin(BinaryOp::SiluBackward)},
         {"gelu_backward", 3, bin(BinaryOp::GeluBackward)},
+        {"sub", 3, bin_p(BinaryOp::Add, a, b, sub_p)},
+        {"div", 3, bin(BinaryOp::Div)},
+        {"pow", 3, bin_p(BinaryOp::Pow, pos, b, {})},
+        {"maximum", 3, bin(BinaryOp::Maximum)},
+        {"neg", 2, un(UnaryOp::Neg, a)},
+        {"sqrt", 2, un(UnaryOp::Sqrt, pos)},
+        {"relu", 2, un(UnaryOp::Relu, a)},
+        {"clamp", 2, un_p(UnaryOp::Clamp, a, clamp_p)},
+        {"lt", (2 * es + 1) / es,
+         [&] { gpu ? KILN_GPU(cuda::compare(CompareOp::Lt, bo, a, b)) : cpu::compare(CompareOp::Lt, bo, a, b); }},
+        {"where", (3 * es + 1) / es, [&] { gpu ? KILN_GPU(cuda::where(o, cond, a, b)) : cpu::where(o, cond, a, b); }},
     };
     for (const Case& c : cases) {
       const double s = best_seconds(c.f, sync, 10);

@@ -186,6 +186,21 @@ TEST(Elementwise, Where) {
   EXPECT_EQ(where(gt(randn({3}), 0.0), randn({3}, kBFloat16), randn({3})).dtype(), kFloat32);
 }
 
+// Same-shape contiguous operands take the dense byte-select path: every element size, a length
+// that spans several thread chunks.
+TEST(Elementwise, WhereDense) {
+  manual_seed(9);
+  const int64_t n = 100003;
+  for (DType dt : {kFloat32, kBFloat16, kFloat64, kInt64, kInt8, kUInt8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor c = gt(randn({n}), 0.0);
+    const Tensor a = (randn({n}) * 50.0).to(dt), b = (randn({n}) * 50.0).to(dt);
+    const std::vector<double> got = where(c, a, b).to_vector(), cv = c.to_vector(), av = a.to_vector(),
+                              bv = b.to_vector();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], cv[i] != 0 ? av[i] : bv[i]) << i;
+  }
+}
+
 TEST(Elementwise, NanAndInfHandling) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (DType dt : {kFloat32, kBFloat16, kFloat64}) {

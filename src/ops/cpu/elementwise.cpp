@@ -138,7 +138,42 @@ void compare_scalar(CompareOp op, const Tensor& out, const Tensor& a, double b) 
   });
 }
 
+namespace {
+
+// Dense where: per element the bytes of a or b (no conversion), in a loop the compiler
+// vectorises; cond bytes read as bytes (nonzero = true), as the copies do.
+template <typename U>
+void where_dense(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  U* o = static_cast<U*>(out.data_ptr());
+  const auto* c = static_cast<const uint8_t*>(cond.data_ptr());
+  const U* x = static_cast<const U*>(a.data_ptr());
+  const U* y = static_cast<const U*>(b.data_ptr());
+  parallel_chunks(out.numel(), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {  // branch-free, both loads unconditional: vectorisable
+      const U m = static_cast<U>(0) - static_cast<U>(c[i] != 0);
+      o[i] = static_cast<U>((x[i] & m) | (y[i] & static_cast<U>(~m)));
+    }
+  });
+}
+
+bool try_where_dense(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const int64_t n = out.numel();
+  if (cond.dtype() != kBool || a.dtype() != out.dtype() || b.dtype() != out.dtype() || cond.numel() != n ||
+      a.numel() != n || b.numel() != n || !all_contiguous({&out, &cond, &a, &b}))
+    return false;
+  switch (element_size(out.dtype())) {
+    case 1: where_dense<uint8_t>(out, cond, a, b); return true;
+    case 2: where_dense<uint16_t>(out, cond, a, b); return true;
+    case 4: where_dense<uint32_t>(out, cond, a, b); return true;
+    case 8: where_dense<uint64_t>(out, cond, a, b); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
 void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (try_where_dense(out, cond, a, b)) return;
   dispatch_all(out.dtype(), "where", [&](auto tag) {
     using T = typename decltype(tag)::type;
     elementwise_loop<T, bool, T, T>(out, {&cond, &a, &b}, ew::Select<acc_t<T>>{});
