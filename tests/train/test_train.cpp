@@ -17,6 +17,7 @@
 #include "generate.h"
 #include "kiln/autograd.h"
 #include "kiln/kiln.h"
+#include "micro_config.h"
 #include "model.h"
 #include "tokenizer.h"
 #include "train.h"
@@ -49,22 +50,7 @@ std::string make_corpus(const std::string& name, int files) {
 }
 
 TrainConfig micro_config(const std::string& data, const std::string& run) {
-  TrainConfig c;
-  c.preset = "micro";
-  c.data = data;
-  c.run_dir = run;
-  c.steps = 6;
-  c.batch_size = 4;
-  c.warmup_steps = 2;
-  c.eval_every = 3;
-  c.eval_batches = 1;
-  c.checkpoint_every = 3;
-  c.log_every = 1;
-  c.progress = "none";
-  c.sample_tokens = 0;
-  c.quiet_summary = true;
-  c.threads = 2;
-  return c;
+  return kiln::train::testing::micro_test_config(data, run);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "data.h"
 #include "kiln/autograd.h"
 #include "kiln/kiln.h"
+#include "micro_config.h"
 #include "model.h"
 #include "support/testing.h"
 #include "train.h"
@@ -23,22 +24,10 @@ using namespace kiln::train;
 namespace {
 
 TrainConfig synthetic_config(const std::string& name) {
-  TrainConfig c;
-  c.preset = "micro";
+  TrainConfig c = kiln::train::testing::micro_test_config(
+      "", (fs::temp_directory_path() / ("kiln_trainx_" + name + "_" + std::to_string(getpid()))).string());
   c.synthetic = true;
   c.vocab_size = 128;
-  c.run_dir = (fs::temp_directory_path() / ("kiln_trainx_" + name + "_" + std::to_string(getpid()))).string();
-  c.steps = 6;
-  c.batch_size = 4;
-  c.warmup_steps = 2;
-  c.eval_every = 3;
-  c.eval_batches = 1;
-  c.checkpoint_every = 3;
-  c.log_every = 1;
-  c.progress = "none";
-  c.sample_tokens = 0;
-  c.quiet_summary = true;
-  c.threads = 2;
   return c;
 }
 
