@@ -237,15 +237,15 @@ TEST(ElementwiseAccuracy, GeluBFloat16TableRows) {
   for (size_t i = 0; i < sv.size(); ++i) EXPECT_NEAR(sv[i], gelu_d(xsv[i]), 8e-3 * std::abs(gelu_d(xsv[i])) + 1e-6);
 }
 
-// The fused backward rows (g = 1): derivative errors relative to max(|ref|, 0.01), as they cross
-// zero (two terms of ~0.2 cancel) where a relative error means nothing.
-TEST(ElementwiseAccuracy, BackwardFloat32Sweep) {
-  struct Bwd {
-    std::string name;
-    BinaryOp op;
-    std::function<double(double)> ref;
-  };
-  const std::vector<Bwd> bwd = {
+// The fused backward rows and their float64 derivatives.
+struct Bwd {
+  std::string name;
+  BinaryOp op;
+  std::function<double(double)> ref;
+};
+
+std::vector<Bwd> backward_rows() {
+  return {
       {"silu'", BinaryOp::SiluBackward,
        [](double x) { const double s = sigmoid_d(x); return s * (1 + x * (1 - s)); }},
       {"gelu'", BinaryOp::GeluBackward,
@@ -256,6 +256,12 @@ TEST(ElementwiseAccuracy, BackwardFloat32Sweep) {
          return s + 2 * x * s * (1 - s) * std::sqrt(2.0 / M_PI) * (1 + 3 * 0.044715 * x * x);
        }},
   };
+}
+
+// The fused backward rows (g = 1): derivative errors relative to max(|ref|, 0.01), as they cross
+// zero (two terms of ~0.2 cancel) where a relative error means nothing.
+TEST(ElementwiseAccuracy, BackwardFloat32Sweep) {
+  const std::vector<Bwd> bwd = backward_rows();
   std::vector<double> xs;
   for (int i = 0; i <= 200000; ++i) xs.push_back(static_cast<float>(-20 + 40.0 * i / 200000));
   for (double s : {0.0, 1e-40, 50.0, 100.0}) xs.push_back(s), xs.push_back(-s);
@@ -281,22 +287,7 @@ TEST(ElementwiseAccuracy, BackwardFloat32Sweep) {
 // correctly rounded float64 derivative, or, where the derivative crosses zero (two terms of
 // ~0.2 cancel), within an absolute 2^-12 (the fp32 budget of ~2^-11 on each term).
 TEST(ElementwiseAccuracy, BackwardBFloat16AllValues) {
-  struct Bwd {
-    std::string name;
-    BinaryOp op;
-    std::function<double(double)> ref;
-  };
-  const std::vector<Bwd> bwd = {
-      {"silu'", BinaryOp::SiluBackward,
-       [](double x) { const double s = sigmoid_d(x); return s * (1 + x * (1 - s)); }},
-      {"gelu'", BinaryOp::GeluBackward,
-       [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI); }},
-      {"gelu_tanh'", BinaryOp::GeluTanhBackward,
-       [](double x) {
-         const double s = sigmoid_d(gelu_tanh_2u(x));
-         return s + 2 * x * s * (1 - s) * std::sqrt(2.0 / M_PI) * (1 + 3 * 0.044715 * x * x);
-       }},
-  };
+  const std::vector<Bwd> bwd = backward_rows();
   const std::vector<double> xs = all_bf16();
   const Tensor x = tensor(xs, kBFloat16), g = ones({static_cast<int64_t>(xs.size())}, TensorOptions(kBFloat16));
   for (const Bwd& b : bwd) {
