@@ -54,4 +54,20 @@ inline std::pair<Tensor, Tensor> reference(const Tensor& q, const Tensor& k, con
   return {tensor(out, kFloat64).view({B, Hq, L, Ev}), tensor(lse, kFloat64).view({B, Hq, L})};
 }
 
+// A one-batch, one-head BlockMask listing the same blocks as `bm`, every one as partial (no full
+// lists): results must not depend on the classification.
+inline BlockMask all_partial(const BlockMask& bm, int64_t block_size) {
+  const int64_t nQ = bm.num_q_blocks(), nKV = bm.num_kv_blocks();
+  const Tensor dense = bm.to_dense();
+  Tensor num = zeros({1, 1, nQ}, kInt32), idx = zeros({1, 1, nQ, nKV}, kInt32);
+  const int32_t* d = dense.data_ptr<int32_t>();
+  for (int64_t i = 0; i < nQ; ++i) {
+    int32_t n = 0;
+    for (int64_t j = 0; j < nKV; ++j)
+      if (d[i * nKV + j]) idx.data_ptr<int32_t>()[i * nKV + n++] = static_cast<int32_t>(j);
+    num.data_ptr<int32_t>()[i] = n;
+  }
+  return BlockMask::from_kv_blocks(num, idx, Tensor(), Tensor(), bm.q_len, bm.kv_len, block_size, bm.mask_mod);
+}
+
 }  // namespace kiln::flex::testing

@@ -18,6 +18,7 @@ namespace {
 using kiln::testing::expect_gradcheck;
 using kiln::testing::rel_error;
 using kiln::testing::tolerance;
+using testing::all_partial;
 using testing::MaskFn;
 using testing::reference;
 using testing::ScoreFn;
@@ -262,28 +263,17 @@ TEST(FlexAttention, BackwardIsBitwiseDeterministic) {
   EXPECT_TRUE(same_bits(one, two)) << "1 thread vs 2 threads differ";
   EXPECT_TRUE(same_bits(a, one));
   // The same mask with every listed block marked partial: identical bits (classification-free).
-  std::vector<double> pn = bm.kv_num_blocks.to_vector(), fn = bm.full_kv_num_blocks.to_vector();
-  const int64_t nQ = bm.num_q_blocks(), nKV = bm.num_kv_blocks();
-  const Tensor dense = bm.to_dense();
-  Tensor num = zeros({1, 1, nQ}, kInt32), idx = zeros({1, 1, nQ, nKV}, kInt32);
-  const int32_t* d = dense.data_ptr<int32_t>();
-  for (int64_t i = 0; i < nQ; ++i) {
-    int32_t n = 0;
-    for (int64_t j = 0; j < nKV; ++j)
-      if (d[i * nKV + j]) idx.data_ptr<int32_t>()[i * nKV + n++] = static_cast<int32_t>(j);
-    num.data_ptr<int32_t>()[i] = n;
-  }
-  const BlockMask all_partial = BlockMask::from_kv_blocks(num, idx, Tensor(), Tensor(), 150, 170, 32, bm.mask_mod);
-  EXPECT_TRUE(same_bits(a, run_backward(all_partial, 5))) << "full vs partial classification changes the result";
+  const BlockMask partial = all_partial(bm, 32);
+  EXPECT_TRUE(same_bits(a, run_backward(partial, 5))) << "full vs partial classification changes the result";
   // The two-pass backward (used where the fused one's dQ slots would be too large): same bits.
   cpu::set_fused_backward_limit(-1);
-  const auto two_pass = run_backward(bm, 5), two_pass_partial = run_backward(all_partial, 5);
+  const auto two_pass = run_backward(bm, 5), two_pass_partial = run_backward(partial, 5);
   cpu::set_fused_backward_limit(int64_t{32} << 20);
   EXPECT_TRUE(same_bits(a, two_pass)) << "fused vs two-pass backward differ";
   EXPECT_TRUE(same_bits(a, two_pass_partial)) << "fused vs two-pass backward differ (all partial)";
   // Without a score_mod the backward also skips the masked columns / rows of partial blocks.
   const auto plain = run_backward(bm, 6, false);
-  EXPECT_TRUE(same_bits(plain, run_backward(all_partial, 6, false))) << "no score_mod: full vs partial differ";
+  EXPECT_TRUE(same_bits(plain, run_backward(partial, 6, false))) << "no score_mod: full vs partial differ";
   omp_set_num_threads(1);
   const auto plain_one = run_backward(bm, 6, false);
   omp_set_num_threads(threads);

@@ -24,6 +24,7 @@ namespace kiln::flex {
 namespace {
 
 using kiln::testing::rel_error;
+using testing::all_partial;
 using testing::MaskFn;
 using testing::reference;
 using testing::ScoreFn;
@@ -329,18 +330,8 @@ TEST(FlexAttentionCuda, BackwardIsBitwiseDeterministic) {
   const FlexRun b = run_on(kGpu, kBFloat16, q, k, v, o, cot, {bias});
   EXPECT_TRUE(same_bits(a, b)) << "two CUDA runs differ";
   // The same mask with every listed block marked partial: the same bits (classification-free).
-  const int64_t nQ = bm.num_q_blocks(), nKV = bm.num_kv_blocks();
-  const Tensor dense = bm.to_dense();
-  Tensor num = zeros({1, 1, nQ}, kInt32), idx = zeros({1, 1, nQ, nKV}, kInt32);
-  const int32_t* d = dense.data_ptr<int32_t>();
-  for (int64_t i = 0; i < nQ; ++i) {
-    int32_t n = 0;
-    for (int64_t j = 0; j < nKV; ++j)
-      if (d[i * nKV + j]) idx.data_ptr<int32_t>()[i * nKV + n++] = static_cast<int32_t>(j);
-    num.data_ptr<int32_t>()[i] = n;
-  }
-  const BlockMask all_partial = BlockMask::from_kv_blocks(num, idx, Tensor(), Tensor(), L, S, 128, bm.mask_mod);
-  o.block_mask = &all_partial;
+  const BlockMask partial = all_partial(bm, 128);
+  o.block_mask = &partial;
   EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot, {bias})))
       << "full vs partial classification changes the CUDA result";
 }
