@@ -1,12 +1,12 @@
 // CUDA kernels of the fused linear cross-entropy. The logits exist only as fp32 (fp64) tiles
 // written by cuBLASLt; these kernels read each tile once per pass:
 //   stats:   one block per tile row; each thread keeps an online (max, sum exp) over its strided
-//            columns (coalesced), applying bias and soft-cap on the fly, plus the weighted logit
+//            16-byte column vectors (coalesced, two in flight), applying bias and soft-cap on the fly, plus the weighted logit
 //            sum for label smoothing; the block merges the pairs in a fixed tree, thread 0 merges
 //            into the running row state. Reads the tile, writes O(rows).
-//   grad:    elementwise: dz = (a p - c w_v - b [v == y]) (1 - (s / cap)^2), p = exp(s - lse),
-//            with the row's a, b, c computed in-kernel from (g, lse, target, totals). Reads the
-//            raw tile once, writes dz once (16-bit for 16-bit inputs: the dx/dW GEMMs take bf16/fp16
+//   grad:    one block per row: dz = (a p - c w_v - b [v == y]) (1 - (s / cap)^2), p = exp(s - lse),
+//            with the row's a, b, c computed once per thread from (g, lse, target, totals). Reads
+//            the raw tile once, writes dz once, possibly over the tile itself (16-bit for 16-bit inputs: the dx/dW GEMMs take bf16/fp16
 //            operands with fp32 accumulation, as cuBLASLt's fast path wants).
 //   colsum:  bias gradient, one thread per column, rows in order (deterministic, no atomics).
 //   prepare/reduce: single-block reductions in a fixed order (double accumulation).

@@ -21,7 +21,8 @@ void finalize(DType t, int64_t rows, int64_t n0, const void* state, int64_t stat
               const void* cw, const void* totals, const lce::Consts& k, void* lse, void* terms, int64_t n_total,
               void* stream);
 // dz[r, j] = dL/dz for the raw logit tile (row stride ld, columns v0.., rows n0..); dz has T's
-// type when T is 16-bit (else A, and may alias the tile), row stride ldz. g: upstream gradient
+// type when T is 16-bit (else A), row stride ldz. dz may be the tile itself (in place; a 16-bit
+// dz then has ldz = 2 * ld, the first half of each fp32 row). g: upstream gradient
 // (A; null means 1), one per token when g_per_token.
 void grad(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const void* bias,
           const void* cw, const int64_t* target, const void* lse, const void* g, bool g_per_token, const void* totals,
