@@ -1,0 +1,609 @@
+// TEMPORARY A/B (KILN_FLEX_KERNELS=v2): the ldmatrix + cp.async rework of the kernel templates
+// (297ee4f), never run on a GPU yet. Same FlexParams, same walks, same bits expected; whichever
+// wins on the H200 replaces kernel_source.cpp and this file goes.
+#include "flex/cuda/codegen.h"
+
+namespace kiln::flex::cuda {
+
+const char* kernel_template_v2() {
+  return R"kiln_src(
+#ifndef KILN_BUILD_FWD
+#define KILN_BUILD_FWD 1
+#endif
+#ifndef KILN_BUILD_BWD
+#define KILN_BUILD_BWD 1
+#endif
+#define LD (HEAD_DIM + 8)
+// B operands by ldmatrix (true) or per-thread loads (false; the same fragments, so the same bits).
+// A switch per kernel group because ptxas batches ldmatrix results ahead of the mmas: in dK/dV
+// (dK, dV, S and dP: 192 live fp32 registers at E = 128) that costs ~20 spilled bytes on sm_90a.
+#define LDSM_B_Q true
+#define LDSM_B_KV true
+#if TILE_M != TILE_N
+#error "the transposed dK/dV tiles assume square 64 x 64 tiles"
+#endif
+#define NEG_INF __uint_as_float(0xff800000u)
+#define LOG2E 1.4426950408889634f
+
+#if KILN_BF16
+__device__ __forceinline__ float to_f(u16 x) { return __uint_as_float(((u32)x) << 16); }
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#define MMA_T "bf16"
+#else
+__device__ __forceinline__ float to_f(u16 x) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+  return f;
+}
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#define MMA_T "f16"
+#endif
+
+// c += a (16x16, row) * b (16x8, col); fp32 accumulate.
+__device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Shared-memory address of a generic pointer into smem (for ldmatrix / cp.async).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// rows x HEAD_DIM tile from global rows row0.. (rows past `total` are zero) into smem (stride LD).
+__device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
+  const int chunks = HEAD_DIM / 8;
+  for (int c = threadIdx.x; c < rows * chunks; c += NTHREADS) {
+    const int r = c / chunks, col = (c % chunks) * 8;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (row0 + r < total) val = *(const uint4*)(src + (row0 + r) * HEAD_DIM + col);
+    *(uint4*)(dst + r * LD + col) = val;
+  }
+}
+
+// load_tile by cp.async (16 bytes a thread, L2 only; rows past `total` zero-filled by a source
+// size of 0). The caller commits the group and waits for it before a __syncthreads.
+__device__ __forceinline__ void load_tile_async(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
+  const int chunks = HEAD_DIM / 8;
+  for (int c = threadIdx.x; c < rows * chunks; c += NTHREADS) {
+    const int r = c / chunks, col = (c % chunks) * 8;
+    const bool in = row0 + r < total;
+    const u16* g = in ? src + (row0 + r) * HEAD_DIM + col : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst + r * LD + col)), "l"(g),
+                 "r"(in ? 16 : 0)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most N of this thread's committed groups are still in flight (groups complete in order).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Four 8 x 8 16-bit matrices; lane l gives the row address of row l % 8 of matrix l / 8. With
+// .trans each lane receives a column pair instead of a row pair. Rows are 16 bytes, LD pads a row
+// by 16 bytes, so the 8 rows of a phase fall on distinct bank quads (conflict-free).
+__device__ __forceinline__ void ldsm4(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4_t(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// A fragment (16 x 16 at rows r0.., cols k0..) of a row-major smem tile: matrices (rows +0/+8) x
+// (cols +0/+8) in the mma's a0..a3 order.
+__device__ __forceinline__ void frag_a(u32* a, const u16* tile, int r0, int k0, int lane) {
+  ldsm4(a, tile + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + k0 + (lane >> 4) * 8);
+}
+
+// acc[16 x 64] = A[16 rows at ra, HEAD_DIM] * B^T where B is a 64 x HEAD_DIM smem tile (both row-major).
+template <bool kLdsm>  // kLdsm: B fragments by ldmatrix, else per-thread loads
+__device__ __forceinline__ void tile_abt(float (*acc)[4], const u16* A, int ra, const u16* Bm, int lane) {
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+  for (int k0 = 0; k0 < HEAD_DIM; k0 += 16) {
+    u32 a[4];
+    frag_a(a, A, ra, k0, lane);
+#pragma unroll
+    for (int n = 0; n < TILE_N / 8; n += 2) {
+      // B fragments of column blocks n and n + 1: rows n*8.. of Bm, cols k0 and k0 + 8.
+      u32 b[4];
+      if (kLdsm) {
+        ldsm4(b, Bm + (n * 8 + ((lane >> 4) * 8) + (lane & 7)) * LD + k0 + ((lane >> 3) & 1) * 8);
+      } else {
+        const u16* q0 = Bm + (n * 8 + (lane >> 2)) * LD + k0 + 2 * (lane & 3);
+        b[0] = *(const u32*)q0;
+        b[1] = *(const u32*)(q0 + 8);
+        b[2] = *(const u32*)(q0 + 8 * LD);
+        b[3] = *(const u32*)(q0 + 8 * LD + 8);
+      }
+      mma(acc[n], a, b);
+      mma(acc[n + 1], a, b + 2);
+    }
+  }
+}
+
+// acc[16 x HEAD_DIM] += P[16 x 64] (C fragments, rounded to T) * Bm (64 x HEAD_DIM smem, row-major).
+template <bool kLdsm>  // kLdsm: B fragments by ldmatrix, else per-thread loads
+__device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], const u16* Bm, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < TILE_N / 16; ++kk) {
+    u32 a[4];
+    a[0] = pack2(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = pack2(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = pack2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = pack2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; n += 2) {
+      // B fragments (k down the rows) of column blocks n and n + 1 by transposed loads: rows
+      // kk*16 + 0..7 / 8..15, cols n*8 / (n+1)*8.
+      u32 b[4];
+      if (kLdsm) {
+        ldsm4_t(b, Bm + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (n + (lane >> 4)) * 8);
+      } else {
+        const u16* q0 = Bm + (kk * 16 + 2 * (lane & 3)) * LD + n * 8 + (lane >> 2);
+        b[0] = (u32)q0[0] | ((u32)q0[LD] << 16);
+        b[1] = (u32)q0[8 * LD] | ((u32)q0[9 * LD] << 16);
+        b[2] = (u32)q0[8] | ((u32)q0[LD + 8] << 16);
+        b[3] = (u32)q0[8 * LD + 8] | ((u32)q0[9 * LD + 8] << 16);
+      }
+      mma(acc[n], a, b);
+      mma(acc[n + 1], a, b + 2);
+    }
+  }
+}
+
+__device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
+  return (P.mB == 1 ? 0 : b) * P.mH + (P.mH == 1 ? 0 : h);
+}
+
+// Merged ascending walk of a partial list and a full list (or every block when all_full).
+struct BlockWalk {
+  const int *pa, *pe, *fa, *fe;
+  i64 next, count;
+  bool all;
+  __device__ __forceinline__ BlockWalk(const FlexParams& P, const int* num, const int* idx, i64 m, const int* fnum,
+                                       const int* fidx, i64 fm, i64 row, i64 total) {
+    all = P.all_full != 0;
+    next = 0;
+    count = total;
+    pa = pe = fa = fe = 0;
+    if (!all) {
+      pa = idx + row * m;
+      pe = pa + num[row];
+      fa = fidx + row * fm;
+      fe = fa + fnum[row];
+    }
+  }
+  __device__ __forceinline__ bool step(int& j, bool& partial) {
+    if (all) {
+      if (next >= count) return false;
+      j = (int)next++;
+      partial = false;
+      return true;
+    }
+    if (pa == pe && fa == fe) return false;
+    if (fa == fe || (pa < pe && *pa < *fa)) {
+      j = *pa++;
+      partial = true;
+    } else {
+      j = *fa++;
+      partial = false;
+    }
+    return true;
+  }
+};
+
+// The 64-row tiles of a BlockWalk's blocks, in order (blocks of `blk` rows, clipped to `total`).
+struct TileWalk {
+  BlockWalk w;
+  i64 c, cend, blk, total;
+  bool part;
+  __device__ __forceinline__ TileWalk(const BlockWalk& walk, i64 block, i64 n)
+      : w(walk), c(0), cend(0), blk(block), total(n), part(false) {}
+  __device__ __forceinline__ bool next(i64& c0, bool& partial) {
+    while (c >= cend) {
+      int j;
+      if (!w.step(j, part)) return false;
+      c = (i64)j * blk;
+      cend = c + blk < total ? c + blk : total;
+    }
+    c0 = c;
+    partial = part;
+    c += TILE_N;
+    return true;
+  }
+};
+
+// dK/dV's q tiles: the transposed list of each q head of the kv head's group, head by head.
+struct GroupWalk {
+  const FlexParams& P;
+  i64 b, hk, jblk, gi;
+  TileWalk tw;
+  __device__ __forceinline__ TileWalk head(i64 g) const {
+    const i64 mcol = P.all_full ? 0 : mask_row(P, b, hk * P.G + g) * P.nKVB + jblk;
+    return TileWalk(BlockWalk(P, P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m, mcol, P.nQB), P.QB, P.L);
+  }
+  __device__ __forceinline__ GroupWalk(const FlexParams& p, i64 b_, i64 hk_, i64 jblk_)
+      : P(p), b(b_), hk(hk_), jblk(jblk_), gi(0), tw(head(0)) {}
+  __device__ __forceinline__ bool next(i64& g, i64& r0, bool& partial) {
+    while (gi < P.G) {
+      if (tw.next(r0, partial)) {
+        g = gi;
+        return true;
+      }
+      if (++gi < P.G) tw = head(gi);
+    }
+    return false;
+  }
+};
+
+// The modified score of one element and whether it is kept (in bounds, and mask true on partial blocks).
+__device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv, bool partial,
+                                           bool* keep) {
+  if (q >= P.L || kv >= P.S) {
+    *keep = false;
+    return NEG_INF;
+  }
+  float x = raw * (float)P.scale;
+#if HAS_SCORE
+  x = score_mod(x, b, h, q, kv, P);
+#endif
+  bool k = true;
+#if HAS_MASK
+  if (partial) k = mask_mod(b, h, q, kv, P);
+#endif
+  *keep = k;
+  return k ? x : NEG_INF;
+}
+
+#if KILN_BUILD_FWD
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams P) {
+  extern __shared__ __align__(16) u16 smem[];
+  u16* Qs = smem;
+  u16* Ks = Qs + TILE_M * LD;
+  u16* Vs = Ks + TILE_N * LD;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // Heaviest (last) q tiles first: causal rows at the end list the most blocks.
+  const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
+  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
+  const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+
+  float o[HEAD_DIM / 8][4];
+#pragma unroll
+  for (int n = 0; n < HEAD_DIM / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+  const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+
+  const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  i64 c0, c_next;
+  bool partial, p_next;
+  bool more = walk.next(c0, partial);
+  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N);
+  cp_async_commit();
+  // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
+  while (more) {
+    __syncthreads();  // everyone is done with Vs (previous PV)
+    load_tile_async(Vs, vg, c0, P.S, TILE_N);
+    cp_async_commit();
+    cp_async_wait<1>();  // K(c0) landed (this thread's part)
+    __syncthreads();
+    {
+      float s[TILE_N / 8][4];
+      tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
+      float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+      for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          bool keep;
+          s[n][e] = mod_score(P, s[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, &keep);
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m[r], mx[r]);
+        const float m_use = m_new == NEG_INF ? 0.f : m_new;  // nothing attended yet: p = 0 below
+        const float alpha = m[r] == NEG_INF ? 0.f : exp2f((m[r] - m_new) * LOG2E);
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[n][e] = exp2f((s[n][e] - m_use) * LOG2E);
+            sum += s[n][e];
+          }
+        l[r] = l[r] * alpha + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
+        m[r] = m_new;
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n) {
+          o[n][2 * r] *= alpha;
+          o[n][2 * r + 1] *= alpha;
+        }
+      }
+      __syncthreads();  // everyone is done with Ks
+      more = walk.next(c_next, p_next);
+      if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N);
+      cp_async_commit();
+      cp_async_wait<1>();  // V(c0) landed
+      __syncthreads();
+      tile_pb<LDSM_B_Q>(o, s, Vs, lane);
+      c0 = c_next;
+      partial = p_next;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (rows[r] >= P.L) continue;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;  // fully masked rows: 0 and lse -inf
+    u16* og = (u16*)P.out + (bh * P.L + rows[r]) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+      *(u32*)(og + n * 8 + 2 * t) = pack2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    if (t == 0) P.lse[bh * P.L + rows[r]] = l[r] > 0.f ? m[r] + logf(l[r]) : NEG_INF;
+  }
+}
+
+#endif  // KILN_BUILD_FWD
+
+#if KILN_BUILD_BWD
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexParams P) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const i64 row = (i64)blockIdx.x * NWARPS + warp;
+  if (row >= P.B * P.Hq * P.L) return;
+  const u16* dout = (const u16*)P.dout + row * HEAD_DIM;
+  const u16* out = (const u16*)P.out + row * HEAD_DIM;
+  float s = 0.f;
+  for (int e = lane; e < HEAD_DIM; e += 32) s += to_f(dout[e]) * to_f(out[e]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) P.delta[row] = s - (P.dlse ? P.dlse[row] : 0.f);
+}
+
+// P and dS of one element from its raw score q.k and dP = dO.v (both before scaling).
+__device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i64 b, i64 h, i64 q, i64 kv,
+                                     bool partial, float lse, float delta, float* p_out, float* ds_post_out,
+                                     float* ds_out) {
+  bool keep;
+  const float y = mod_score(P, raw, b, h, q, kv, partial, &keep);
+  const float p = (!keep || lse == NEG_INF) ? 0.f : exp2f((y - lse) * LOG2E);
+  float ds = p * (dp - delta);
+  *ds_post_out = ds;  // d loss / d modified score
+#if HAS_SCORE
+  if (q < P.L && kv < P.S) ds = score_grad(raw * (float)P.scale, b, h, q, kv, ds, P, (double*)0);
+  else ds = 0.f;
+#endif
+  *p_out = p;
+  *ds_out = ds;
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
+  extern __shared__ __align__(16) u16 smem[];
+  u16* Qs = smem;
+  u16* dOs = Qs + TILE_M * LD;
+  u16* Ks = dOs + TILE_M * LD;
+  u16* Vs = Ks + TILE_N * LD;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
+  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
+  const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+  load_tile(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+  const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+  float lse[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lse[r] = rows[r] < P.L ? P.lse[bh * P.L + rows[r]] : NEG_INF;
+    delta[r] = rows[r] < P.L ? P.delta[bh * P.L + rows[r]] : 0.f;
+  }
+  float dq[HEAD_DIM / 8][4];
+#pragma unroll
+  for (int n = 0; n < HEAD_DIM / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+
+  const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  i64 c0, c_next;
+  bool partial, p_next;
+  bool more = walk.next(c0, partial);
+  if (more) load_tile_async(Vs, vg, c0, P.S, TILE_N);
+  cp_async_commit();
+  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N);
+  cp_async_commit();
+  // Pipeline per tile (groups in flight at the top: V(c0), K(c0)): dP = dO V^T first, then V(next)
+  // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP.
+  while (more) {
+    float s[TILE_N / 8][4], dp[TILE_N / 8][4];
+    cp_async_wait<1>();  // V(c0) landed
+    __syncthreads();
+    tile_abt<LDSM_B_Q>(dp, dOs, warp * 16, Vs, lane);
+    cp_async_wait<0>();  // K(c0) landed
+    __syncthreads();     // and everyone is done with Vs
+    more = walk.next(c_next, p_next);
+    if (more) load_tile_async(Vs, vg, c_next, P.S, TILE_N);
+    cp_async_commit();
+    tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
+#pragma unroll
+    for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p, ds_post, ds;
+        p_ds(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse[e >> 1],
+             delta[e >> 1], &p, &ds_post, &ds);
+        s[n][e] = ds;
+      }
+    tile_pb<LDSM_B_Q>(dq, s, Ks, lane);  // dQ += dS K
+    __syncthreads();                     // everyone is done with Ks
+    if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N);
+    cp_async_commit();
+    c0 = c_next;
+    partial = p_next;
+  }
+  const float sc = (float)P.scale;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= P.L) continue;
+    u16* dg = (u16*)P.dq + (bh * P.L + rows[r]) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
+  }
+}
+
+// lse and delta of q rows r0.. of (b, h) into smem (plain stores: visible after the next __syncthreads).
+__device__ __forceinline__ void load_rows(float* lse_s, float* delta_s, const FlexParams& P, i64 bh, i64 r0) {
+  for (int r = threadIdx.x; r < TILE_M; r += NTHREADS) {
+    lse_s[r] = r0 + r < P.L ? P.lse[bh * P.L + r0 + r] : NEG_INF;
+    delta_s[r] = r0 + r < P.L ? P.delta[bh * P.L + r0 + r] : 0.f;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexParams P) {
+  extern __shared__ __align__(16) u16 smem[];
+  u16* Ks = smem;
+  u16* Vs = Ks + TILE_N * LD;
+  u16* Qs = Vs + TILE_N * LD;
+  u16* dOs = Qs + TILE_M * LD;
+  float* lse_s = (float*)(dOs + TILE_M * LD);
+  float* delta_s = lse_s + TILE_M;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // Units [u_begin, u_end) in order: one unit per CTA, or a fixed slot of units with captured grads.
+  const i64 u_begin = (i64)blockIdx.x * P.units / gridDim.x, u_end = ((i64)blockIdx.x + 1) * P.units / gridDim.x;
+#if HAS_CAP_GRAD
+  double* slot = P.slots + ((i64)blockIdx.x * NWARPS + warp) * P.grad_numel;
+#endif
+  for (i64 u = u_begin; u < u_end; ++u) {
+    const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
+    const i64 c0 = tile * TILE_N, jblk = c0 / P.KB;
+    __syncthreads();
+    load_tile(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+    load_tile(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+    const i64 cols[2] = {c0 + warp * 16 + g, c0 + warp * 16 + g + 8};  // this thread's kv rows
+    float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
+      dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
+    }
+    // Pipeline per q tile (groups in flight at the top: Q(r0), dO(r0)): S = K Q^T while dO lands;
+    // Q(next) loads during dV += P^T dO, dO(next) during the next S.
+    GroupWalk walk(P, b, hk, jblk);
+    i64 gi, r0, gi_n, r0_n;
+    bool partial, p_n;
+    bool more = walk.next(gi, r0, partial);
+    const i64 bh0 = more ? b * P.Hq + hk * P.G + gi : 0;
+    if (more) load_tile_async(Qs, (const u16*)P.q + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+    cp_async_commit();
+    if (more) {
+      load_tile_async(dOs, (const u16*)P.dout + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+      load_rows(lse_s, delta_s, P, bh0, r0);
+    }
+    cp_async_commit();
+    while (more) {
+      const i64 h = hk * P.G + gi;
+      cp_async_wait<1>();  // Q(r0) landed
+      __syncthreads();     // (and K/V, lse, delta stores)
+      // Transposed tiles: rows are kv (this warp's 16), columns are q.
+      float s[TILE_M / 8][4], dp[TILE_M / 8][4];
+      tile_abt<LDSM_B_KV>(s, Ks, warp * 16, Qs, lane);
+      cp_async_wait<0>();  // dO(r0) landed
+      __syncthreads();
+      tile_abt<LDSM_B_KV>(dp, Vs, warp * 16, dOs, lane);
+#if HAS_CAP_GRAD
+      float raw[TILE_M / 8][4], dpost[TILE_M / 8][4];
+#endif
+#pragma unroll
+      for (int n = 0; n < TILE_M / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qc = n * 8 + 2 * t + (e & 1);
+          float p, ds_post, ds;
+          p_ds(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse_s[qc], delta_s[qc], &p, &ds_post,
+               &ds);
+#if HAS_CAP_GRAD
+          raw[n][e] = s[n][e];
+          dpost[n][e] = ds_post;
+#endif
+          s[n][e] = p;
+          dp[n][e] = ds;
+        }
+#if HAS_CAP_GRAD
+      // Captured-tensor gradients: the lanes take turns adding into the warp's slot (a fixed
+      // order, no atomics); each lane walks its elements in a fixed order.
+      for (int turn = 0; turn < 32; ++turn) {
+        if (lane == turn) {
+          for (int n = 0; n < TILE_M / 8; ++n)
+            for (int e = 0; e < 4; ++e) {
+              const i64 qi = r0 + n * 8 + 2 * t + (e & 1), kv = cols[e >> 1];
+              if (qi < P.L && kv < P.S) score_grad(raw[n][e] * (float)P.scale, b, h, qi, kv, dpost[n][e], P, slot);
+            }
+        }
+        __syncwarp();
+      }
+#endif
+      tile_pb<LDSM_B_KV>(dk, dp, Qs, lane);  // dK += dS^T Q
+      __syncthreads();                        // everyone is done with Qs, lse_s, delta_s
+      more = walk.next(gi_n, r0_n, p_n);
+      const i64 bh_n = more ? b * P.Hq + hk * P.G + gi_n : 0;
+      if (more) {
+        load_tile_async(Qs, (const u16*)P.q + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+        load_rows(lse_s, delta_s, P, bh_n, r0_n);
+      }
+      cp_async_commit();
+      tile_pb<LDSM_B_KV>(dv, s, dOs, lane);  // dV += P^T dO
+      __syncthreads();                       // everyone is done with dOs
+      if (more) load_tile_async(dOs, (const u16*)P.dout + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+      cp_async_commit();
+      gi = gi_n;
+      r0 = r0_n;
+      partial = p_n;
+    }
+    const float sc = (float)P.scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (cols[r] >= P.S) continue;
+      u16* dkg = (u16*)P.dk + (bhk * P.S + cols[r]) * HEAD_DIM;
+      u16* dvg = (u16*)P.dv + (bhk * P.S + cols[r]) * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n) {
+        *(u32*)(dkg + n * 8 + 2 * t) = pack2(dk[n][2 * r] * sc, dk[n][2 * r + 1] * sc);
+        *(u32*)(dvg + n * 8 + 2 * t) = pack2(dv[n][2 * r], dv[n][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// capgrad[x] = sum over slots (slot-major, then warp) of slots[.][x]: a fixed order.
+extern "C" __global__ void flex_capgrad_reduce(const FlexParams P) {
+  const i64 x = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (x >= P.grad_numel) return;
+  double s = 0.0;
+  for (i64 k = 0; k < P.nslots * NWARPS; ++k) s += P.slots[k * P.grad_numel + x];
+  P.capgrad[x] = s;
+}
+#endif  // KILN_BUILD_BWD
+)kiln_src";
+}
+
+}  // namespace kiln::flex::cuda
