@@ -6,9 +6,7 @@
 // loads of grad-requiring tensors add into a per-warp double slot when the caller passes one.
 #include "flex/cuda/codegen.h"
 
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <sstream>
 
 namespace kiln::flex::cuda {
@@ -279,8 +277,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << params_struct_source();
   os << generate_mod_functions(score, mask);
-  const char* pick = std::getenv("KILN_FLEX_KERNELS");  // TEMPORARY A/B switch
-  os << (pick && std::string(pick) == "v2" ? kernel_template_v2() : kernel_template());
+  os << kernel_template();
   return os.str();
 }
 

@@ -61,7 +61,6 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
 
 // The kernel templates (kernel_source.cpp).
 const char* kernel_template();
-const char* kernel_template_v2();  // TEMPORARY A/B: the ldmatrix/cp.async rework
 const char* params_struct_source();
 
 }  // namespace kiln::flex::cuda

@@ -4,7 +4,9 @@
 //
 // Tiles: a CTA is 4 warps; each warp owns 16 rows of a 64 x 64 score tile and accumulates in
 // fp32 registers (mma C fragments). Q/K/V/dO tiles sit in shared memory with rows padded by 16
-// bytes (conflict-free fragment loads). 64 x 64 divides the BlockMask's 128 blocks; a CTA walks
+// bytes (conflict-free ldmatrix: the 8 rows of a phase hit distinct banks). K/V (Q/dO in dK/dV)
+// tiles arrive by cp.async, the next one's load issued as soon as its buffer is free, so it
+// overlaps the current tile's MMAs. 64 x 64 divides the BlockMask's 128 blocks; a CTA walks
 // the BlockMask lists, partial and full merged in ascending block order, so a block contributes
 // the same bits whatever its classification (the mask is simply not evaluated on full blocks).
 //   flex_fwd:       per (b, q head, 64-row q tile): online softmax, out in T, lse (natural log).
@@ -68,6 +70,11 @@ const char* kernel_template() {
 #define KILN_BUILD_BWD 1
 #endif
 #define LD (HEAD_DIM + 8)
+// B operands by ldmatrix (true) or per-thread loads (false; the same fragments, so the same bits).
+// A switch per kernel group because ptxas batches ldmatrix results ahead of the mmas: in dK/dV
+// (dK, dV, S and dP: 192 live fp32 registers at E = 128) that costs ~20 spilled bytes on sm_90a.
+#define LDSM_B_Q true
+#define LDSM_B_KV true
 #if TILE_M != TILE_N
 #error "the transposed dK/dV tiles assume square 64 x 64 tiles"
 #endif
@@ -98,16 +105,18 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 
 // c += a (16x16, row) * b (16x8, col); fp32 accumulate.
 __device__ __forceinline__ void mma(float* c, const u32* a, const u32* b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T ".f32 "
                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ u32 ld32(const u16* p) { return *(const u32*)p; }
-// Two 16-bit values from rows r and r + 1 of a tile (a B fragment down a column).
-__device__ __forceinline__ u32 ld_col2(const u16* p) { return (u32)p[0] | ((u32)p[LD] << 16); }
-
+// Shared-memory address of a generic pointer into smem (for ldmatrix / cp.async).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
 // rows x HEAD_DIM tile from global rows row0.. (rows past `total` are zero) into smem (stride LD).
 __device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
   const int chunks = HEAD_DIM / 8;
@@ -119,34 +128,75 @@ __device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i6
   }
 }
 
-// A fragment (16 x 16 at rows r0.., cols k0..) of a row-major smem tile.
-__device__ __forceinline__ void frag_a(u32* a, const u16* tile, int r0, int k0, int g, int t) {
-  a[0] = ld32(tile + (r0 + g) * LD + k0 + 2 * t);
-  a[1] = ld32(tile + (r0 + g + 8) * LD + k0 + 2 * t);
-  a[2] = ld32(tile + (r0 + g) * LD + k0 + 2 * t + 8);
-  a[3] = ld32(tile + (r0 + g + 8) * LD + k0 + 2 * t + 8);
+// load_tile by cp.async (16 bytes a thread, L2 only; rows past `total` zero-filled by a source
+// size of 0). The caller commits the group and waits for it before a __syncthreads.
+__device__ __forceinline__ void load_tile_async(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
+  const int chunks = HEAD_DIM / 8;
+  for (int c = threadIdx.x; c < rows * chunks; c += NTHREADS) {
+    const int r = c / chunks, col = (c % chunks) * 8;
+    const bool in = row0 + r < total;
+    const u16* g = in ? src + (row0 + r) * HEAD_DIM + col : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst + r * LD + col)), "l"(g),
+                 "r"(in ? 16 : 0)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most N of this thread's committed groups are still in flight (groups complete in order).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Four 8 x 8 16-bit matrices; lane l gives the row address of row l % 8 of matrix l / 8. With
+// .trans each lane receives a column pair instead of a row pair. Rows are 16 bytes, LD pads a row
+// by 16 bytes, so the 8 rows of a phase fall on distinct bank quads (conflict-free).
+__device__ __forceinline__ void ldsm4(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4_t(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// A fragment (16 x 16 at rows r0.., cols k0..) of a row-major smem tile: matrices (rows +0/+8) x
+// (cols +0/+8) in the mma's a0..a3 order.
+__device__ __forceinline__ void frag_a(u32* a, const u16* tile, int r0, int k0, int lane) {
+  ldsm4(a, tile + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + k0 + (lane >> 4) * 8);
 }
 
 // acc[16 x 64] = A[16 rows at ra, HEAD_DIM] * B^T where B is a 64 x HEAD_DIM smem tile (both row-major).
-__device__ __forceinline__ void tile_abt(float (*acc)[4], const u16* A, int ra, const u16* Bm, int g, int t) {
+template <bool kLdsm>  // kLdsm: B fragments by ldmatrix, else per-thread loads
+__device__ __forceinline__ void tile_abt(float (*acc)[4], const u16* A, int ra, const u16* Bm, int lane) {
 #pragma unroll
   for (int n = 0; n < TILE_N / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
   for (int k0 = 0; k0 < HEAD_DIM; k0 += 16) {
     u32 a[4];
-    frag_a(a, A, ra, k0, g, t);
+    frag_a(a, A, ra, k0, lane);
 #pragma unroll
-    for (int n = 0; n < TILE_N / 8; ++n) {
-      u32 b[2];
-      b[0] = ld32(Bm + (n * 8 + g) * LD + k0 + 2 * t);
-      b[1] = ld32(Bm + (n * 8 + g) * LD + k0 + 2 * t + 8);
+    for (int n = 0; n < TILE_N / 8; n += 2) {
+      // B fragments of column blocks n and n + 1: rows n*8.. of Bm, cols k0 and k0 + 8.
+      u32 b[4];
+      if (kLdsm) {
+        ldsm4(b, Bm + (n * 8 + ((lane >> 4) * 8) + (lane & 7)) * LD + k0 + ((lane >> 3) & 1) * 8);
+      } else {
+        const u16* q0 = Bm + (n * 8 + (lane >> 2)) * LD + k0 + 2 * (lane & 3);
+        b[0] = *(const u32*)q0;
+        b[1] = *(const u32*)(q0 + 8);
+        b[2] = *(const u32*)(q0 + 8 * LD);
+        b[3] = *(const u32*)(q0 + 8 * LD + 8);
+      }
       mma(acc[n], a, b);
+      mma(acc[n + 1], a, b + 2);
     }
   }
 }
 
 // acc[16 x HEAD_DIM] += P[16 x 64] (C fragments, rounded to T) * Bm (64 x HEAD_DIM smem, row-major).
-__device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], const u16* Bm, int g, int t) {
+template <bool kLdsm>  // kLdsm: B fragments by ldmatrix, else per-thread loads
+__device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], const u16* Bm, int lane) {
 #pragma unroll
   for (int kk = 0; kk < TILE_N / 16; ++kk) {
     u32 a[4];
@@ -155,11 +205,21 @@ __device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], co
     a[2] = pack2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
     a[3] = pack2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) {
-      u32 b[2];
-      b[0] = ld_col2(Bm + (kk * 16 + 2 * t) * LD + n * 8 + g);
-      b[1] = ld_col2(Bm + (kk * 16 + 2 * t + 8) * LD + n * 8 + g);
+    for (int n = 0; n < HEAD_DIM / 8; n += 2) {
+      // B fragments (k down the rows) of column blocks n and n + 1 by transposed loads: rows
+      // kk*16 + 0..7 / 8..15, cols n*8 / (n+1)*8.
+      u32 b[4];
+      if (kLdsm) {
+        ldsm4_t(b, Bm + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (n + (lane >> 4)) * 8);
+      } else {
+        const u16* q0 = Bm + (kk * 16 + 2 * (lane & 3)) * LD + n * 8 + (lane >> 2);
+        b[0] = (u32)q0[0] | ((u32)q0[LD] << 16);
+        b[1] = (u32)q0[8 * LD] | ((u32)q0[9 * LD] << 16);
+        b[2] = (u32)q0[8] | ((u32)q0[LD + 8] << 16);
+        b[3] = (u32)q0[8 * LD + 8] | ((u32)q0[9 * LD + 8] << 16);
+      }
       mma(acc[n], a, b);
+      mma(acc[n + 1], a, b + 2);
     }
   }
 }
@@ -205,6 +265,50 @@ struct BlockWalk {
   }
 };
 
+// The 64-row tiles of a BlockWalk's blocks, in order (blocks of `blk` rows, clipped to `total`).
+struct TileWalk {
+  BlockWalk w;
+  i64 c, cend, blk, total;
+  bool part;
+  __device__ __forceinline__ TileWalk(const BlockWalk& walk, i64 block, i64 n)
+      : w(walk), c(0), cend(0), blk(block), total(n), part(false) {}
+  __device__ __forceinline__ bool next(i64& c0, bool& partial) {
+    while (c >= cend) {
+      int j;
+      if (!w.step(j, part)) return false;
+      c = (i64)j * blk;
+      cend = c + blk < total ? c + blk : total;
+    }
+    c0 = c;
+    partial = part;
+    c += TILE_N;
+    return true;
+  }
+};
+
+// dK/dV's q tiles: the transposed list of each q head of the kv head's group, head by head.
+struct GroupWalk {
+  const FlexParams& P;
+  i64 b, hk, jblk, gi;
+  TileWalk tw;
+  __device__ __forceinline__ TileWalk head(i64 g) const {
+    const i64 mcol = P.all_full ? 0 : mask_row(P, b, hk * P.G + g) * P.nKVB + jblk;
+    return TileWalk(BlockWalk(P, P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m, mcol, P.nQB), P.QB, P.L);
+  }
+  __device__ __forceinline__ GroupWalk(const FlexParams& p, i64 b_, i64 hk_, i64 jblk_)
+      : P(p), b(b_), hk(hk_), jblk(jblk_), gi(0), tw(head(0)) {}
+  __device__ __forceinline__ bool next(i64& g, i64& r0, bool& partial) {
+    while (gi < P.G) {
+      if (tw.next(r0, partial)) {
+        g = gi;
+        return true;
+      }
+      if (++gi < P.G) tw = head(gi);
+    }
+    return false;
+  }
+};
+
 // The modified score of one element and whether it is kept (in bounds, and mask true on partial blocks).
 __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv, bool partial,
                                            bool* keep) {
@@ -245,17 +349,22 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams
   const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
-  BlockWalk walk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB);
-  int j;
-  bool partial;
-  while (walk.step(j, partial)) {
-    for (i64 c0 = (i64)j * P.KB; c0 < (i64)j * P.KB + P.KB && c0 < P.S; c0 += TILE_N) {
-      __syncthreads();  // everyone is done with the previous K/V tile
-      load_tile(Ks, kg, c0, P.S, TILE_N);
-      load_tile(Vs, vg, c0, P.S, TILE_N);
-      __syncthreads();
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  i64 c0, c_next;
+  bool partial, p_next;
+  bool more = walk.next(c0, partial);
+  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N);
+  cp_async_commit();
+  // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
+  while (more) {
+    __syncthreads();  // everyone is done with Vs (previous PV)
+    load_tile_async(Vs, vg, c0, P.S, TILE_N);
+    cp_async_commit();
+    cp_async_wait<1>();  // K(c0) landed (this thread's part)
+    __syncthreads();
+    {
       float s[TILE_N / 8][4];
-      tile_abt(s, Qs, warp * 16, Ks, g, t);
+      tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
       float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
       for (int n = 0; n < TILE_N / 8; ++n)
@@ -288,7 +397,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams
           o[n][2 * r + 1] *= alpha;
         }
       }
-      tile_pb(o, s, Vs, g, t);
+      __syncthreads();  // everyone is done with Ks
+      more = walk.next(c_next, p_next);
+      if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N);
+      cp_async_commit();
+      cp_async_wait<1>();  // V(c0) landed
+      __syncthreads();
+      tile_pb<LDSM_B_Q>(o, s, Vs, lane);
+      c0 = c_next;
+      partial = p_next;
     }
   }
 #pragma unroll
@@ -363,29 +480,42 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   for (int n = 0; n < HEAD_DIM / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
-  BlockWalk walk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB);
-  int j;
-  bool partial;
-  while (walk.step(j, partial)) {
-    for (i64 c0 = (i64)j * P.KB; c0 < (i64)j * P.KB + P.KB && c0 < P.S; c0 += TILE_N) {
-      __syncthreads();
-      load_tile(Ks, kg, c0, P.S, TILE_N);
-      load_tile(Vs, vg, c0, P.S, TILE_N);
-      __syncthreads();
-      float s[TILE_N / 8][4], dp[TILE_N / 8][4];
-      tile_abt(s, Qs, warp * 16, Ks, g, t);
-      tile_abt(dp, dOs, warp * 16, Vs, g, t);
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  i64 c0, c_next;
+  bool partial, p_next;
+  bool more = walk.next(c0, partial);
+  if (more) load_tile_async(Vs, vg, c0, P.S, TILE_N);
+  cp_async_commit();
+  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N);
+  cp_async_commit();
+  // Pipeline per tile (groups in flight at the top: V(c0), K(c0)): dP = dO V^T first, then V(next)
+  // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP.
+  while (more) {
+    float s[TILE_N / 8][4], dp[TILE_N / 8][4];
+    cp_async_wait<1>();  // V(c0) landed
+    __syncthreads();
+    tile_abt<LDSM_B_Q>(dp, dOs, warp * 16, Vs, lane);
+    cp_async_wait<0>();  // K(c0) landed
+    __syncthreads();     // and everyone is done with Vs
+    more = walk.next(c_next, p_next);
+    if (more) load_tile_async(Vs, vg, c_next, P.S, TILE_N);
+    cp_async_commit();
+    tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
 #pragma unroll
-      for (int n = 0; n < TILE_N / 8; ++n)
+    for (int n = 0; n < TILE_N / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float p, ds_post, ds;
-          p_ds(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse[e >> 1],
-               delta[e >> 1], &p, &ds_post, &ds);
-          s[n][e] = ds;
-        }
-      tile_pb(dq, s, Ks, g, t);  // dQ += dS K
-    }
+      for (int e = 0; e < 4; ++e) {
+        float p, ds_post, ds;
+        p_ds(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse[e >> 1],
+             delta[e >> 1], &p, &ds_post, &ds);
+        s[n][e] = ds;
+      }
+    tile_pb<LDSM_B_Q>(dq, s, Ks, lane);  // dQ += dS K
+    __syncthreads();                     // everyone is done with Ks
+    if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N);
+    cp_async_commit();
+    c0 = c_next;
+    partial = p_next;
   }
   const float sc = (float)P.scale;
 #pragma unroll
@@ -394,6 +524,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
     u16* dg = (u16*)P.dq + (bh * P.L + rows[r]) * HEAD_DIM;
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
+  }
+}
+
+// lse and delta of q rows r0.. of (b, h) into smem (plain stores: visible after the next __syncthreads).
+__device__ __forceinline__ void load_rows(float* lse_s, float* delta_s, const FlexParams& P, i64 bh, i64 r0) {
+  for (int r = threadIdx.x; r < TILE_M; r += NTHREADS) {
+    lse_s[r] = r0 + r < P.L ? P.lse[bh * P.L + r0 + r] : NEG_INF;
+    delta_s[r] = r0 + r < P.L ? P.delta[bh * P.L + r0 + r] : 0.f;
   }
 }
 
@@ -424,62 +562,78 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
       dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
     }
-    for (i64 gi = 0; gi < P.G; ++gi) {
-      const i64 h = hk * P.G + gi, bh = b * P.Hq + h;
-      const i64 mcol = P.all_full ? 0 : mask_row(P, b, h) * P.nKVB + jblk;
-      BlockWalk walk(P, P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m, mcol, P.nQB);
-      int i;
-      bool partial;
-      while (walk.step(i, partial)) {
-        for (i64 r0 = (i64)i * P.QB; r0 < (i64)i * P.QB + P.QB && r0 < P.L; r0 += TILE_M) {
-          __syncthreads();
-          load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
-          load_tile(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
-          for (int r = threadIdx.x; r < TILE_M; r += NTHREADS) {
-            lse_s[r] = r0 + r < P.L ? P.lse[bh * P.L + r0 + r] : NEG_INF;
-            delta_s[r] = r0 + r < P.L ? P.delta[bh * P.L + r0 + r] : 0.f;
-          }
-          __syncthreads();
-          // Transposed tiles: rows are kv (this warp's 16), columns are q.
-          float s[TILE_M / 8][4], dp[TILE_M / 8][4];
-          tile_abt(s, Ks, warp * 16, Qs, g, t);
-          tile_abt(dp, Vs, warp * 16, dOs, g, t);
+    // Pipeline per q tile (groups in flight at the top: Q(r0), dO(r0)): S = K Q^T while dO lands;
+    // Q(next) loads during dV += P^T dO, dO(next) during the next S.
+    GroupWalk walk(P, b, hk, jblk);
+    i64 gi, r0, gi_n, r0_n;
+    bool partial, p_n;
+    bool more = walk.next(gi, r0, partial);
+    const i64 bh0 = more ? b * P.Hq + hk * P.G + gi : 0;
+    if (more) load_tile_async(Qs, (const u16*)P.q + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+    cp_async_commit();
+    if (more) {
+      load_tile_async(dOs, (const u16*)P.dout + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+      load_rows(lse_s, delta_s, P, bh0, r0);
+    }
+    cp_async_commit();
+    while (more) {
+      const i64 h = hk * P.G + gi;
+      cp_async_wait<1>();  // Q(r0) landed
+      __syncthreads();     // (and K/V, lse, delta stores)
+      // Transposed tiles: rows are kv (this warp's 16), columns are q.
+      float s[TILE_M / 8][4], dp[TILE_M / 8][4];
+      tile_abt<LDSM_B_KV>(s, Ks, warp * 16, Qs, lane);
+      cp_async_wait<0>();  // dO(r0) landed
+      __syncthreads();
+      tile_abt<LDSM_B_KV>(dp, Vs, warp * 16, dOs, lane);
 #if HAS_CAP_GRAD
-          float raw[TILE_M / 8][4], dpost[TILE_M / 8][4];
+      float raw[TILE_M / 8][4], dpost[TILE_M / 8][4];
 #endif
 #pragma unroll
-          for (int n = 0; n < TILE_M / 8; ++n)
+      for (int n = 0; n < TILE_M / 8; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int qc = n * 8 + 2 * t + (e & 1);
-              float p, ds_post, ds;
-              p_ds(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse_s[qc], delta_s[qc], &p, &ds_post,
-                   &ds);
+        for (int e = 0; e < 4; ++e) {
+          const int qc = n * 8 + 2 * t + (e & 1);
+          float p, ds_post, ds;
+          p_ds(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse_s[qc], delta_s[qc], &p, &ds_post,
+               &ds);
 #if HAS_CAP_GRAD
-              raw[n][e] = s[n][e];
-              dpost[n][e] = ds_post;
+          raw[n][e] = s[n][e];
+          dpost[n][e] = ds_post;
 #endif
-              s[n][e] = p;
-              dp[n][e] = ds;
-            }
-#if HAS_CAP_GRAD
-          // Captured-tensor gradients: the lanes take turns adding into the warp's slot (a fixed
-          // order, no atomics); each lane walks its elements in a fixed order.
-          for (int turn = 0; turn < 32; ++turn) {
-            if (lane == turn) {
-              for (int n = 0; n < TILE_M / 8; ++n)
-                for (int e = 0; e < 4; ++e) {
-                  const i64 qi = r0 + n * 8 + 2 * t + (e & 1), kv = cols[e >> 1];
-                  if (qi < P.L && kv < P.S) score_grad(raw[n][e] * (float)P.scale, b, h, qi, kv, dpost[n][e], P, slot);
-                }
-            }
-            __syncwarp();
-          }
-#endif
-          tile_pb(dv, s, dOs, g, t);   // dV += P^T dO
-          tile_pb(dk, dp, Qs, g, t);   // dK += dS^T Q
+          s[n][e] = p;
+          dp[n][e] = ds;
         }
+#if HAS_CAP_GRAD
+      // Captured-tensor gradients: the lanes take turns adding into the warp's slot (a fixed
+      // order, no atomics); each lane walks its elements in a fixed order.
+      for (int turn = 0; turn < 32; ++turn) {
+        if (lane == turn) {
+          for (int n = 0; n < TILE_M / 8; ++n)
+            for (int e = 0; e < 4; ++e) {
+              const i64 qi = r0 + n * 8 + 2 * t + (e & 1), kv = cols[e >> 1];
+              if (qi < P.L && kv < P.S) score_grad(raw[n][e] * (float)P.scale, b, h, qi, kv, dpost[n][e], P, slot);
+            }
+        }
+        __syncwarp();
       }
+#endif
+      tile_pb<LDSM_B_KV>(dk, dp, Qs, lane);  // dK += dS^T Q
+      __syncthreads();                        // everyone is done with Qs, lse_s, delta_s
+      more = walk.next(gi_n, r0_n, p_n);
+      const i64 bh_n = more ? b * P.Hq + hk * P.G + gi_n : 0;
+      if (more) {
+        load_tile_async(Qs, (const u16*)P.q + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+        load_rows(lse_s, delta_s, P, bh_n, r0_n);
+      }
+      cp_async_commit();
+      tile_pb<LDSM_B_KV>(dv, s, dOs, lane);  // dV += P^T dO
+      __syncthreads();                       // everyone is done with dOs
+      if (more) load_tile_async(dOs, (const u16*)P.dout + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+      cp_async_commit();
+      gi = gi_n;
+      r0 = r0_n;
+      partial = p_n;
     }
     const float sc = (float)P.scale;
 #pragma unroll
