@@ -7,6 +7,7 @@
 # beside them when .device/torch_baselines.py is there), writes logs and JSON under $OUT and
 # prints a short table last.
 set -uo pipefail
+# BUILD_TARGETS (env): only these ninja targets (e.g. "kiln_app kiln_python"), for short rounds.
 what=${1:-all}
 OUT=${OUT:-/tmp/kiln-out}
 LOG=/tmp/kiln-logs  # logs travel back as one archive ($OUT/logs.tgz): the tool returns at most 8 files
@@ -19,7 +20,7 @@ commit=$(cat .device/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/nul
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/opt/deps/usr \
   -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKILN_CUDA=ON -DKILN_PYTHON=ON > "$LOG/configure.log" 2>&1 || { tail -30 "$LOG/configure.log"; exit 1; }
-ninja -C build-gpu -j16 > "$LOG/build.log" 2>&1 || { grep -E -A5 "error|FAILED" "$LOG/build.log" | head -60; exit 1; }
+ninja -C build-gpu -j16 ${BUILD_TARGETS:-} > "$LOG/build.log" 2>&1 || { grep -E -A5 "error|FAILED" "$LOG/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 summary=()
