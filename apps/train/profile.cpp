@@ -4,6 +4,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "kiln/autograd.h"
 
 #include "kiln/cuda.h"
 
@@ -12,6 +17,29 @@ namespace {
 std::atomic<PhaseTimer*> g_active{nullptr};
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Per-op breakdown of the backward: each node runs as phase "bwd <op>" inside "backward", which
+// keeps what lies between nodes (engine work, launch gaps). Names are interned: marks keep the
+// pointer until collect().
+const char* backward_phase_name(const std::string& op) {
+  static std::mutex mutex;
+  static std::set<std::string> names;
+  std::lock_guard<std::mutex> lock(mutex);
+  return names.insert("bwd " + op).first->c_str();
+}
+
+void observe_backward_node(const std::string& op, bool begin) {
+  thread_local const char* outer = nullptr;
+  PhaseTimer* t = PhaseTimer::active();
+  if (!t) return;
+  if (begin) {
+    outer = t->current();
+    t->begin(backward_phase_name(op));
+  } else {
+    t->end();
+    if (outer) t->begin(outer);
+  }
 }
 }  // namespace
 
@@ -34,7 +62,10 @@ PhaseTimer::~PhaseTimer() {
 }
 
 PhaseTimer* PhaseTimer::active() { return g_active.load(std::memory_order_relaxed); }
-void PhaseTimer::set_active(PhaseTimer* timer) { g_active.store(timer); }
+void PhaseTimer::set_active(PhaseTimer* timer) {
+  g_active.store(timer);
+  autograd::set_backward_observer(timer ? &observe_backward_node : nullptr);
+}
 const char* PhaseTimer::current() const { return impl_->open; }
 
 void PhaseTimer::begin(const char* name) {

@@ -85,5 +85,11 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool create_graph = false);
 
+// Profiling hook: called with the node's name before (begin = true) and after each backward
+// node runs, on the thread running backward. nullptr (the default) turns it off. Used by
+// `kiln train --bench-steps` for its per-op breakdown; one observer per process.
+using BackwardObserver = void (*)(const std::string& op, bool begin);
+void set_backward_observer(BackwardObserver observer);
+
 }  // namespace autograd
 }  // namespace kiln

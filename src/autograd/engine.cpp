@@ -1,6 +1,7 @@
 // The backward engine: counts how many gradients each node will receive, then runs nodes
 // newest-first (a priority queue on creation order) once all their inputs have arrived. The
 // order is fixed by the graph alone, so gradients are bitwise reproducible.
+#include <atomic>
 #include <optional>
 #include <queue>
 #include <unordered_map>
@@ -52,6 +53,7 @@ void count_dependencies(GraphTask& task, const std::vector<Edge>& roots) {
 }
 
 thread_local bool t_graph_freed = false;
+std::atomic<BackwardObserver> g_observer{nullptr};
 
 void run(GraphTask& task, const std::vector<Edge>& roots, const std::vector<Tensor>& root_grads, bool retain_graph,
          bool create_graph, bool accumulate_leaves) {
@@ -95,7 +97,10 @@ void run(GraphTask& task, const std::vector<Edge>& roots, const std::vector<Tens
         // Outputs that received nothing get zeros, so every backward sees a full list.
         for (size_t i = 0; i < grads.size() && i < n->output_shapes.size(); ++i)
           if (!grads[i].defined()) grads[i] = zeros(n->output_shapes[i], n->output_options[i]);
+        const BackwardObserver obs = g_observer.load(std::memory_order_relaxed);
+        if (obs) obs(n->name(), true);
         input_grads = n->apply(grads);
+        if (obs) obs(n->name(), false);
       }
       if (!retain_graph) n->release();
     }
@@ -142,6 +147,8 @@ std::vector<Edge> root_edges(const std::vector<Tensor>& roots, const std::vector
 namespace detail {
 bool graph_freed_after_use() { return t_graph_freed; }
 }  // namespace detail
+
+void set_backward_observer(BackwardObserver observer) { g_observer.store(observer); }
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, bool retain_graph,
               bool create_graph) {
