@@ -118,9 +118,10 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
   return a;
 }
 // rows x HEAD_DIM tile from global rows row0.. (rows past `total` are zero) into smem (stride LD).
-__device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
+__device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i64 total, int rows,
+                                          int nthreads = NTHREADS) {
   const int chunks = HEAD_DIM / 8;
-  for (int c = threadIdx.x; c < rows * chunks; c += NTHREADS) {
+  for (int c = threadIdx.x; c < rows * chunks; c += nthreads) {
     const int r = c / chunks, col = (c % chunks) * 8;
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
     if (row0 + r < total) val = *(const uint4*)(src + (row0 + r) * HEAD_DIM + col);
@@ -130,9 +131,10 @@ __device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i6
 
 // load_tile by cp.async (16 bytes a thread, L2 only; rows past `total` zero-filled by a source
 // size of 0). The caller commits the group and waits for it before a __syncthreads.
-__device__ __forceinline__ void load_tile_async(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
+__device__ __forceinline__ void load_tile_async(u16* dst, const u16* src, i64 row0, i64 total, int rows,
+                                                int nthreads = NTHREADS) {
   const int chunks = HEAD_DIM / 8;
-  for (int c = threadIdx.x; c < rows * chunks; c += NTHREADS) {
+  for (int c = threadIdx.x; c < rows * chunks; c += nthreads) {
     const int r = c / chunks, col = (c % chunks) * 8;
     const bool in = row0 + r < total;
     const u16* g = in ? src + (row0 + r) * HEAD_DIM + col : src;
@@ -220,6 +222,64 @@ __device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], co
       }
       mma(acc[n], a, b);
       mma(acc[n + 1], a, b + 2);
+    }
+  }
+}
+
+// The forward's products with FWD_MT m16 row blocks per warp: each B fragment read from shared
+// memory feeds FWD_MT mmas (half the ldmatrix traffic per mma at FWD_MT = 2). Per element the
+// mma sequence is the same as tile_abt / tile_pb's, so the bits are too.
+#ifndef FWD_MT
+#define FWD_MT 1
+#endif
+#define FWD_WARPS (TILE_M / (16 * FWD_MT))
+#define FWD_THREADS (32 * FWD_WARPS)
+
+__device__ __forceinline__ void tile_abt_mt(float (*acc)[TILE_N / 8][4], const u16* A, int ra, const u16* Bm,
+                                            int lane) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < TILE_N / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+#pragma unroll
+  for (int k0 = 0; k0 < HEAD_DIM; k0 += 16) {
+    u32 a[FWD_MT][4];
+#pragma unroll
+    for (int mt = 0; mt < FWD_MT; ++mt) frag_a(a[mt], A, ra + 16 * mt, k0, lane);
+#pragma unroll
+    for (int n = 0; n < TILE_N / 8; n += 2) {
+      u32 b[4];
+      ldsm4(b, Bm + (n * 8 + ((lane >> 4) * 8) + (lane & 7)) * LD + k0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int mt = 0; mt < FWD_MT; ++mt) {
+        mma(acc[mt][n], a[mt], b);
+        mma(acc[mt][n + 1], a[mt], b + 2);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const float (*p)[TILE_N / 8][4],
+                                           const u16* Bm, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < TILE_N / 16; ++kk) {
+    u32 a[FWD_MT][4];
+#pragma unroll
+    for (int mt = 0; mt < FWD_MT; ++mt) {
+      a[mt][0] = pack2(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+      a[mt][1] = pack2(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+      a[mt][2] = pack2(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+      a[mt][3] = pack2(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; n += 2) {
+      u32 b[4];
+      ldsm4_t(b, Bm + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (n + (lane >> 4)) * 8);
+#pragma unroll
+      for (int mt = 0; mt < FWD_MT; ++mt) {
+        mma(acc[mt][n], a[mt], b);
+        mma(acc[mt][n + 1], a[mt], b + 2);
+      }
     }
   }
 }
@@ -329,7 +389,7 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 }
 
 #if KILN_BUILD_FWD
-extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams P) {
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = smem;
   u16* Ks = Qs + TILE_M * LD;
@@ -340,86 +400,114 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_fwd(const FlexParams
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
-  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M, FWD_THREADS);
+  const float scale = (float)P.scale;
+  const bool rows_in = r0 + TILE_M <= P.L;
 
-  float o[HEAD_DIM / 8][4];
+  float o[FWD_MT][HEAD_DIM / 8][4];
 #pragma unroll
-  for (int n = 0; n < HEAD_DIM / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-  const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  float m[FWD_MT][2], l[FWD_MT][2];
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt) m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
+  // Global row of this thread's row r (0: g, 1: g + 8) in m16 block mt.
+  const i64 row_base = r0 + warp * 16 * FWD_MT + g;
+#define FWD_ROW(mt, r) (row_base + (mt) * 16 + 8 * (r))
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
   TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
   i64 c0, c_next;
   bool partial, p_next;
   bool more = walk.next(c0, partial);
-  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N);
+  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N, FWD_THREADS);
   cp_async_commit();
   // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
   while (more) {
     __syncthreads();  // everyone is done with Vs (previous PV)
-    load_tile_async(Vs, vg, c0, P.S, TILE_N);
+    load_tile_async(Vs, vg, c0, P.S, TILE_N, FWD_THREADS);
     cp_async_commit();
     cp_async_wait<1>();  // K(c0) landed (this thread's part)
     __syncthreads();
     {
-      float s[TILE_N / 8][4];
-      tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
-      float mx[2] = {NEG_INF, NEG_INF};
+      float s[FWD_MT][TILE_N / 8][4];
+      tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Ks, lane);
+      // Interior tiles of full blocks need neither the bounds test nor the mask: the same
+      // arithmetic as mod_score on the kept elements, so the same bits.
+      const bool interior = !partial && rows_in && c0 + TILE_N <= P.S;
 #pragma unroll
-      for (int n = 0; n < TILE_N / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          bool keep;
-          s[n][e] = mod_score(P, s[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, &keep);
-          mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-        }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m[r], mx[r]);
-        const float m_use = m_new == NEG_INF ? 0.f : m_new;  // nothing attended yet: p = 0 below
-        const float alpha = m[r] == NEG_INF ? 0.f : exp2f((m[r] - m_new) * LOG2E);
-        float sum = 0.f;
+      for (int mt = 0; mt < FWD_MT; ++mt) {
+        float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int n = 0; n < TILE_N / 8; ++n)
 #pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[n][e] = exp2f((s[n][e] - m_use) * LOG2E);
-            sum += s[n][e];
+          for (int e = 0; e < 4; ++e) {
+            float x;
+            if (interior) {
+              x = s[mt][n][e] * scale;
+#if HAS_SCORE
+              x = score_mod(x, b, h, FWD_ROW(mt, e >> 1), c0 + n * 8 + 2 * t + (e & 1), P);
+#endif
+            } else {
+              bool keep;
+              x = mod_score(P, s[mt][n][e], b, h, FWD_ROW(mt, e >> 1), c0 + n * 8 + 2 * t + (e & 1), partial, &keep);
+            }
+            s[mt][n][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
           }
-        l[r] = l[r] * alpha + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
-        m[r] = m_new;
 #pragma unroll
-        for (int n = 0; n < HEAD_DIM / 8; ++n) {
-          o[n][2 * r] *= alpha;
-          o[n][2 * r + 1] *= alpha;
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          const float m_new = fmaxf(m[mt][r], mx[r]);
+          const float m_use = m_new == NEG_INF ? 0.f : m_new;  // nothing attended yet: p = 0 below
+          const float alpha = m[mt][r] == NEG_INF ? 0.f : exp2f((m[mt][r] - m_new) * LOG2E);
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+              s[mt][n][e] = exp2f((s[mt][n][e] - m_use) * LOG2E);
+              sum += s[mt][n][e];
+            }
+          l[mt][r] = l[mt][r] * alpha + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
+          m[mt][r] = m_new;
+#pragma unroll
+          for (int n = 0; n < HEAD_DIM / 8; ++n) {
+            o[mt][n][2 * r] *= alpha;
+            o[mt][n][2 * r + 1] *= alpha;
+          }
         }
       }
       __syncthreads();  // everyone is done with Ks
       more = walk.next(c_next, p_next);
-      if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N);
+      if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N, FWD_THREADS);
       cp_async_commit();
       cp_async_wait<1>();  // V(c0) landed
       __syncthreads();
-      tile_pb<LDSM_B_Q>(o, s, Vs, lane);
+      tile_pb_mt(o, s, Vs, lane);
       c0 = c_next;
       partial = p_next;
     }
   }
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    if (rows[r] >= P.L) continue;
-    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;  // fully masked rows: 0 and lse -inf
-    u16* og = (u16*)P.out + (bh * P.L + rows[r]) * HEAD_DIM;
+  for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n)
-      *(u32*)(og + n * 8 + 2 * t) = pack2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    if (t == 0) P.lse[bh * P.L + rows[r]] = l[r] > 0.f ? m[r] + logf(l[r]) : NEG_INF;
-  }
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const i64 row = FWD_ROW(mt, r);
+      if (row >= P.L) continue;
+      const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
+      u16* og = (u16*)P.out + (bh * P.L + row) * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n)
+        *(u32*)(og + n * 8 + 2 * t) = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+      if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? m[mt][r] + logf(lr) : NEG_INF;
+    }
+#undef FWD_ROW
 }
 
 #endif  // KILN_BUILD_FWD
