@@ -241,7 +241,12 @@ __device__ __forceinline__ void tile_abt_mt(float (*acc)[TILE_N / 8][4], const u
   for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
     for (int n = 0; n < TILE_N / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+  // Not unrolled at two m blocks: ptxas would hoist every B fragment and spill at E = 128.
+#if FWD_MT == 1
 #pragma unroll
+#else
+#pragma unroll 1
+#endif
   for (int k0 = 0; k0 < HEAD_DIM; k0 += 16) {
     u32 a[FWD_MT][4];
 #pragma unroll
@@ -259,17 +264,18 @@ __device__ __forceinline__ void tile_abt_mt(float (*acc)[TILE_N / 8][4], const u
   }
 }
 
-__device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const float (*p)[TILE_N / 8][4],
+// pk: P already rounded to T, pk[mt][n][r] = the pair of row r (g, g + 8) in column block n.
+__device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const u32 (*pk)[TILE_N / 8][2],
                                            const u16* Bm, int lane) {
 #pragma unroll
   for (int kk = 0; kk < TILE_N / 16; ++kk) {
     u32 a[FWD_MT][4];
 #pragma unroll
     for (int mt = 0; mt < FWD_MT; ++mt) {
-      a[mt][0] = pack2(p[mt][2 * kk][0], p[mt][2 * kk][1]);
-      a[mt][1] = pack2(p[mt][2 * kk][2], p[mt][2 * kk][3]);
-      a[mt][2] = pack2(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
-      a[mt][3] = pack2(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+      a[mt][0] = pk[mt][2 * kk][0];
+      a[mt][1] = pk[mt][2 * kk][1];
+      a[mt][2] = pk[mt][2 * kk + 1][0];
+      a[mt][3] = pk[mt][2 * kk + 1][1];
     }
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 8; n += 2) {
@@ -432,6 +438,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
     __syncthreads();
     {
       float s[FWD_MT][TILE_N / 8][4];
+      u32 pk[FWD_MT][TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
       tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Ks, lane);
       // Interior tiles of full blocks need neither the bounds test nor the mask: the same
       // arithmetic as mod_score on the kept elements, so the same bits.
@@ -471,6 +478,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
               s[mt][n][e] = exp2f((s[mt][n][e] - m_use) * LOG2E);
               sum += s[mt][n][e];
             }
+#pragma unroll
+          for (int n = 0; n < TILE_N / 8; ++n) pk[mt][n][r] = pack2(s[mt][n][2 * r], s[mt][n][2 * r + 1]);
           l[mt][r] = l[mt][r] * alpha + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
           m[mt][r] = m_new;
 #pragma unroll
@@ -486,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       cp_async_commit();
       cp_async_wait<1>();  // V(c0) landed
       __syncthreads();
-      tile_pb_mt(o, s, Vs, lane);
+      tile_pb_mt(o, pk, Vs, lane);
       c0 = c_next;
       partial = p_next;
     }
