@@ -158,6 +158,13 @@ concept SplitsBinary = requires(const F& f, DF d, VF v) {  // the range is on b
   f.Fast(d, v, v);
   requires F::kFastAbsMax > 0.0f;
 };
+// Functors whose fast formula also says which lanes it covers (FastMasked), and fixes the
+// others afterwards (Fix): the row runs four vectors per check of the combined mask.
+template <class F>
+concept MaskedBinary = requires(const F& f, DF d, VF v, hn::Mask<DF>& m) {
+  f.FastMasked(d, v, v, m);
+  f.Fix(d, v, v, v, m);
+};
 template <class F>
 constexpr bool kApproxOf = requires { requires F::kApprox; };
 // Functors whose fast formula is one long dependency chain (~85 cycles for f32 gelu) run eight
@@ -250,6 +257,34 @@ template <bool L> struct GeluTanhBwdF {
     // Past |x| = 1e4 s (1 - s) is 0; the clamp keeps x^2 finite there (else 0 * inf = NaN).
     const VF r = Combine(d, g, hn::Min(hn::Max(x, hn::Set(d, -1e4f)), hn::Set(d, 1e4f)), s, s1m);
     return L ? hn::IfThenElse(AbsLe(d, x, kFastAbsMax), fast, r) : r;
+  }
+};
+// x^y with a tensor exponent: the fast formula (PowF32Fast / PowBfFast) on lanes with x positive,
+// normal and finite and no overflow or underflow, std::pow on the others (x <= 0, specials),
+// so each result depends on its own x and y only.
+HWY_NOINLINE VF PowFixLanes(DF d, VF x, VF y, VF r, hn::Mask<DF> ok) {
+  HWY_ALIGN float xs[hn::MaxLanes(d)], ys[hn::MaxLanes(d)], rs[hn::MaxLanes(d)], oks[hn::MaxLanes(d)];
+  hn::Store(x, d, xs);
+  hn::Store(y, d, ys);
+  hn::Store(r, d, rs);
+  hn::Store(hn::IfThenElseZero(ok, hn::Set(d, 1.0f)), d, oks);
+  for (size_t i = 0; i < hn::Lanes(d); ++i)
+    if (oks[i] == 0.0f) rs[i] = std::pow(xs[i], ys[i]);
+  return hn::Load(d, rs);
+}
+template <bool L> struct PowF {
+  static constexpr bool kApprox = true;
+  static HWY_INLINE VF FastMasked(DF d, VF x, VF y, hn::Mask<DF>& ok) {
+    return L ? PowBfFast(d, x, y, ok) : PowF32Fast(d, x, y, ok);
+  }
+  static HWY_INLINE VF Fix(DF d, VF x, VF y, VF r, hn::Mask<DF> ok) {
+    return hn::AllTrue(d, ok) ? r : PowFixLanes(d, x, y, r, ok);
+  }
+  HWY_INLINE VF operator()(DF d, VF x, VF y) const {
+    hn::Mask<DF> ok;
+    const VF r = FastMasked(d, x, y, ok);
+    if (HWY_LIKELY(hn::AllTrue(d, ok))) return r;
+    return PowFixLanes(d, x, y, r, ok);
   }
 };
 struct SigmoidBwdF {
@@ -366,6 +401,26 @@ HWY_INLINE void RowBinary(const typename IO::P* a, const typename IO::P* b, bool
       }
     }
   }
+  if constexpr (MaskedBinary<F>) {
+    for (; i + 2 * block <= n; i += 2 * block) {
+      VF a0, a1, a2, a3, b0 = bs, b1 = bs, b2 = bs, b3 = bs;
+      IO::Load(d, a + i, a0, a1);
+      IO::Load(d, a + i + block, a2, a3);
+      if (!b_scalar) {
+        IO::Load(d, b + i, b0, b1);
+        IO::Load(d, b + i + block, b2, b3);
+      }
+      hn::Mask<DF> m0, m1, m2, m3;
+      VF y0 = f.FastMasked(d, a0, b0, m0), y1 = f.FastMasked(d, a1, b1, m1);
+      VF y2 = f.FastMasked(d, a2, b2, m2), y3 = f.FastMasked(d, a3, b3, m3);
+      if (HWY_UNLIKELY(!hn::AllTrue(d, hn::And(hn::And(m0, m1), hn::And(m2, m3))))) {
+        y0 = f.Fix(d, a0, b0, y0, m0), y1 = f.Fix(d, a1, b1, y1, m1);
+        y2 = f.Fix(d, a2, b2, y2, m2), y3 = f.Fix(d, a3, b3, y3, m3);
+      }
+      IO::template Store<kApproxOf<F>>(d, y0, y1, out + i);
+      IO::template Store<kApproxOf<F>>(d, y2, y3, out + i + block);
+    }
+  }
   for (; i + block <= n; i += block) step(a + i, b + i, out + i);
   if (i == n) return;
   HWY_ALIGN P ta[kMaxBlock] = {}, tb[kMaxBlock] = {}, to[kMaxBlock] = {};
@@ -443,6 +498,7 @@ void BinaryRowT(BinaryOp op, const typename IO::P* a, const typename IO::P* b, b
       return RowBinary<IO>(a, b, bs, out, n, AxpyF{alpha});
     case BinaryOp::Mul: return RowBinary<IO>(a, b, bs, out, n, MulF{});
     case BinaryOp::Div: return RowBinary<IO>(a, b, bs, out, n, DivF{});
+    case BinaryOp::Pow: return RowBinary<IO>(a, b, bs, out, n, PowF<IO::kLite>{});
     case BinaryOp::Maximum: return RowBinary<IO>(a, b, bs, out, n, MaxF{});
     case BinaryOp::Minimum: return RowBinary<IO>(a, b, bs, out, n, MinF{});
     case BinaryOp::SiluBackward: return RowBinary<IO>(a, b, bs, out, n, SiluBwdF<IO::kLite>{});
@@ -562,7 +618,8 @@ HWY_EXPORT(UnaryBF16);
 
 bool has_binary(BinaryOp op) {
   switch (op) {
-    case BinaryOp::Add: case BinaryOp::Mul: case BinaryOp::Div: case BinaryOp::Maximum: case BinaryOp::Minimum:
+    case BinaryOp::Add: case BinaryOp::Mul: case BinaryOp::Div: case BinaryOp::Pow: case BinaryOp::Maximum:
+    case BinaryOp::Minimum:
     case BinaryOp::SiluBackward: case BinaryOp::GeluBackward: case BinaryOp::GeluTanhBackward:
     case BinaryOp::SigmoidBackward: case BinaryOp::TanhBackward: case BinaryOp::ReluBackward:
       return true;

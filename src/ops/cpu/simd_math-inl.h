@@ -1,5 +1,5 @@
 // Float32 vector math for the Highway rows (exp, expm1, log, reciprocal, sigmoid, tanh, erf,
-// Phi), shared by every CPU kernel that includes it inside its HWY_NAMESPACE. Each function has
+// Phi, pow), shared by every CPU kernel that includes it inside its HWY_NAMESPACE. Each function has
 // a fast core for ordinary inputs (no NaN/inf, no overflow or denormal result) and a full path
 // for the rest; the check is one compare per vector, so typical data never pays for specials.
 // Polynomials are our own minimax fits (Lawson-weighted least squares against mpmath); the
@@ -462,6 +462,69 @@ HWY_INLINE V Erf(D d, V z) {
   const V big = hn::CopySignToAbs(hn::NegMulAdd(hn::Set(d, 2.0f), HalfErfc(d, a, false, false, hn::Zero(hn::RebindToSigned<D>())), hn::Set(d, 1.0f)), z);
   const V r = hn::IfThenElse(hn::Le(a, hn::Set(d, 0.75f)), small, big);
   return hn::IfThenElse(hn::IsNaN(z), z, r);
+}
+
+// x^y = e^(y ln x) for x positive, normal and finite with |y ln x| <= kPowFastMax; `ok` marks
+// those lanes (false on NaN, inf, x <= 0, denormal x, overflow/underflow), whose results the
+// caller takes from std::pow instead. An error d in y ln x becomes a relative error d in the
+// result, and y ln x reaches 87, so ln x is carried as hi + lo (~2^-40 relative): ln x =
+// e ln2 + 2 atanh(s), s = f / (2 + f) with f = m - 1, m in [sqrt(1/2), sqrt(2)); s as s + s_lo
+// from the exact residual of the division; 2 atanh(s) - 2s = s^3 Q(s^2) (Q of degree 3, 3.3e-8
+// relative of a tail that is at most 1% of the total); e ln2 with ln2's high part of 16 bits
+// (exact). y (hi + lo) is formed with its exact FMA residual, and the exp reduction subtracts
+// n ln2 from the high part exactly before the low parts are added to r.
+constexpr float kPowFastMax = 87.0f;
+constexpr float kLn2Hi16 = 0.693145751953125f;    // 16 significant bits: e * kLn2Hi16 is exact
+constexpr float kLn2Lo16 = 1.42860682030941723e-6f;  // ln2 - kLn2Hi16
+template <class D, class V>
+HWY_INLINE V PowF32Fast(D d, V x, V y, hn::Mask<D>& ok) {
+  const hn::RebindToSigned<D> di;
+  const V one = hn::Set(d, 1.0f), two = hn::Set(d, 2.0f);
+  const auto sqrt_half = hn::Set(di, 0x3f3504f3);
+  const auto u = hn::Sub(hn::BitCast(di, x), sqrt_half);
+  const V e = hn::ConvertTo(d, hn::ShiftRight<23>(u));
+  const V f = hn::Sub(hn::BitCast(d, hn::Add(hn::And(u, hn::Set(di, 0x007fffff)), sqrt_half)), one);  // exact
+  const V den = hn::Add(f, two);
+  const V den_lo = hn::Sub(f, hn::Sub(den, two));  // exact: 2 + f = den + den_lo
+  const V rc = RecipFast(d, den);
+  const V s = hn::Mul(f, rc);
+  const V s_lo = hn::Mul(hn::NegMulAdd(s, den_lo, hn::NegMulAdd(s, den, f)), rc);  // (f - s (den + den_lo)) / den
+  const V s2 = hn::Mul(s, s);
+  const V q = Poly3(d, s2, hn::Mul(s2, s2), 0.666666687f, 0.400001228f, 0.285508275f, 0.233304426f);
+  const V tail = hn::MulAdd(hn::Mul(s, s2), q, hn::Add(s_lo, s_lo));
+  const V eh = hn::Mul(e, hn::Set(d, kLn2Hi16));
+  const V hi = hn::MulAdd(s, two, eh);
+  const V err = hn::Sub(hn::Add(s, s), hn::Sub(hi, eh));  // exact (Fast2Sum: |eh| >= |2s| unless e = 0)
+  const V lo = hn::Add(err, hn::MulAdd(e, hn::Set(d, kLn2Lo16), tail));
+  const V lx = hn::Add(hi, lo);
+  const V lx_lo = hn::Sub(lo, hn::Sub(lx, hi));  // ln x = lx + lx_lo
+  const V p = hn::Mul(y, lx);
+  const V p_lo = hn::MulAdd(y, lx_lo, hn::MulSub(y, lx, p));  // y ln x = p + p_lo
+  ok = hn::And(hn::And(hn::Ge(x, hn::Set(d, 1.17549435e-38f)), hn::Le(x, hn::Set(d, 3.40282347e38f))),
+               hn::Le(hn::Abs(p), hn::Set(d, kPowFastMax)));
+  const V t = hn::MulAdd(p, hn::Set(d, kLog2e), hn::Set(d, kRoundMagic));
+  const V n = hn::Sub(t, hn::Set(d, kRoundMagic));
+  const V r = hn::Add(hn::NegMulAdd(n, hn::Set(d, kLn2Lo), hn::NegMulAdd(n, hn::Set(d, kLn2), p)), p_lo);
+  const V ep = hn::MulAdd(r, ExpQ(d, r), one);
+  return hn::BitCast(d, hn::Add(hn::BitCast(di, ep), hn::ShiftLeft<23>(hn::BitCast(di, t))));
+}
+// bf16 budget: 2^(y log2 x), log2 x = e + f P(f) with P of degree 6 (relative error 1.1e-6, so
+// at most 1.4e-4 in y log2 x where that reaches 125) and Exp2FastBf (1.0e-4). `ok` as above,
+// |y log2 x| <= 125 (Exp2FastBf's result stays normal).
+template <class D, class V>
+HWY_INLINE V PowBfFast(D d, V x, V y, hn::Mask<D>& ok) {
+  const hn::RebindToSigned<D> di;
+  const auto sqrt_half = hn::Set(di, 0x3f3504f3);
+  const auto u = hn::Sub(hn::BitCast(di, x), sqrt_half);
+  const V e = hn::ConvertTo(d, hn::ShiftRight<23>(u));
+  const V f = hn::Sub(hn::BitCast(d, hn::Add(hn::And(u, hn::Set(di, 0x007fffff)), sqrt_half)), hn::Set(d, 1.0f));
+  V pl = Lin(d, f, -0.269320339f, 0.171624571f);
+  for (float c : {0.295699567f, -0.359371632f, 0.480626762f, -0.721363604f, 1.44269645f})
+    pl = hn::MulAdd(pl, f, hn::Set(d, c));
+  const V yl = hn::Mul(y, hn::MulAdd(f, pl, e));
+  ok = hn::And(hn::And(hn::Ge(x, hn::Set(d, 1.17549435e-38f)), hn::Le(x, hn::Set(d, 3.40282347e38f))),
+               hn::Le(hn::Abs(yl), hn::Set(d, 125.0f)));
+  return Exp2FastBf(d, yl);
 }
 
 }  // namespace HWY_NAMESPACE
