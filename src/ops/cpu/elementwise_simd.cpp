@@ -195,9 +195,10 @@ template <bool L> struct SiluBwdF {
     return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, s1m, hn::Set(d, 1.0f)));
   }
 };
-// gelu'(x) = Phi(x) + x phi(x). bf16, |x| <= 3.5: Phi = s = sigmoid(f) from GeluLogitNeg2, and
-// phi = s (1 - s) f'(x) with f' fitted on its own (even, degree 5 in x^2, relative error 1.3e-4)
-// rather than differentiated from F (5.6e-4).
+// gelu'(x) = Phi(x) + x phi(x). float32, |x| <= 4: GeluBwdF32Fast (one exp and the Mills ratio).
+// bf16 (only a broadcast x: dense bf16 rows use a table, gelu_bwd_bf16_rows), |x| <= 3.5: Phi =
+// s = sigmoid(f) from GeluLogitNeg2, and phi = s (1 - s) f'(x) with f' fitted on its own (even,
+// degree 5 in x^2, relative error 1.3e-4) rather than differentiated from F (5.6e-4).
 template <bool L> struct GeluBwdF {
   static constexpr bool kApprox = true;
   static HWY_INLINE VF BfFast(DF d, VF x) {  // |x| <= kGeluBfMax
@@ -209,14 +210,14 @@ template <bool L> struct GeluBwdF {
     const VF df = hn::MulAdd(hn::MulAdd(hi, u2, mid), u2, lo);
     return hn::MulAdd(hn::Mul(hn::Mul(x, df), hn::Mul(e, s)), s, s);
   }
-  static constexpr float kFastAbsMax = L ? kGeluBfMax : -1.0f;  // f32: no split
-  static HWY_INLINE VF Fast(DF d, VF g, VF x) { return hn::Mul(g, BfFast(d, x)); }
+  static constexpr float kFastAbsMax = L ? kGeluBfMax : kGeluBwdF32FastMax;
+  static HWY_INLINE VF Fast(DF d, VF g, VF x) { return hn::Mul(g, L ? BfFast(d, x) : GeluBwdF32Fast(d, x)); }
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
-    if (L) {
-      const auto ok = AbsLe(d, x, kGeluBfMax);
-      if (HWY_LIKELY(hn::AllTrue(d, ok))) return hn::Mul(g, BfFast(d, x));
-      return hn::IfThenElse(ok, hn::Mul(g, BfFast(d, x)), GeluBwdF<false>()(d, g, x));
-    }
+    const auto ok = AbsLe(d, x, kFastAbsMax);
+    if (HWY_LIKELY(hn::AllTrue(d, ok))) return Fast(d, g, x);
+    return hn::IfThenElse(ok, Fast(d, g, x), Full(d, g, x));
+  }
+  static HWY_INLINE VF Full(DF d, VF g, VF x) {  // any x, through Phi's erfc form
     const VF e_arg = hn::Mul(hn::Set(d, -0.5f), hn::Mul(x, x));
     VF cdf, pdf;
     if (HWY_LIKELY(CdfFastOk(d, x))) {
