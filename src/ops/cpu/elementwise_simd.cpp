@@ -15,9 +15,11 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstring>
+#include <limits>
 
 #include "ops/cpu/elementwise_simd.h"
 #include "ops/cpu/simd_math-inl.h"
@@ -535,6 +537,44 @@ void UnaryRowT(UnaryOp op, const typename IO::P* x, typename IO::P* out, int64_t
   }
 }
 
+// bf16 gelu backward by table: t[x] = gelu'(x) in fp32 for each of the 65536 bf16 patterns (built
+// in HWY_ONCE below), g t[x] in fp32 rounded once to bf16. Per chunk the lookups (scalar loads)
+// fill a buffer in the order BF16IO::Load splits g (even elements, then odd, per block), and a
+// vector pass multiplies and rounds; the buffer is read back only after the chunk's stores.
+void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64_t n, const float* t) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
+  constexpr int64_t kChunk = 512;
+  HWY_ALIGN float buf[kChunk + kMaxBlock];
+  int64_t i = 0;
+  while (i + block <= n) {
+    const int64_t len = std::min<int64_t>(kChunk, (n - i) / block * block);
+    for (int64_t j = 0; j < len; j += block) {
+      for (int64_t k = 0; k < lanes; ++k) {
+        uint32_t w;
+        std::memcpy(&w, x + i + j + 2 * k, 4);
+#if defined(__GNUC__)
+        asm("" : "+r"(w));  // keeps GCC from vectorising the lookups into permutes and inserts (2x slower)
+#endif
+        buf[j + k] = t[w & 0xffff];
+        buf[j + lanes + k] = t[w >> 16];
+      }
+    }
+    for (int64_t j = 0; j < len; j += block) {
+      VF g0, g1;
+      BF16IO::Load(d, g + i + j, g0, g1);
+      BF16IO::Store<false>(d, hn::Mul(g0, hn::Load(d, buf + j)), hn::Mul(g1, hn::Load(d, buf + j + lanes)), out + i + j);
+    }
+    i += len;
+  }
+  for (; i < n; ++i) {  // same product and nearest-even rounding, one value at a time
+    const float v = BF16IO::ToFloat(g[i]) * t[x[i]];
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    out[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
 void BinaryF32(BinaryOp op, const float* a, const float* b, bool bs, float* out, int64_t n, float alpha, float lo,
                float hi) {
   BinaryRowT<F32IO>(op, a, b, bs, out, n, alpha, lo, hi);
@@ -610,6 +650,48 @@ void gelu_bf16_rows(const uint16_t* x, uint16_t* out, int64_t n) {
   }
   for (; i < n; ++i) out[i] = lo[x[i]];
 }
+
+// gelu'(x) = Phi(x) + x phi(x) in float64 for every bf16 x, stored as fp32 rounded to odd (so
+// that with g = 1 the bf16 rounding gives the correctly rounded result). NaN x keeps its NaN,
+// +-inf give NaN (inf * 0, as the fp32 rows).
+struct GeluBwdBf16Table {
+  std::vector<float> t = std::vector<float>(65536);
+  GeluBwdBf16Table() {
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const uint32_t u = b << 16;
+      float x;
+      std::memcpy(&x, &u, 4);
+      const double xd = x;
+      if (std::isnan(x)) {
+        const uint32_t q = u | 0x00400000u;
+        std::memcpy(&t[b], &q, 4);
+        continue;
+      }
+      if (std::isinf(x)) {
+        t[b] = -std::numeric_limits<float>::quiet_NaN();  // the sign x86 gives a NaN made by an operation
+        continue;
+      }
+      const double v = 0.5 * std::erfc(-xd * 0.70710678118654752440) + xd * std::exp(-0.5 * xd * xd) * 0.39894228040143267794;
+      float f = static_cast<float>(v);  // round to odd: toward zero, then set the last bit if inexact
+      if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+      if (static_cast<double>(f) != v) {
+        uint32_t fu;
+        std::memcpy(&fu, &f, 4);
+        fu |= 1;
+        std::memcpy(&f, &fu, 4);
+      }
+      t[b] = f;
+    }
+  }
+};
+}  // namespace
+
+HWY_EXPORT(GeluBwdBF16Table);
+namespace {
+const float* gelu_bwd_bf16_table() {
+  static const GeluBwdBf16Table table;
+  return table.t.data();
+}
 }  // namespace
 
 HWY_EXPORT(BinaryF32);
@@ -636,6 +718,8 @@ void binary_f32(BinaryOp op, const float* a, const float* b, bool b_scalar, floa
 }
 void binary_bf16(BinaryOp op, const uint16_t* a, const uint16_t* b, bool b_scalar, uint16_t* out, int64_t n,
                  float alpha, float lo, float hi) {
+  if (op == BinaryOp::GeluBackward && !b_scalar)
+    return HWY_DYNAMIC_DISPATCH(GeluBwdBF16Table)(a, b, out, n, gelu_bwd_bf16_table());
   HWY_DYNAMIC_DISPATCH(BinaryBF16)(op, a, b, b_scalar, out, n, alpha, lo, hi);
 }
 void unary_f32(UnaryOp op, const float* x, float* out, int64_t n, float lo, float hi) {
