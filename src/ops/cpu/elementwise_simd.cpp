@@ -262,7 +262,7 @@ template <bool L> struct GeluTanhBwdF {
     return L ? hn::IfThenElse(AbsLe(d, x, kFastAbsMax), fast, r) : r;
   }
 };
-// x^y with a tensor exponent: the fast formula (PowF32Fast / PowBfFast) on lanes with x positive,
+// x^y with a tensor exponent: the fast formula (PowF32Fast) on lanes with x positive,
 // normal and finite and no overflow or underflow, std::pow on the others (x <= 0, specials),
 // so each result depends on its own x and y only.
 HWY_NOINLINE VF PowFixLanes(DF d, VF x, VF y, VF r, hn::Mask<DF> ok) {
@@ -275,11 +275,9 @@ HWY_NOINLINE VF PowFixLanes(DF d, VF x, VF y, VF r, hn::Mask<DF> ok) {
     if (oks[i] == 0.0f) rs[i] = std::pow(xs[i], ys[i]);
   return hn::Load(d, rs);
 }
-template <bool L> struct PowF {
+struct PowF {  // float32; bf16 pow is PowBF16Table
   static constexpr bool kApprox = true;
-  static HWY_INLINE VF FastMasked(DF d, VF x, VF y, hn::Mask<DF>& ok) {
-    return L ? PowBfFast(d, x, y, ok) : PowF32Fast(d, x, y, ok);
-  }
+  static HWY_INLINE VF FastMasked(DF d, VF x, VF y, hn::Mask<DF>& ok) { return PowF32Fast(d, x, y, ok); }
   static HWY_INLINE VF Fix(DF d, VF x, VF y, VF r, hn::Mask<DF> ok) {
     return hn::AllTrue(d, ok) ? r : PowFixLanes(d, x, y, r, ok);
   }
@@ -501,7 +499,9 @@ void BinaryRowT(BinaryOp op, const typename IO::P* a, const typename IO::P* b, b
       return RowBinary<IO>(a, b, bs, out, n, AxpyF{alpha});
     case BinaryOp::Mul: return RowBinary<IO>(a, b, bs, out, n, MulF{});
     case BinaryOp::Div: return RowBinary<IO>(a, b, bs, out, n, DivF{});
-    case BinaryOp::Pow: return RowBinary<IO>(a, b, bs, out, n, PowF<IO::kLite>{});
+    case BinaryOp::Pow:
+      if constexpr (!IO::kLite) return RowBinary<IO>(a, b, bs, out, n, PowF{});
+      return;  // bf16: binary_bf16 takes PowBF16Table
     case BinaryOp::Maximum: return RowBinary<IO>(a, b, bs, out, n, MaxF{});
     case BinaryOp::Minimum: return RowBinary<IO>(a, b, bs, out, n, MinF{});
     case BinaryOp::SiluBackward: return RowBinary<IO>(a, b, bs, out, n, SiluBwdF<IO::kLite>{});
@@ -573,6 +573,57 @@ void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64
     std::memcpy(&u, &v, 4);
     out[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
   }
+}
+
+// bf16 pow: x^y = 2^(y t[x]) with t[x] = log2(x) for each of the 65536 bf16 patterns (NaN where
+// x <= 0, inf or NaN: those lanes fail the range check), so the vector pass is a multiply and
+// Exp2FastBf (1.0e-4); lanes with |y log2 x| > 125 or an invalid x take std::pow (PowFixLanes).
+// Lookups per chunk into a buffer as in GeluBwdBF16Table.
+void PowBF16Table(const uint16_t* x, const uint16_t* y, bool y_scalar, uint16_t* out, int64_t n, const float* t) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
+  constexpr int64_t kChunk = 512;
+  HWY_ALIGN float buf[kChunk + kMaxBlock];
+  const VF ys = hn::Set(d, BF16IO::ToFloat(y[0]));
+  auto blk = [&](const uint16_t* px, const uint16_t* py, const float* pb, uint16_t* po) {
+    VF y0 = ys, y1 = ys;
+    if (!y_scalar) BF16IO::Load(d, py, y0, y1);
+    const VF l0 = hn::Mul(y0, hn::Load(d, pb)), l1 = hn::Mul(y1, hn::Load(d, pb + lanes));
+    const auto ok0 = AbsLe(d, l0, 125.0f), ok1 = AbsLe(d, l1, 125.0f);
+    VF r0 = Exp2FastBf(d, l0), r1 = Exp2FastBf(d, l1);
+    if (HWY_UNLIKELY(!hn::AllTrue(d, hn::And(ok0, ok1)))) {
+      VF x0, x1;
+      BF16IO::Load(d, px, x0, x1);
+      r0 = hn::AllTrue(d, ok0) ? r0 : PowFixLanes(d, x0, y0, r0, ok0);
+      r1 = hn::AllTrue(d, ok1) ? r1 : PowFixLanes(d, x1, y1, r1, ok1);
+    }
+    BF16IO::Store<true>(d, r0, r1, po);
+  };
+  int64_t i = 0;
+  while (i + block <= n) {
+    const int64_t len = std::min<int64_t>(kChunk, (n - i) / block * block);
+    for (int64_t j = 0; j < len; j += block) {
+      for (int64_t k = 0; k < lanes; ++k) {
+        uint32_t w;
+        std::memcpy(&w, x + i + j + 2 * k, 4);
+#if defined(__GNUC__)
+        asm("" : "+r"(w));  // as in GeluBwdBF16Table
+#endif
+        buf[j + k] = t[w & 0xffff];
+        buf[j + lanes + k] = t[w >> 16];
+      }
+    }
+    for (int64_t j = 0; j < len; j += block) blk(x + i + j, y_scalar ? y : y + i + j, buf + j, out + i + j);
+    i += len;
+  }
+  if (i == n) return;
+  HWY_ALIGN uint16_t tx[kMaxBlock] = {}, ty[kMaxBlock] = {}, to[kMaxBlock] = {};
+  const size_t rest = static_cast<size_t>(n - i);
+  std::memcpy(tx, x + i, rest * 2);
+  if (!y_scalar) std::memcpy(ty, y + i, rest * 2);
+  for (int64_t k = 0; k < lanes; ++k) buf[k] = t[tx[2 * k]], buf[lanes + k] = t[tx[2 * k + 1]];
+  blk(tx, y_scalar ? y : ty, buf, to);
+  std::memcpy(out + i, to, rest * 2);
 }
 
 void BinaryF32(BinaryOp op, const float* a, const float* b, bool bs, float* out, int64_t n, float alpha, float lo,
@@ -684,10 +735,30 @@ struct GeluBwdBf16Table {
     }
   }
 };
+
+// log2(x) for every bf16 x > 0 (denormals included) as the nearest fp32; NaN for x <= 0, inf,
+// NaN, which sends those lanes to std::pow.
+struct Log2Bf16Table {
+  std::vector<float> t = std::vector<float>(65536);
+  Log2Bf16Table() {
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const uint32_t u = b << 16;
+      float x;
+      std::memcpy(&x, &u, 4);
+      t[b] = x > 0 && std::isfinite(x) ? static_cast<float>(std::log2(static_cast<double>(x)))
+                                       : std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+};
 }  // namespace
 
 HWY_EXPORT(GeluBwdBF16Table);
+HWY_EXPORT(PowBF16Table);
 namespace {
+const float* log2_bf16_table() {
+  static const Log2Bf16Table table;
+  return table.t.data();
+}
 const float* gelu_bwd_bf16_table() {
   static const GeluBwdBf16Table table;
   return table.t.data();
@@ -720,6 +791,7 @@ void binary_bf16(BinaryOp op, const uint16_t* a, const uint16_t* b, bool b_scala
                  float alpha, float lo, float hi) {
   if (op == BinaryOp::GeluBackward && !b_scalar)
     return HWY_DYNAMIC_DISPATCH(GeluBwdBF16Table)(a, b, out, n, gelu_bwd_bf16_table());
+  if (op == BinaryOp::Pow) return HWY_DYNAMIC_DISPATCH(PowBF16Table)(a, b, b_scalar, out, n, log2_bf16_table());
   HWY_DYNAMIC_DISPATCH(BinaryBF16)(op, a, b, b_scalar, out, n, alpha, lo, hi);
 }
 void unary_f32(UnaryOp op, const float* x, float* out, int64_t n, float lo, float hi) {

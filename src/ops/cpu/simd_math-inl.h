@@ -526,25 +526,6 @@ HWY_INLINE V PowF32Fast(D d, V x, V y, hn::Mask<D>& ok) {
   const V ep = hn::MulAdd(r, ExpQ(d, r), one);
   return hn::BitCast(d, hn::Add(hn::BitCast(di, ep), hn::ShiftLeft<23>(hn::BitCast(di, t))));
 }
-// bf16 budget: 2^(y log2 x), log2 x = e + f P(f) with P of degree 6 (relative error 1.1e-6, so
-// at most 1.4e-4 in y log2 x where that reaches 125) and Exp2FastBf (1.0e-4). `ok` as above,
-// |y log2 x| <= 125 (Exp2FastBf's result stays normal).
-template <class D, class V>
-HWY_INLINE V PowBfFast(D d, V x, V y, hn::Mask<D>& ok) {
-  const hn::RebindToSigned<D> di;
-  const auto sqrt_half = hn::Set(di, 0x3f3504f3);
-  const auto u = hn::Sub(hn::BitCast(di, x), sqrt_half);
-  const V e = hn::ConvertTo(d, hn::ShiftRight<23>(u));
-  const V f = hn::Sub(hn::BitCast(d, hn::Add(hn::And(u, hn::Set(di, 0x007fffff)), sqrt_half)), hn::Set(d, 1.0f));
-  V pl = Lin(d, f, -0.269320339f, 0.171624571f);
-  for (float c : {0.295699567f, -0.359371632f, 0.480626762f, -0.721363604f, 1.44269645f})
-    pl = hn::MulAdd(pl, f, hn::Set(d, c));
-  const V yl = hn::Mul(y, hn::MulAdd(f, pl, e));
-  ok = hn::And(hn::And(hn::Ge(x, hn::Set(d, 1.17549435e-38f)), hn::Le(x, hn::Set(d, 3.40282347e38f))),
-               hn::Le(hn::Abs(yl), hn::Set(d, 125.0f)));
-  return Exp2FastBf(d, yl);
-}
-
 }  // namespace HWY_NAMESPACE
 }  // namespace kiln::cpu::simd
 HWY_AFTER_NAMESPACE();
