@@ -544,7 +544,7 @@ void UnaryRowT(UnaryOp op, const typename IO::P* x, typename IO::P* out, int64_t
 void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64_t n, const float* t) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
-  constexpr int64_t kChunk = 512;
+  constexpr int64_t kChunk = 128;
   HWY_ALIGN float buf[kChunk + kMaxBlock];
   int64_t i = 0;
   while (i + block <= n) {
@@ -582,7 +582,7 @@ void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64
 void PowBF16Table(const uint16_t* x, const uint16_t* y, bool y_scalar, uint16_t* out, int64_t n, const float* t) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
-  constexpr int64_t kChunk = 512;
+  constexpr int64_t kChunk = 128;
   HWY_ALIGN float buf[kChunk + kMaxBlock];
   const VF ys = hn::Set(d, BF16IO::ToFloat(y[0]));
   auto blk = [&](const uint16_t* px, const uint16_t* py, const float* pb, uint16_t* po) {
@@ -613,7 +613,26 @@ void PowBF16Table(const uint16_t* x, const uint16_t* y, bool y_scalar, uint16_t*
         buf[j + lanes + k] = t[w >> 16];
       }
     }
-    for (int64_t j = 0; j < len; j += block) blk(x + i + j, y_scalar ? y : y + i + j, buf + j, out + i + j);
+    int64_t j = 0;
+    for (; j + 2 * block <= len; j += 2 * block) {  // two blocks per range check
+      VF y0 = ys, y1 = ys, y2 = ys, y3 = ys;
+      if (!y_scalar) {
+        BF16IO::Load(d, y + i + j, y0, y1);
+        BF16IO::Load(d, y + i + j + block, y2, y3);
+      }
+      const VF l0 = hn::Mul(y0, hn::Load(d, buf + j)), l1 = hn::Mul(y1, hn::Load(d, buf + j + lanes));
+      const VF l2 = hn::Mul(y2, hn::Load(d, buf + j + block)), l3 = hn::Mul(y3, hn::Load(d, buf + j + block + lanes));
+      const VF lim = hn::Set(d, 125.0f);
+      if (HWY_UNLIKELY(!hn::AllTrue(d, hn::And(hn::And(hn::Le(hn::Abs(l0), lim), hn::Le(hn::Abs(l1), lim)),
+                                              hn::And(hn::Le(hn::Abs(l2), lim), hn::Le(hn::Abs(l3), lim)))))) {
+        blk(x + i + j, y_scalar ? y : y + i + j, buf + j, out + i + j);
+        blk(x + i + j + block, y_scalar ? y : y + i + j + block, buf + j + block, out + i + j + block);
+        continue;
+      }
+      BF16IO::Store<true>(d, Exp2FastBf(d, l0), Exp2FastBf(d, l1), out + i + j);
+      BF16IO::Store<true>(d, Exp2FastBf(d, l2), Exp2FastBf(d, l3), out + i + j + block);
+    }
+    for (; j < len; j += block) blk(x + i + j, y_scalar ? y : y + i + j, buf + j, out + i + j);
     i += len;
   }
   if (i == n) return;
