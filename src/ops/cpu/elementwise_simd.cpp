@@ -7,8 +7,9 @@
 // range check (on the raw bits for bf16), so four independent chains interleave; a block that
 // fails the check runs the general path, which gives in-range lanes the same fast formula, so a
 // value's result never depends on its neighbours; f32 gelu (kWide) takes four blocks per check.
-// bf16 gelu is a table lookup (gelu_bf16_rows). Tails run the same vector code on a padded
-// stack copy. The transcendental functions are in simd_math-inl.h.
+// bf16 gelu is a table lookup (gelu_bf16_rows); bf16 gelu backward and pow look up fp32 tables
+// (gelu'(x), log2(x)) and finish in vectors. f32 pow (MaskedBinary) checks its lanes after the
+// fast formula, four vectors at a time. Tails run the same vector code on a padded stack copy. The transcendental functions are in simd_math-inl.h.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
