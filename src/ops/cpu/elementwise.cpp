@@ -3,6 +3,7 @@
 // operands of the hot ops take the Highway rows in elementwise_simd.cpp instead.
 #include "ops/cpu/elementwise.h"
 
+#include <cstring>
 #include <type_traits>
 
 #include "ops/cpu/elementwise_loop.h"
@@ -11,12 +12,28 @@
 namespace kiln::cpu {
 namespace {
 
-// Runs the dense SIMD row when out/a(/b) are contiguous fp32 or bf16 and the op has one.
+// One value broadcast to every element (an expanded one-element tensor): every stride of a
+// dimension longer than one is zero.
+bool is_broadcast_scalar(const Tensor& t) {
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.sizes()[i] > 1 && t.strides()[i] != 0) return false;
+  return true;
+}
+
+// Runs the dense SIMD row when out/a(/b) are contiguous fp32 or bf16 and the op has one; a b
+// broadcast from one value runs as a scalar operand. pow with a scalar exponent (binary_scalar,
+// b == nullptr) keeps the scalar loop's powf, exact for small integer exponents.
 bool try_simd_binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor* b, double bs, const EwParams& p) {
-  if (!simd::has_binary(op) || !all_contiguous({&out, &a}) || (b && !b->is_contiguous())) return false;
+  if (!simd::has_binary(op) || !all_contiguous({&out, &a}) || (op == BinaryOp::Pow && !b)) return false;
+  const Tensor* b_one = nullptr;  // b broadcast from its one element
+  if (b && !b->is_contiguous()) {
+    if (!is_broadcast_scalar(*b) || b->dtype() != out.dtype()) return false;
+    b_one = b;
+    b = nullptr;
+  }
   const float alpha = static_cast<float>(p.alpha), lo = static_cast<float>(p.lo), hi = static_cast<float>(p.hi);
   if (out.dtype() == kFloat32) {
-    const float s = static_cast<float>(bs);
+    const float s = b_one ? *b_one->data_ptr<float>() : static_cast<float>(bs);
     const float* a_ptr = a.data_ptr<float>();
     const float* b_ptr = b ? b->data_ptr<float>() : &s;
     float* o = out.data_ptr<float>();
@@ -26,7 +43,8 @@ bool try_simd_binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tens
     return true;
   }
   if (out.dtype() == kBFloat16) {
-    const uint16_t s = BFloat16(static_cast<float>(bs)).bits;
+    uint16_t s = BFloat16(static_cast<float>(bs)).bits;
+    if (b_one) std::memcpy(&s, b_one->data_ptr(), 2);
     const uint16_t* a_ptr = reinterpret_cast<const uint16_t*>(a.data_ptr());
     const uint16_t* b_ptr = b ? reinterpret_cast<const uint16_t*>(b->data_ptr()) : &s;
     uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr());

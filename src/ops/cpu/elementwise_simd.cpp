@@ -7,17 +7,20 @@
 // range check (on the raw bits for bf16), so four independent chains interleave; a block that
 // fails the check runs the general path, which gives in-range lanes the same fast formula, so a
 // value's result never depends on its neighbours; f32 gelu (kWide) takes four blocks per check.
-// bf16 gelu is a table lookup (gelu_bf16_rows). Tails run the same vector code on a padded
-// stack copy. The transcendental functions are in simd_math-inl.h.
+// bf16 gelu is a table lookup (gelu_bf16_rows); bf16 gelu backward and pow look up fp32 tables
+// (gelu'(x), log2(x)) and finish in vectors. f32 pow (MaskedBinary) checks its lanes after the
+// fast formula, four vectors at a time. Tails run the same vector code on a padded stack copy. The transcendental functions are in simd_math-inl.h.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstring>
+#include <limits>
 
 #include "ops/cpu/elementwise_simd.h"
 #include "ops/cpu/simd_math-inl.h"
@@ -158,6 +161,13 @@ concept SplitsBinary = requires(const F& f, DF d, VF v) {  // the range is on b
   f.Fast(d, v, v);
   requires F::kFastAbsMax > 0.0f;
 };
+// Functors whose fast formula also says which lanes it covers (FastMasked), and fixes the
+// others afterwards (Fix): the row runs four vectors per check of the combined mask.
+template <class F>
+concept MaskedBinary = requires(const F& f, DF d, VF v, hn::Mask<DF>& m) {
+  f.FastMasked(d, v, v, m);
+  f.Fix(d, v, v, v, m);
+};
 template <class F>
 constexpr bool kApproxOf = requires { requires F::kApprox; };
 // Functors whose fast formula is one long dependency chain (~85 cycles for f32 gelu) run eight
@@ -188,9 +198,10 @@ template <bool L> struct SiluBwdF {
     return hn::Mul(hn::Mul(g, s), hn::MulAdd(x, s1m, hn::Set(d, 1.0f)));
   }
 };
-// gelu'(x) = Phi(x) + x phi(x). bf16, |x| <= 3.5: Phi = s = sigmoid(f) from GeluLogitNeg2, and
-// phi = s (1 - s) f'(x) with f' fitted on its own (even, degree 5 in x^2, relative error 1.3e-4)
-// rather than differentiated from F (5.6e-4).
+// gelu'(x) = Phi(x) + x phi(x). float32, |x| <= 4: GeluBwdF32Fast (one exp and the Mills ratio).
+// bf16 (only a broadcast x: dense bf16 rows use a table, gelu_bwd_bf16_rows), |x| <= 3.5: Phi =
+// s = sigmoid(f) from GeluLogitNeg2, and phi = s (1 - s) f'(x) with f' fitted on its own (even,
+// degree 5 in x^2, relative error 1.3e-4) rather than differentiated from F (5.6e-4).
 template <bool L> struct GeluBwdF {
   static constexpr bool kApprox = true;
   static HWY_INLINE VF BfFast(DF d, VF x) {  // |x| <= kGeluBfMax
@@ -202,14 +213,14 @@ template <bool L> struct GeluBwdF {
     const VF df = hn::MulAdd(hn::MulAdd(hi, u2, mid), u2, lo);
     return hn::MulAdd(hn::Mul(hn::Mul(x, df), hn::Mul(e, s)), s, s);
   }
-  static constexpr float kFastAbsMax = L ? kGeluBfMax : -1.0f;  // f32: no split
-  static HWY_INLINE VF Fast(DF d, VF g, VF x) { return hn::Mul(g, BfFast(d, x)); }
+  static constexpr float kFastAbsMax = L ? kGeluBfMax : kGeluBwdF32FastMax;
+  static HWY_INLINE VF Fast(DF d, VF g, VF x) { return hn::Mul(g, L ? BfFast(d, x) : GeluBwdF32Fast(d, x)); }
   HWY_INLINE VF operator()(DF d, VF g, VF x) const {
-    if (L) {
-      const auto ok = AbsLe(d, x, kGeluBfMax);
-      if (HWY_LIKELY(hn::AllTrue(d, ok))) return hn::Mul(g, BfFast(d, x));
-      return hn::IfThenElse(ok, hn::Mul(g, BfFast(d, x)), GeluBwdF<false>()(d, g, x));
-    }
+    const auto ok = AbsLe(d, x, kFastAbsMax);
+    if (HWY_LIKELY(hn::AllTrue(d, ok))) return Fast(d, g, x);
+    return hn::IfThenElse(ok, Fast(d, g, x), Full(d, g, x));
+  }
+  static HWY_INLINE VF Full(DF d, VF g, VF x) {  // any x, through Phi's erfc form
     const VF e_arg = hn::Mul(hn::Set(d, -0.5f), hn::Mul(x, x));
     VF cdf, pdf;
     if (HWY_LIKELY(CdfFastOk(d, x))) {
@@ -250,6 +261,32 @@ template <bool L> struct GeluTanhBwdF {
     // Past |x| = 1e4 s (1 - s) is 0; the clamp keeps x^2 finite there (else 0 * inf = NaN).
     const VF r = Combine(d, g, hn::Min(hn::Max(x, hn::Set(d, -1e4f)), hn::Set(d, 1e4f)), s, s1m);
     return L ? hn::IfThenElse(AbsLe(d, x, kFastAbsMax), fast, r) : r;
+  }
+};
+// x^y with a tensor exponent: the fast formula (PowF32Fast) on lanes with x positive,
+// normal and finite and no overflow or underflow, std::pow on the others (x <= 0, specials),
+// so each result depends on its own x and y only.
+HWY_NOINLINE VF PowFixLanes(DF d, VF x, VF y, VF r, hn::Mask<DF> ok) {
+  HWY_ALIGN float xs[hn::MaxLanes(d)], ys[hn::MaxLanes(d)], rs[hn::MaxLanes(d)], oks[hn::MaxLanes(d)];
+  hn::Store(x, d, xs);
+  hn::Store(y, d, ys);
+  hn::Store(r, d, rs);
+  hn::Store(hn::IfThenElseZero(ok, hn::Set(d, 1.0f)), d, oks);
+  for (size_t i = 0; i < hn::Lanes(d); ++i)
+    if (oks[i] == 0.0f) rs[i] = std::pow(xs[i], ys[i]);
+  return hn::Load(d, rs);
+}
+struct PowF {  // float32; bf16 pow is PowBF16Table
+  static constexpr bool kApprox = true;
+  static HWY_INLINE VF FastMasked(DF d, VF x, VF y, hn::Mask<DF>& ok) { return PowF32Fast(d, x, y, ok); }
+  static HWY_INLINE VF Fix(DF d, VF x, VF y, VF r, hn::Mask<DF> ok) {
+    return hn::AllTrue(d, ok) ? r : PowFixLanes(d, x, y, r, ok);
+  }
+  HWY_INLINE VF operator()(DF d, VF x, VF y) const {
+    hn::Mask<DF> ok;
+    const VF r = FastMasked(d, x, y, ok);
+    if (HWY_LIKELY(hn::AllTrue(d, ok))) return r;
+    return PowFixLanes(d, x, y, r, ok);
   }
 };
 struct SigmoidBwdF {
@@ -366,6 +403,26 @@ HWY_INLINE void RowBinary(const typename IO::P* a, const typename IO::P* b, bool
       }
     }
   }
+  if constexpr (MaskedBinary<F>) {
+    for (; i + 2 * block <= n; i += 2 * block) {
+      VF a0, a1, a2, a3, b0 = bs, b1 = bs, b2 = bs, b3 = bs;
+      IO::Load(d, a + i, a0, a1);
+      IO::Load(d, a + i + block, a2, a3);
+      if (!b_scalar) {
+        IO::Load(d, b + i, b0, b1);
+        IO::Load(d, b + i + block, b2, b3);
+      }
+      hn::Mask<DF> m0, m1, m2, m3;
+      VF y0 = f.FastMasked(d, a0, b0, m0), y1 = f.FastMasked(d, a1, b1, m1);
+      VF y2 = f.FastMasked(d, a2, b2, m2), y3 = f.FastMasked(d, a3, b3, m3);
+      if (HWY_UNLIKELY(!hn::AllTrue(d, hn::And(hn::And(m0, m1), hn::And(m2, m3))))) {
+        y0 = f.Fix(d, a0, b0, y0, m0), y1 = f.Fix(d, a1, b1, y1, m1);
+        y2 = f.Fix(d, a2, b2, y2, m2), y3 = f.Fix(d, a3, b3, y3, m3);
+      }
+      IO::template Store<kApproxOf<F>>(d, y0, y1, out + i);
+      IO::template Store<kApproxOf<F>>(d, y2, y3, out + i + block);
+    }
+  }
   for (; i + block <= n; i += block) step(a + i, b + i, out + i);
   if (i == n) return;
   HWY_ALIGN P ta[kMaxBlock] = {}, tb[kMaxBlock] = {}, to[kMaxBlock] = {};
@@ -443,6 +500,9 @@ void BinaryRowT(BinaryOp op, const typename IO::P* a, const typename IO::P* b, b
       return RowBinary<IO>(a, b, bs, out, n, AxpyF{alpha});
     case BinaryOp::Mul: return RowBinary<IO>(a, b, bs, out, n, MulF{});
     case BinaryOp::Div: return RowBinary<IO>(a, b, bs, out, n, DivF{});
+    case BinaryOp::Pow:
+      if constexpr (!IO::kLite) return RowBinary<IO>(a, b, bs, out, n, PowF{});
+      return;  // bf16: binary_bf16 takes PowBF16Table
     case BinaryOp::Maximum: return RowBinary<IO>(a, b, bs, out, n, MaxF{});
     case BinaryOp::Minimum: return RowBinary<IO>(a, b, bs, out, n, MinF{});
     case BinaryOp::SiluBackward: return RowBinary<IO>(a, b, bs, out, n, SiluBwdF<IO::kLite>{});
@@ -476,6 +536,114 @@ void UnaryRowT(UnaryOp op, const typename IO::P* x, typename IO::P* out, int64_t
     case UnaryOp::Clamp: return RowUnary<IO>(x, out, n, ClampF{lo, hi});
     default: return;  // has_unary() keeps other ops away
   }
+}
+
+// bf16 gelu backward by table: t[x] = gelu'(x) in fp32 for each of the 65536 bf16 patterns (built
+// in HWY_ONCE below), g t[x] in fp32 rounded once to bf16. Per chunk the lookups (scalar loads)
+// fill a buffer in the order BF16IO::Load splits g (even elements, then odd, per block), and a
+// vector pass multiplies and rounds; the buffer is read back only after the chunk's stores.
+void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64_t n, const float* t) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
+  constexpr int64_t kChunk = 128;
+  HWY_ALIGN float buf[kChunk + kMaxBlock];
+  int64_t i = 0;
+  while (i + block <= n) {
+    const int64_t len = std::min<int64_t>(kChunk, (n - i) / block * block);
+    for (int64_t j = 0; j < len; j += block) {
+      for (int64_t k = 0; k < lanes; ++k) {
+        uint32_t w;
+        std::memcpy(&w, x + i + j + 2 * k, 4);
+#if defined(__GNUC__)
+        asm("" : "+r"(w));  // keeps GCC from vectorising the lookups into permutes and inserts (2x slower)
+#endif
+        buf[j + k] = t[w & 0xffff];
+        buf[j + lanes + k] = t[w >> 16];
+      }
+    }
+    for (int64_t j = 0; j < len; j += block) {
+      VF g0, g1;
+      BF16IO::Load(d, g + i + j, g0, g1);
+      BF16IO::Store<false>(d, hn::Mul(g0, hn::Load(d, buf + j)), hn::Mul(g1, hn::Load(d, buf + j + lanes)), out + i + j);
+    }
+    i += len;
+  }
+  for (; i < n; ++i) {  // same product and nearest-even rounding, one value at a time
+    const float v = BF16IO::ToFloat(g[i]) * t[x[i]];
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    out[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+// bf16 pow: x^y = 2^(y t[x]) with t[x] = log2(x) for each of the 65536 bf16 patterns (NaN where
+// x <= 0, inf or NaN: those lanes fail the range check), so the vector pass is a multiply and
+// Exp2FastBf (1.0e-4); lanes with |y log2 x| > 125 or an invalid x take std::pow (PowFixLanes).
+// Lookups per chunk into a buffer as in GeluBwdBF16Table.
+void PowBF16Table(const uint16_t* x, const uint16_t* y, bool y_scalar, uint16_t* out, int64_t n, const float* t) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
+  constexpr int64_t kChunk = 128;
+  HWY_ALIGN float buf[kChunk + kMaxBlock];
+  const VF ys = hn::Set(d, BF16IO::ToFloat(y[0]));
+  auto blk = [&](const uint16_t* px, const uint16_t* py, const float* pb, uint16_t* po) {
+    VF y0 = ys, y1 = ys;
+    if (!y_scalar) BF16IO::Load(d, py, y0, y1);
+    const VF l0 = hn::Mul(y0, hn::Load(d, pb)), l1 = hn::Mul(y1, hn::Load(d, pb + lanes));
+    const auto ok0 = AbsLe(d, l0, 125.0f), ok1 = AbsLe(d, l1, 125.0f);
+    VF r0 = Exp2FastBf(d, l0), r1 = Exp2FastBf(d, l1);
+    if (HWY_UNLIKELY(!hn::AllTrue(d, hn::And(ok0, ok1)))) {
+      VF x0, x1;
+      BF16IO::Load(d, px, x0, x1);
+      r0 = hn::AllTrue(d, ok0) ? r0 : PowFixLanes(d, x0, y0, r0, ok0);
+      r1 = hn::AllTrue(d, ok1) ? r1 : PowFixLanes(d, x1, y1, r1, ok1);
+    }
+    BF16IO::Store<true>(d, r0, r1, po);
+  };
+  int64_t i = 0;
+  while (i + block <= n) {
+    const int64_t len = std::min<int64_t>(kChunk, (n - i) / block * block);
+    for (int64_t j = 0; j < len; j += block) {
+      for (int64_t k = 0; k < lanes; ++k) {
+        uint32_t w;
+        std::memcpy(&w, x + i + j + 2 * k, 4);
+#if defined(__GNUC__)
+        asm("" : "+r"(w));  // as in GeluBwdBF16Table
+#endif
+        buf[j + k] = t[w & 0xffff];
+        buf[j + lanes + k] = t[w >> 16];
+      }
+    }
+    int64_t j = 0;
+    for (; j + 2 * block <= len; j += 2 * block) {  // two blocks per range check
+      VF y0 = ys, y1 = ys, y2 = ys, y3 = ys;
+      if (!y_scalar) {
+        BF16IO::Load(d, y + i + j, y0, y1);
+        BF16IO::Load(d, y + i + j + block, y2, y3);
+      }
+      const VF l0 = hn::Mul(y0, hn::Load(d, buf + j)), l1 = hn::Mul(y1, hn::Load(d, buf + j + lanes));
+      const VF l2 = hn::Mul(y2, hn::Load(d, buf + j + block)), l3 = hn::Mul(y3, hn::Load(d, buf + j + block + lanes));
+      const VF lim = hn::Set(d, 125.0f);
+      if (HWY_UNLIKELY(!hn::AllTrue(d, hn::And(hn::And(hn::Le(hn::Abs(l0), lim), hn::Le(hn::Abs(l1), lim)),
+                                              hn::And(hn::Le(hn::Abs(l2), lim), hn::Le(hn::Abs(l3), lim)))))) {
+        blk(x + i + j, y_scalar ? y : y + i + j, buf + j, out + i + j);
+        blk(x + i + j + block, y_scalar ? y : y + i + j + block, buf + j + block, out + i + j + block);
+        continue;
+      }
+      BF16IO::Store<true>(d, Exp2FastBf(d, l0), Exp2FastBf(d, l1), out + i + j);
+      BF16IO::Store<true>(d, Exp2FastBf(d, l2), Exp2FastBf(d, l3), out + i + j + block);
+    }
+    for (; j < len; j += block) blk(x + i + j, y_scalar ? y : y + i + j, buf + j, out + i + j);
+    i += len;
+  }
+  if (i == n) return;
+  HWY_ALIGN uint16_t tx[kMaxBlock] = {}, ty[kMaxBlock] = {}, to[kMaxBlock] = {};
+  const size_t rest = static_cast<size_t>(n - i);
+  std::memcpy(tx, x + i, rest * 2);
+  if (!y_scalar) std::memcpy(ty, y + i, rest * 2);
+  for (int64_t k = 0; k < lanes; ++k) buf[k] = t[tx[2 * k]], buf[lanes + k] = t[tx[2 * k + 1]];
+  blk(tx, y_scalar ? y : ty, buf, to);
+  std::memcpy(out + i, to, rest * 2);
 }
 
 void BinaryF32(BinaryOp op, const float* a, const float* b, bool bs, float* out, int64_t n, float alpha, float lo,
@@ -553,6 +721,68 @@ void gelu_bf16_rows(const uint16_t* x, uint16_t* out, int64_t n) {
   }
   for (; i < n; ++i) out[i] = lo[x[i]];
 }
+
+// gelu'(x) = Phi(x) + x phi(x) in float64 for every bf16 x, stored as fp32 rounded to odd (so
+// that with g = 1 the bf16 rounding gives the correctly rounded result). NaN x keeps its NaN,
+// +-inf give NaN (inf * 0, as the fp32 rows).
+struct GeluBwdBf16Table {
+  std::vector<float> t = std::vector<float>(65536);
+  GeluBwdBf16Table() {
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const uint32_t u = b << 16;
+      float x;
+      std::memcpy(&x, &u, 4);
+      const double xd = x;
+      if (std::isnan(x)) {
+        const uint32_t q = u | 0x00400000u;
+        std::memcpy(&t[b], &q, 4);
+        continue;
+      }
+      if (std::isinf(x)) {
+        t[b] = -std::numeric_limits<float>::quiet_NaN();  // the sign x86 gives a NaN made by an operation
+        continue;
+      }
+      const double v = 0.5 * std::erfc(-xd * 0.70710678118654752440) + xd * std::exp(-0.5 * xd * xd) * 0.39894228040143267794;
+      float f = static_cast<float>(v);  // round to odd: toward zero, then set the last bit if inexact
+      if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+      if (static_cast<double>(f) != v) {
+        uint32_t fu;
+        std::memcpy(&fu, &f, 4);
+        fu |= 1;
+        std::memcpy(&f, &fu, 4);
+      }
+      t[b] = f;
+    }
+  }
+};
+
+// log2(x) for every bf16 x > 0 (denormals included) as the nearest fp32; NaN for x <= 0, inf,
+// NaN, which sends those lanes to std::pow.
+struct Log2Bf16Table {
+  std::vector<float> t = std::vector<float>(65536);
+  Log2Bf16Table() {
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const uint32_t u = b << 16;
+      float x;
+      std::memcpy(&x, &u, 4);
+      t[b] = x > 0 && std::isfinite(x) ? static_cast<float>(std::log2(static_cast<double>(x)))
+                                       : std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+};
+}  // namespace
+
+HWY_EXPORT(GeluBwdBF16Table);
+HWY_EXPORT(PowBF16Table);
+namespace {
+const float* log2_bf16_table() {
+  static const Log2Bf16Table table;
+  return table.t.data();
+}
+const float* gelu_bwd_bf16_table() {
+  static const GeluBwdBf16Table table;
+  return table.t.data();
+}
 }  // namespace
 
 HWY_EXPORT(BinaryF32);
@@ -562,7 +792,8 @@ HWY_EXPORT(UnaryBF16);
 
 bool has_binary(BinaryOp op) {
   switch (op) {
-    case BinaryOp::Add: case BinaryOp::Mul: case BinaryOp::Div: case BinaryOp::Maximum: case BinaryOp::Minimum:
+    case BinaryOp::Add: case BinaryOp::Mul: case BinaryOp::Div: case BinaryOp::Pow: case BinaryOp::Maximum:
+    case BinaryOp::Minimum:
     case BinaryOp::SiluBackward: case BinaryOp::GeluBackward: case BinaryOp::GeluTanhBackward:
     case BinaryOp::SigmoidBackward: case BinaryOp::TanhBackward: case BinaryOp::ReluBackward:
       return true;
@@ -578,6 +809,9 @@ void binary_f32(BinaryOp op, const float* a, const float* b, bool b_scalar, floa
 }
 void binary_bf16(BinaryOp op, const uint16_t* a, const uint16_t* b, bool b_scalar, uint16_t* out, int64_t n,
                  float alpha, float lo, float hi) {
+  if (op == BinaryOp::GeluBackward && !b_scalar)
+    return HWY_DYNAMIC_DISPATCH(GeluBwdBF16Table)(a, b, out, n, gelu_bwd_bf16_table());
+  if (op == BinaryOp::Pow) return HWY_DYNAMIC_DISPATCH(PowBF16Table)(a, b, b_scalar, out, n, log2_bf16_table());
   HWY_DYNAMIC_DISPATCH(BinaryBF16)(op, a, b, b_scalar, out, n, alpha, lo, hi);
 }
 void unary_f32(UnaryOp op, const float* x, float* out, int64_t n, float lo, float hi) {

@@ -1,5 +1,5 @@
 // Float32 vector math for the Highway rows (exp, expm1, log, reciprocal, sigmoid, tanh, erf,
-// Phi), shared by every CPU kernel that includes it inside its HWY_NAMESPACE. Each function has
+// Phi, pow), shared by every CPU kernel that includes it inside its HWY_NAMESPACE. Each function has
 // a fast core for ordinary inputs (no NaN/inf, no overflow or denormal result) and a full path
 // for the rest; the check is one compare per vector, so typical data never pays for specials.
 // Polynomials are our own minimax fits (Lawson-weighted least squares against mpmath); the
@@ -464,6 +464,68 @@ HWY_INLINE V Erf(D d, V z) {
   return hn::IfThenElse(hn::IsNaN(z), z, r);
 }
 
+// float32 gelu backward, |x| <= 4: with a = |x| and E = e^(-a^2/2), Phi(-a) = phi(a) R(a) (R the
+// Mills ratio, entire), so gelu'(x) = Phi(x) + x phi(x) is D = E (R(a) - a) / sqrt(2 pi) for
+// x < 0 and 1 - D for x >= 0: one exp and one polynomial, K(a) = (R(a) - a) / sqrt(2 pi) of
+// degree 12 (weighted fit error 4e-8; 6e-7 of max(|gelu'|, 0.01) evaluated in float32).
+// e^w takes w = -a^2/2 rounded (at most 4.8e-7 relative at a = 4, on results below 5e-4).
+constexpr float kGeluBwdF32FastMax = 4.0f;
+template <class D, class V>
+HWY_INLINE V GeluBwdF32Fast(D d, V x) {
+  const V a = hn::Abs(x);
+  const V e = ExpFast(d, hn::Mul(hn::Mul(a, hn::Set(d, -0.5f)), a));
+  V k = Lin(d, a, -1.46473099e-06f, 5.371448e-08f);
+  for (float c : {1.82583244e-05f, -0.000139252355f, 0.000738039264f, -0.00294939964f, 0.00948302075f,
+                  -0.0258768462f, 0.0621298626f, -0.132862538f, 0.249979362f, -0.797883034f, 0.49999997f})
+    k = hn::MulAdd(k, a, hn::Set(d, c));
+  const V dd = hn::Mul(e, k);
+  return hn::IfNegativeThenElse(x, dd, hn::Sub(hn::Set(d, 1.0f), dd));
+}
+
+// x^y = e^(y ln x) for x positive, normal and finite with |y ln x| <= kPowFastMax; `ok` marks
+// those lanes (false on NaN, inf, x <= 0, denormal x, overflow/underflow), whose results the
+// caller takes from std::pow instead. An error d in y ln x becomes a relative error d in the
+// result, and y ln x reaches 87, so ln x is carried as hi + lo (~2^-40 relative): ln x =
+// e ln2 + 2 atanh(s), s = f / (2 + f) with f = m - 1, m in [sqrt(1/2), sqrt(2)); s as s + s_lo
+// from the exact residual of the division; 2 atanh(s) - 2s = s^3 Q(s^2) (Q of degree 3, 3.3e-8
+// relative of a tail that is at most 1% of the total); e ln2 with ln2's high part of 16 bits
+// (exact). y (hi + lo) is formed with its exact FMA residual, and the exp reduction subtracts
+// n ln2 from the high part exactly before the low parts are added to r.
+constexpr float kPowFastMax = 87.0f;
+constexpr float kLn2Hi16 = 0.693145751953125f;    // 16 significant bits: e * kLn2Hi16 is exact
+constexpr float kLn2Lo16 = 1.42860682030941723e-6f;  // ln2 - kLn2Hi16
+template <class D, class V>
+HWY_INLINE V PowF32Fast(D d, V x, V y, hn::Mask<D>& ok) {
+  const hn::RebindToSigned<D> di;
+  const V one = hn::Set(d, 1.0f), two = hn::Set(d, 2.0f);
+  const auto sqrt_half = hn::Set(di, 0x3f3504f3);
+  const auto u = hn::Sub(hn::BitCast(di, x), sqrt_half);
+  const V e = hn::ConvertTo(d, hn::ShiftRight<23>(u));
+  const V f = hn::Sub(hn::BitCast(d, hn::Add(hn::And(u, hn::Set(di, 0x007fffff)), sqrt_half)), one);  // exact
+  const V den = hn::Add(f, two);
+  const V den_lo = hn::Sub(f, hn::Sub(den, two));  // exact: 2 + f = den + den_lo
+  const V rc = RecipFast(d, den);
+  const V s = hn::Mul(f, rc);
+  const V s_lo = hn::Mul(hn::NegMulAdd(s, den_lo, hn::NegMulAdd(s, den, f)), rc);  // (f - s (den + den_lo)) / den
+  const V s2 = hn::Mul(s, s);
+  const V q = Poly3(d, s2, hn::Mul(s2, s2), 0.666666687f, 0.400001228f, 0.285508275f, 0.233304426f);
+  const V tail = hn::MulAdd(hn::Mul(s, s2), q, hn::Add(s_lo, s_lo));
+  const V eh = hn::Mul(e, hn::Set(d, kLn2Hi16));
+  const V hi = hn::MulAdd(s, two, eh);
+  const V err = hn::Sub(hn::Add(s, s), hn::Sub(hi, eh));  // exact (Fast2Sum: |eh| >= |2s| unless e = 0)
+  const V lo = hn::Add(err, hn::MulAdd(e, hn::Set(d, kLn2Lo16), tail));
+  const V lx = hn::Add(hi, lo);
+  const V lx_lo = hn::Sub(lo, hn::Sub(lx, hi));  // ln x = lx + lx_lo
+  const V p = hn::Mul(y, lx);
+  const V p_lo = hn::MulAdd(y, lx_lo, hn::MulSub(y, lx, p));  // y ln x = p + p_lo
+  ok = hn::And(hn::And(hn::Ge(x, hn::Set(d, 1.17549435e-38f)), hn::Le(x, hn::Set(d, 3.40282347e38f))),
+               hn::Le(hn::Abs(p), hn::Set(d, kPowFastMax)));
+  const V t = hn::MulAdd(p, hn::Set(d, kLog2e), hn::Set(d, kRoundMagic));
+  const V n = hn::Sub(t, hn::Set(d, kRoundMagic));
+  const V r = hn::Add(hn::NegMulAdd(n, hn::Set(d, kLn2Lo), hn::NegMulAdd(n, hn::Set(d, kLn2), p)), p_lo);
+  const V ep = hn::MulAdd(r, ExpQ(d, r), one);
+  return hn::BitCast(d, hn::Add(hn::BitCast(di, ep), hn::ShiftLeft<23>(hn::BitCast(di, t))));
+}
 }  // namespace HWY_NAMESPACE
 }  // namespace kiln::cpu::simd
 HWY_AFTER_NAMESPACE();
