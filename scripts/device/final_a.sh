@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Final round, part A (carry [".device"]): full build, the whole CTest suite, then the flex
+# forward A/B (KILN_FLEX_FWD_MT=1|2): CUDA flex tests and three rows each. Part B (final_b.sh)
+# follows on the warm machine with the winner. Logs under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/kiln-out}
+bash scripts/device/gpu_round.sh none || exit 1
+export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+ctest --test-dir build-gpu -j12 --output-on-failure --timeout 120 > "$OUT/ctest.log" 2>&1
+grep -E "tests passed|tests failed|Total Test time" "$OUT/ctest.log"
+grep -E "\((Failed|Timeout|Subprocess|Exception)" "$OUT/ctest.log" | head -20
+rows=(
+  "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal"
+  "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16"
+  "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256"
+  "train_doc|--batch 4 --heads 12 --seq 4096 --head-dim 64 --mask document:4"
+)
+for mt in 1 2; do
+  export KILN_FLEX_FWD_MT=$mt KILN_CACHE_DIR=/tmp/kiln-cache-mt$mt
+  echo "== fwd m tiles $mt"
+  timeout 100 build-gpu/tests/test_flex --gtest_filter='FlexAttentionCuda*' > "$OUT/flex_tests_mt$mt.log" 2>&1
+  grep -E "^\[  PASSED|^\[  FAILED|Failure" "$OUT/flex_tests_mt$mt.log" | head -8
+  for row in "${rows[@]}"; do
+    name=${row%%|*}; args=${row#*|}
+    timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_mt${mt}_$name.jsonl" 2>&1
+    echo "$name $(grep -E '"variant": "flex"' "$OUT/flex_mt${mt}_$name.jsonl" | cut -c1-120)"
+  done
+done

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Final round, part B, right after final_a.sh (warm machine, build-gpu kept; rebuilt when
+# missing): the 125M training step beside PyTorch eager, then compare_torch.py on the issues'
+# shapes. KILN_FLEX_FWD_MT is passed by the caller (the winner of part A).
+set -uo pipefail
+OUT=${OUT:-/tmp/kiln-out}
+[ -x build-gpu/kiln ] || BUILD_TARGETS="kiln_cli kiln_python" bash scripts/device/gpu_round.sh none || exit 1
+mkdir -p /opt/deps; for f in .device/debs/*.deb; do dpkg -x "$f" /opt/deps; done
+export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export KILN_CACHE_DIR=/tmp/kiln-cache-b
+echo "== train 125M (KILN_FLEX_FWD_MT=${KILN_FLEX_FWD_MT:-1})"
+timeout ${TRAIN_TIMEOUT:-150} python3 scripts/device/train_bench.py --kiln build-gpu/kiln --frameworks kiln,eager --steps 6 --warmup 2 --timeout 70 --out "$OUT/train_bench.json" > "$OUT/train.txt" 2>&1
+sed -n '/^framework/,$p' "$OUT/train.txt" | head -40
+echo "== compare_torch"
+PYTHONPATH=build-gpu/python timeout ${CMP_TIMEOUT:-330} python3 python/bench/compare_torch.py ${CMP_ARGS:-} --out "$OUT/compare_torch.json" > "$OUT/compare.txt" 2>&1
+grep -v Warning "$OUT/compare.txt" | grep -v "torch_cbm\|tbm = " | tail -60
