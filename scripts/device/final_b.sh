@@ -11,6 +11,9 @@ export KILN_CACHE_DIR=/tmp/kiln-cache-b
 echo "== train 125M (KILN_FLEX_FWD_MT=${KILN_FLEX_FWD_MT:-1})"
 timeout ${TRAIN_TIMEOUT:-150} python3 scripts/device/train_bench.py --kiln build-gpu/kiln --frameworks kiln,eager --steps 6 --warmup 2 --timeout 70 --out "$OUT/train_bench.json" > "$OUT/train.txt" 2>&1
 sed -n '/^framework/,$p' "$OUT/train.txt" | head -40
-echo "== compare_torch"
-PYTHONPATH=build-gpu/python timeout ${CMP_TIMEOUT:-330} python3 python/bench/compare_torch.py ${CMP_ARGS:-} --out "$OUT/compare_torch.json" > "$OUT/compare.txt" 2>&1
-grep -v Warning "$OUT/compare.txt" | grep -v "torch_cbm\|tbm = " | tail -60
+for fam in flex lce; do
+  echo "== compare_torch --only $fam"
+  PYTHONPATH=build-gpu/python timeout ${CMP_TIMEOUT:-200} python3 python/bench/compare_torch.py --only $fam ${CMP_ARGS:-} \
+    --out "$OUT/compare_$fam.json" > "$OUT/compare_$fam.txt" 2>&1
+  grep -v Warning "$OUT/compare_$fam.txt" | grep -v "torch_cbm\|tbm = " | tail -45
+done
