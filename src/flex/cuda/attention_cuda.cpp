@@ -31,7 +31,6 @@ struct State {
   std::vector<Tensor> buffers;  // device copies (kept alive)
   const FlexKernels* kernels = nullptr;
   int64_t fwd_smem = 0, bwd_smem = 0;
-  int fwd_threads = kThreads;
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
 };
@@ -152,7 +151,6 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   KernelConfig cfg;
   cfg.bf16 = dtype == kBFloat16;
   cfg.head_dim = static_cast<int>(p.E);
-  st->fwd_threads = cfg.fwd_threads();
   const std::string source = generate_source(p.score, p.mask, cfg);
   const int64_t ld = p.E + 8;
   st->fwd_smem = (kTileM + 2 * kTileN) * ld * 2;
@@ -171,7 +169,7 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   P.out = out.data_ptr();
   P.lse = lse.data_ptr<float>();
   P.err = err.data_ptr<int32_t>();
-  launch(st.kernels->fwd, st.p.B * st.p.Hq * P.q_tiles, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
+  launch(st.kernels->fwd, st.p.B * st.p.Hq * P.q_tiles, kThreads, st.fwd_smem, stream_of(st), &P);
   return read_error(st, err);
 }
 

@@ -6,9 +6,7 @@
 // loads of grad-requiring tensors add into a per-warp double slot when the caller passes one.
 #include "flex/cuda/codegen.h"
 
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <sstream>
 
 namespace kiln::flex::cuda {
@@ -261,11 +259,6 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
   return os.str();
 }
 
-int KernelConfig::default_fwd_m_tiles() {
-  const char* e = std::getenv("KILN_FLEX_FWD_MT");  // TEMPORARY A/B switch
-  return e && std::string(e) == "2" ? 2 : 1;
-}
-
 std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg) {
   KILN_CHECK(cfg.head_dim == 64 || cfg.head_dim == 128, "flex_attention", "CUDA head dim must be 64 or 128, got ",
              cfg.head_dim);
@@ -277,7 +270,6 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define TILE_N " << cfg.tile_n << "\n";
   os << "#define NTHREADS " << kThreads << "\n";
   os << "#define NWARPS " << kWarps << "\n";
-  os << "#define FWD_MT " << cfg.fwd_m_tiles << "\n";
   os << "#define HAS_SCORE " << (score ? 1 : 0) << "\n";
   os << "#define HAS_MASK " << (mask ? 1 : 0) << "\n";
   os << "#define HAS_CAP_GRAD " << (score && score->any_grad ? 1 : 0) << "\n";

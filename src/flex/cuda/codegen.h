@@ -47,11 +47,6 @@ struct KernelConfig {
   bool bf16 = true;  // false: fp16
   int head_dim = 128;
   int tile_m = kTileM, tile_n = kTileN;
-  // m16 row blocks per warp in the forward (1: 4 warps x 16 rows; 2: 2 warps x 32 rows, each
-  // K/V fragment feeding two mmas). TEMPORARY A/B until the H200 decides: KILN_FLEX_FWD_MT.
-  int fwd_m_tiles = default_fwd_m_tiles();
-  int fwd_threads() const { return 32 * tile_m / (16 * fwd_m_tiles); }
-  static int default_fwd_m_tiles();
 };
 
 // score: null for the identity; mask: null for no mask_mod. Throws kiln::Error naming

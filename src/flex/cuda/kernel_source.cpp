@@ -226,14 +226,17 @@ __device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], co
   }
 }
 
-// The forward's products with FWD_MT m16 row blocks per warp: each B fragment read from shared
-// memory feeds FWD_MT mmas (half the ldmatrix traffic per mma at FWD_MT = 2). Per element the
-// mma sequence is the same as tile_abt / tile_pb's, so the bits are too.
-#ifndef FWD_MT
+// The forward's products with FWD_MT m16 row blocks per warp; each B fragment read from shared
+// memory feeds FWD_MT mmas. Per element the mma sequence is tile_abt / tile_pb's, so the bits are
+// too. FWD_MT = 2 (2 warps x 32 rows, 220/255 registers at E = 64/128) measured slower on the
+// H200 (2026-12-03, 997af05: causal 4x16x8192x128 fwd 8.83 vs 7.84 ms, 4x12x4096x64 documents
+// 1.58 vs 0.87 ms), so the forward runs 4 warps x 16 rows; the parameter stays for the next try.
 #define FWD_MT 1
-#endif
 #define FWD_WARPS (TILE_M / (16 * FWD_MT))
 #define FWD_THREADS (32 * FWD_WARPS)
+#if FWD_THREADS != NTHREADS
+#error "the forward is launched with NTHREADS threads"
+#endif
 
 __device__ __forceinline__ void tile_abt_mt(float (*acc)[TILE_N / 8][4], const u16* A, int ra, const u16* Bm,
                                             int lane) {
