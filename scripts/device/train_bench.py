@@ -48,7 +48,10 @@ def run_kiln(args, m, device):
            "--layers", str(m["n_layers"]), "--heads", str(m["n_heads"]),
            "--batch-size", str(args.batch_size), "--bench-steps", str(args.steps), "--bench-warmup", str(args.warmup),
            "--autocast", "bf16", "--progress", "plain", "--log-every", "1", "--run-dir", run_dir,
-           "--seed", str(args.seed)]
+           "--seed", str(args.seed),
+           # PyTorch's schedule below (peak 3e-4, floor 3e-5, warm-up min(30, steps)); kiln's
+           # default (5e-3, meant for the tiny CPU model) made the 125M losses climb.
+           "--lr", "3e-4", "--min-lr", "3e-5", "--warmup-steps", str(min(30, args.warmup + args.steps))]
     cmd += ["--threads", "0"]  # all cores: on CUDA the host builds each step's BlockMask
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
