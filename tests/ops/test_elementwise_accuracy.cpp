@@ -316,7 +316,9 @@ TEST(ElementwiseAccuracy, BackwardBFloat16AllValues) {
     EXPECT_EQ(beyond, 0) << "at x=" << at;
     EXPECT_EQ(bad_nan, 0);
     EXPECT_LE(off_nearest, 65536 / 100);
-    if (b.name == "gelu'") EXPECT_EQ(off_nearest, 0);  // a table of fp32 values rounded to odd
+    if (b.name == "gelu'") {
+      EXPECT_EQ(off_nearest, 0);  // a table of fp32 values rounded to odd
+    }
   }
 }
 
