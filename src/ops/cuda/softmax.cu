@@ -1,10 +1,15 @@
 // CUDA softmax / log_softmax, forward and backward, over contiguous [outer, n, inner].
-// Rows (inner == 1): a warp per row when n <= 8192 (8 rows per 256-thread block, no block
-// barriers), a 512-thread block per row otherwise. Pass 1 keeps an online (max, sum exp) per
-// thread and merges it through a fixed shuffle tree; pass 2 re-reads the row (usually from L2)
-// and writes exp(x - max) / sum, or x - max - log(sum). 16-byte vector loads/stores when n and
-// the pointers allow. Backward is the same shape: pass 1 reduces sum(g * y) (softmax) or sum(g)
-// (log_softmax), pass 2 writes y * (g - s) or g - exp(y) * s.
+// Rows (inner == 1) of 128 to 2048 vectors: a 256-thread block per row keeps the row in registers
+// (up to 8 vectors a thread), so it is read once: block max, then exp(x - max) kept in place and
+// block sum, then the scaled write (backward: sum(g * y) or sum(g) over the held y and g, then
+// the write). The two-pass kernels re-read the row (from L2 when it is still there, which at
+// a few GiB it mostly was not: 0.56-0.61 of copy bandwidth on the H200).
+// Other rows: a warp per row when n <= 8192 (8 rows per 256-thread block, no block barriers), a
+// 512-thread block per row otherwise. Pass 1 keeps an online (max, sum exp) per thread and merges
+// it through a fixed shuffle tree; pass 2 re-reads the row and writes exp(x - max) / sum, or
+// x - max - log(sum). 16-byte vector loads/stores when n and the pointers allow. Backward is the
+// same shape: pass 1 reduces sum(g * y) (softmax) or sum(g) (log_softmax), pass 2 writes
+// y * (g - s) or g - exp(y) * s.
 // Columns (inner > 1): one thread per (outer, inner) column walking n with stride inner, so a
 // warp reads 32 adjacent columns per step.
 #include "core/cuda/check.h"
@@ -123,6 +128,135 @@ __global__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ g, T* __
   }
 }
 
+constexpr int kRegThreads = 256;
+constexpr int kRegMaxVectors = 8;  // per thread: rows up to 2048 vectors (8192 fp32, 16384 bf16)
+
+// A block per row, the row held in registers: vector k of the row is v[k / kRegThreads] of thread
+// k % kRegThreads (coalesced loads). R = vectors per thread, a power of two >= ceil(nv / 256).
+template <typename T, int VEC, int R>
+__global__ void __launch_bounds__(kRegThreads) fwd_rows_reg(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
+                                                            int64_t n, bool is_log) {
+  using A = dacc_t<T>;
+  using P = Pack<T, VEC>;
+  const int64_t nv = n / VEC;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const P* xr = reinterpret_cast<const P*>(x + row * n);
+    P* yr = reinterpret_cast<P*>(y + row * n);
+    A v[R][VEC];
+    A mx = d_lowest<A>();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t k = threadIdx.x + r * kRegThreads;
+      if (k < nv) {
+        const P p = xr[k];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          v[r][e] = convert<A>(p.v[e]);
+          ExtremeOp<A, true>::add(mx, v[r][e], 0);
+        }
+      }
+    }
+    mx = block_allreduce<ExtremeOp<A, true>>(mx);
+    A sum = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (threadIdx.x + r * kRegThreads < nv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A ex = d_exp(v[r][e] - mx);
+          sum += ex;
+          if (!is_log) v[r][e] = ex;
+        }
+      }
+    sum = block_allreduce<SumOp<A>>(sum);
+    const A c = is_log ? mx + d_log(sum) : A(1) / sum;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t k = threadIdx.x + r * kRegThreads;
+      if (k < nv) {
+        P out;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) out.v[e] = convert<T>(is_log ? v[r][e] - c : v[r][e] * c);
+        yr[k] = out;
+      }
+    }
+  }
+}
+
+template <typename T, int VEC, int R>
+__global__ void __launch_bounds__(kRegThreads) bwd_rows_reg(const T* __restrict__ y, const T* __restrict__ g,
+                                                            T* __restrict__ gx, int64_t rows, int64_t n, bool is_log) {
+  using A = dacc_t<T>;
+  using P = Pack<T, VEC>;
+  const int64_t nv = n / VEC;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const P* yr = reinterpret_cast<const P*>(y + row * n);
+    const P* gr = reinterpret_cast<const P*>(g + row * n);
+    P* gxr = reinterpret_cast<P*>(gx + row * n);
+    A yv[R][VEC], gv[R][VEC];
+    A s = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t k = threadIdx.x + r * kRegThreads;
+      if (k < nv) {
+        const P pg = gr[k], py = yr[k];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          gv[r][e] = convert<A>(pg.v[e]);
+          yv[r][e] = convert<A>(py.v[e]);
+          s += is_log ? gv[r][e] : gv[r][e] * yv[r][e];
+        }
+      }
+    }
+    s = block_allreduce<SumOp<A>>(s);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t k = threadIdx.x + r * kRegThreads;
+      if (k < nv) {
+        P out;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          out.v[e] = convert<T>(is_log ? gv[r][e] - d_exp(yv[r][e]) * s : yv[r][e] * (gv[r][e] - s));
+        gxr[k] = out;
+      }
+    }
+  }
+}
+
+// Vectors per thread for the register kernels (0: the row does not suit them).
+int reg_vectors(int64_t nv) {
+  if (nv < 4 * 32 || nv > int64_t{kRegThreads} * kRegMaxVectors) return 0;  // short rows: a warp per row
+  int r = 1;
+  while (int64_t{r} * kRegThreads < nv) r *= 2;
+  return r;
+}
+
+// Launches kernel<T, VEC, R> with R picked at run time from {1, 2, 4, 8}.
+template <template <typename, int, int> class K, typename T, int VEC, typename... Args>
+void launch_reg_rows(cudaStream_t s, int r, int64_t rows, Args... args) {
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, kMaxBlocks));
+  switch (r) {
+    case 1: K<T, VEC, 1>::launch(blocks, s, args...); break;
+    case 2: K<T, VEC, 2>::launch(blocks, s, args...); break;
+    case 4: K<T, VEC, 4>::launch(blocks, s, args...); break;
+    default: K<T, VEC, 8>::launch(blocks, s, args...); break;
+  }
+}
+template <typename T, int VEC, int R>
+struct FwdReg {
+  template <typename... Args>
+  static void launch(unsigned blocks, cudaStream_t s, Args... args) {
+    fwd_rows_reg<T, VEC, R><<<blocks, kRegThreads, 0, s>>>(args...);
+  }
+};
+template <typename T, int VEC, int R>
+struct BwdReg {
+  template <typename... Args>
+  static void launch(unsigned blocks, cudaStream_t s, Args... args) {
+    bwd_rows_reg<T, VEC, R><<<blocks, kRegThreads, 0, s>>>(args...);
+  }
+};
+
 template <typename T>
 __global__ void fwd_cols(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner, bool is_log) {
   using A = dacc_t<T>;
@@ -193,7 +327,10 @@ void softmax_forward(const Tensor& xt, const Tensor& yt, int64_t outer, int64_t 
       constexpr int kVec = 16 / sizeof(T);
       const bool vec = n % kVec == 0 && aligned16(x) && aligned16(y);
       const bool warp = n <= kWarpRowMax;
-      if (vec && warp) launch_fwd_rows<T, kVec, true>(s, outer, x, y, outer, n, is_log);
+      const int r = reg_vectors(vec ? n / kVec : n);
+      if (r && vec) launch_reg_rows<FwdReg, T, kVec>(s, r, outer, x, y, outer, n, is_log);
+      else if (r) launch_reg_rows<FwdReg, T, 1>(s, r, outer, x, y, outer, n, is_log);
+      else if (vec && warp) launch_fwd_rows<T, kVec, true>(s, outer, x, y, outer, n, is_log);
       else if (vec) launch_fwd_rows<T, kVec, false>(s, outer, x, y, outer, n, is_log);
       else if (warp) launch_fwd_rows<T, 1, true>(s, outer, x, y, outer, n, is_log);
       else launch_fwd_rows<T, 1, false>(s, outer, x, y, outer, n, is_log);
@@ -218,7 +355,10 @@ void softmax_backward(const Tensor& yt, const Tensor& gt, const Tensor& gxt, int
       constexpr int kVec = 16 / sizeof(T);
       const bool vec = n % kVec == 0 && aligned16(y) && aligned16(g) && aligned16(gx);
       const bool warp = n <= kWarpRowMax;
-      if (vec && warp) launch_bwd_rows<T, kVec, true>(s, outer, y, g, gx, outer, n, is_log);
+      const int r = reg_vectors(vec ? n / kVec : n);
+      if (r && vec) launch_reg_rows<BwdReg, T, kVec>(s, r, outer, y, g, gx, outer, n, is_log);
+      else if (r) launch_reg_rows<BwdReg, T, 1>(s, r, outer, y, g, gx, outer, n, is_log);
+      else if (vec && warp) launch_bwd_rows<T, kVec, true>(s, outer, y, g, gx, outer, n, is_log);
       else if (vec) launch_bwd_rows<T, kVec, false>(s, outer, y, g, gx, outer, n, is_log);
       else if (warp) launch_bwd_rows<T, 1, true>(s, outer, y, g, gx, outer, n, is_log);
       else launch_bwd_rows<T, 1, false>(s, outer, y, g, gx, outer, n, is_log);
