@@ -136,8 +136,12 @@ TEST(RmsNormCuda, MatchesCpu) {
     for (int64_t H : {1, 33, 512, 4100}) {
       Tensor x = randn({70, H}).to(dt).requires_grad_(true);
       Tensor w = randn({H}).to(dt).requires_grad_(true);
+      // H = 1 is ill-conditioned in fp32: x / rms(x) is +-1, so dx = w (g - y mean(g y)) / rms and
+      // dw = sum over rows of +-g cancel to values far below their terms (3.6e-5 relative seen
+      // between the backends on the H200); a looser bound there, the dtype's elsewhere.
+      const double tol = H == 1 && dt == kFloat32 ? 2e-4 : -1;
       expect_cuda_matches_cpu("rms_norm " + std::to_string(H),
-                              [](const std::vector<Tensor>& in) { return F::rms_norm(in[0], in[1]); }, {x, w});
+                              [](const std::vector<Tensor>& in) { return F::rms_norm(in[0], in[1]); }, {x, w}, tol);
     }
   }
   Tensor x = randn({5, 9}).requires_grad_(true);
