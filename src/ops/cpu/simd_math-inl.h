@@ -504,9 +504,8 @@ HWY_INLINE V PowF32Fast(D d, V x, V y, hn::Mask<D>& ok) {
   const V f = hn::Sub(hn::BitCast(d, hn::Add(hn::And(u, hn::Set(di, 0x007fffff)), sqrt_half)), one);  // exact
   const V den = hn::Add(f, two);
   const V den_lo = hn::Sub(f, hn::Sub(den, two));  // exact: 2 + f = den + den_lo
-  const V rc = RecipFast(d, den);
-  const V s = hn::Mul(f, rc);
-  const V s_lo = hn::Mul(hn::NegMulAdd(s, den_lo, hn::NegMulAdd(s, den, f)), rc);  // (f - s (den + den_lo)) / den
+  const V s = hn::Div(f, den);  // one divide: shorter chain than the reciprocal's Newton step
+  const V s_lo = hn::Mul(hn::NegMulAdd(s, den_lo, hn::NegMulAdd(s, den, f)), RecipBf(d, den));  // (f - s (den + den_lo)) / den
   const V s2 = hn::Mul(s, s);
   const V q = Poly3(d, s2, hn::Mul(s2, s2), 0.666666687f, 0.400001228f, 0.285508275f, 0.233304426f);
   const V tail = hn::MulAdd(hn::Mul(s, s2), q, hn::Add(s_lo, s_lo));
