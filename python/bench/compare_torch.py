@@ -261,7 +261,6 @@ def bench_flex(runner, args):
 
     dev = runner.device
     dtype = torch.bfloat16 if runner.cuda else torch.float32
-    compiled_flex = torch.compile(torch_flex) if runner.cuda else torch_flex
     if not runner.cuda:  # the CPU smoke run uses torch's eager flex on purpose
         import warnings
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
@@ -269,6 +268,11 @@ def bench_flex(runner, args):
     rows = []
     for r in flex_rows(args):
         B, H, S, D = r["B"], r["H"], r["S"], r["D"]
+        # A fresh compile per row: one shared compiled function hit dynamo's recompile limit (8)
+        # after four rows on the H200 and silently fell back to eager flex (64 GiB of scores).
+        if runner.cuda:
+            torch._dynamo.reset()
+        compiled_flex = torch.compile(torch_flex) if runner.cuda else torch_flex
         g = torch.Generator(device=dev).manual_seed(0)
         q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=dtype, generator=g).requires_grad_() for _ in range(3))
         dout = torch.randn(B, H, S, D, device=dev, dtype=dtype, generator=g)
