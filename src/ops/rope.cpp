@@ -22,6 +22,15 @@ void run_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign,
   }
 }
 
+void run_qkv_rotary(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos,
+                    const Tensor& sin, bool split) {
+  if (qkv.is_cuda()) {
+    KILN_CUDA_ONLY("qkv_rotary_split", cuda::qkv_rotary(qkv, q, k, v, cos, sin, split));
+  } else {
+    cpu::qkv_rotary(qkv, q, k, v, cos, sin, split);
+  }
+}
+
 }  // namespace
 
 Tensor apply_rotary_emb(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in) {
@@ -54,6 +63,40 @@ Tensor apply_rotary_emb(const Tensor& x_in, const Tensor& cos_in, const Tensor& 
     });
   }
   return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor> qkv_rotary_split(const Tensor& qkv_in, const Tensor& cos_in, const Tensor& sin_in) {
+  const char* op = "qkv_rotary_split";
+  KILN_CHECK(qkv_in.defined() && cos_in.defined() && sin_in.defined(), op, "qkv, cos and sin must be defined");
+  KILN_CHECK(qkv_in.dim() == 5 && qkv_in.size(2) == 3, op, "qkv must be [B, T, 3, H, D], got ",
+             shape_str(qkv_in.sizes()));
+  KILN_CHECK(is_floating_point(qkv_in.dtype()), op, "expected a floating-point qkv, got ", dtype_name(qkv_in.dtype()));
+  const int64_t B = qkv_in.size(0), T = qkv_in.size(1), H = qkv_in.size(3), D = qkv_in.size(4);
+  KILN_CHECK(D % 2 == 0, op, "head dim D must be even, got ", D);
+  const Shape table{T, D / 2};
+  KILN_CHECK(cos_in.sizes() == table && sin_in.sizes() == table, op, "cos and sin must be [T, D/2] = ",
+             shape_str(table), ", got ", shape_str(cos_in.sizes()), " and ", shape_str(sin_in.sizes()));
+  KILN_CHECK(is_floating_point(cos_in.dtype()) && is_floating_point(sin_in.dtype()), op,
+             "cos and sin must be floating point");
+  KILN_CHECK(cos_in.device() == qkv_in.device() && sin_in.device() == qkv_in.device(), op, "qkv is on ",
+             qkv_in.device(), " but cos/sin are on ", cos_in.device(), " and ", sin_in.device());
+  KILN_CHECK(!(autograd::needs_grad({cos_in, sin_in})), op,
+             "gradients w.r.t. cos/sin are not supported; pass tables that do not require grad");
+  const DType acc = qkv_in.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  const Tensor qkv = qkv_in.contiguous().detach();
+  const Tensor cos = cos_in.detach().to(acc).contiguous(), sin = sin_in.detach().to(acc).contiguous();
+  const Shape heads{B, H, T, D};
+  Tensor q = empty(heads, qkv.options()), k = empty(heads, qkv.options()), v = empty(heads, qkv.options());
+  run_qkv_rotary(qkv, q, k, v, cos, sin, true);
+  if (autograd::needs_grad({qkv_in})) {
+    autograd::record(op, {q, k, v}, {qkv_in}, [cos, sin, shape = qkv.sizes(), dt = qkv.dtype()](const std::vector<Tensor>& g) {
+      const Tensor dq = g[0].to(dt).contiguous(), dk = g[1].to(dt).contiguous(), dv = g[2].to(dt).contiguous();
+      Tensor dqkv = empty(shape, dq.options());
+      run_qkv_rotary(dqkv, dq, dk, dv, cos, sin, false);
+      return std::vector<Tensor>{dqkv};
+    });
+  }
+  return {q, k, v};
 }
 
 std::pair<Tensor, Tensor> rotary_tables(int64_t T, int64_t D, double theta, Device device) {

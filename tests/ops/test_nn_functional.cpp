@@ -223,6 +223,81 @@ TEST(Rope, Errors) {
   expect_message([] { F::rotary_tables(4, 7); }, "[rotary_tables]");
 }
 
+// qkv_rotary_split against the float64 reference built from the pieces it fuses: slot j of
+// qkv [B, T, 3, H, D] rotated (q, k) or copied (v), then heads moved first.
+std::vector<Tensor> qkv_split_reference(const Tensor& qkv, const Tensor& cos, const Tensor& sin) {
+  const Tensor x = qkv.to(kFloat64);
+  std::vector<Tensor> out;
+  for (int64_t j = 0; j < 3; ++j) {
+    const Tensor slot = x.select(2, j).contiguous();
+    out.push_back((j < 2 ? rope_reference(slot, cos.to(kFloat64), sin.to(kFloat64)) : slot).transpose(1, 2).contiguous());
+  }
+  return out;
+}
+
+TEST(QkvRotarySplit, MatchesReferenceAcrossDtypes) {
+  for (DType dt : {kFloat64, kFloat32, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto [cos, sin] = F::rotary_tables(7, 16);
+    const Tensor qkv = randn({2, 7, 3, 5, 16}).to(dt);
+    auto [q, k, v] = F::qkv_rotary_split(qkv, cos, sin);
+    const std::vector<Tensor> ref = qkv_split_reference(qkv, cos, sin);
+    const Tensor got[3] = {q, k, v};
+    for (int j = 0; j < 3; ++j) {
+      SCOPED_TRACE("output " + std::to_string(j));
+      EXPECT_EQ(got[j].sizes(), (Shape{2, 5, 7, 16}));
+      EXPECT_TRUE(got[j].is_contiguous());
+      EXPECT_EQ(got[j].dtype(), dt);
+      EXPECT_CLOSE(got[j], ref[static_cast<size_t>(j)], tolerance(dt));
+    }
+    // The same bits as the unfused path (select, apply_rotary_emb, transpose, contiguous).
+    EXPECT_EQ(q.to_vector(), F::apply_rotary_emb(qkv.select(2, 0), cos, sin).transpose(1, 2).contiguous().to_vector());
+    EXPECT_EQ(v.to_vector(), qkv.select(2, 2).transpose(1, 2).contiguous().to_vector());
+  }
+}
+
+TEST(QkvRotarySplit, GradchecksAndWritesEachGradientOnce) {
+  auto [cos, sin] = F::rotary_tables(4, 6, 100.0);
+  const Tensor c64 = cos.to(kFloat64), s64 = sin.to(kFloat64);
+  Tensor qkv = randn({2, 4, 3, 3, 6}, kFloat64).requires_grad_(true);
+  // Different weights per output, so a gradient routed to the wrong slot cannot pass.
+  const Tensor wq = randn({2, 3, 4, 6}, kFloat64), wk = randn({2, 3, 4, 6}, kFloat64), wv = randn({2, 3, 4, 6}, kFloat64);
+  expect_gradcheck([&](const std::vector<Tensor>& in) {
+    auto [q, k, v] = F::qkv_rotary_split(in[0], c64, s64);
+    return sum(q * wq + k * wk + v * wv);
+  }, {qkv});
+  // Only v used: the q and k slots of the gradient are zero, v's is the incoming gradient.
+  Tensor x = randn({1, 4, 3, 2, 6}, kFloat64).requires_grad_(true);
+  auto [q, k, v] = F::qkv_rotary_split(x, c64, s64);
+  sum(v * wv.narrow(0, 0, 1).narrow(1, 0, 2)).backward();
+  const Tensor gx = x.grad();
+  for (int64_t j : {0, 1})
+    for (double g : gx.select(2, j).contiguous().to_vector()) EXPECT_EQ(g, 0.0);
+  EXPECT_CLOSE(gx.select(2, 2).transpose(1, 2), wv.narrow(0, 0, 1).narrow(1, 0, 2), 0.0);
+}
+
+TEST(QkvRotarySplit, Errors) {
+  auto [cos, sin] = F::rotary_tables(4, 6);
+  expect_message([&] { F::qkv_rotary_split(randn({2, 4, 2, 3, 6}), cos, sin); }, "[qkv_rotary_split]");
+  expect_message([&] { F::qkv_rotary_split(randn({2, 4, 3, 6}), cos, sin); }, "[B, T, 3, H, D]");
+  expect_message([&] { F::qkv_rotary_split(randn({2, 5, 3, 3, 6}), cos, sin); }, "[T, D/2]");
+  expect_message([&] { F::qkv_rotary_split(randn({2, 4, 3, 3, 5}), cos, sin); }, "even");
+  expect_message([&] { F::qkv_rotary_split(randint(0, 3, {2, 4, 3, 3, 6}), cos, sin); }, "floating-point");
+}
+
+TEST(QkvRotarySplitCuda, MatchesCpu) {
+  KILN_REQUIRE_CUDA();
+  for (DType dt : {kFloat32, kBFloat16}) {
+    auto [cos, sin] = F::rotary_tables(11, 64);
+    const Tensor cg = cos.cuda(), sg = sin.cuda();
+    Tensor qkv = randn({2, 11, 3, 4, 64}).to(dt).requires_grad_(true);
+    expect_cuda_matches_cpu("qkv_rotary_split", [&](const std::vector<Tensor>& in) {
+      auto [q, k, v] = in[0].is_cuda() ? F::qkv_rotary_split(in[0], cg, sg) : F::qkv_rotary_split(in[0], cos, sin);
+      return stack({q, k, v});
+    }, {qkv});
+  }
+}
+
 TEST(RopeCuda, MatchesCpu) {
   KILN_REQUIRE_CUDA();
   for (DType dt : {kFloat32, kBFloat16}) {

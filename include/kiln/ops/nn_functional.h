@@ -3,6 +3,7 @@
 // computed in fp32 for 16-bit inputs; outputs take the input dtype.
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "kiln/tensor.h"
@@ -26,6 +27,12 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 //   out[..., i] = x_i cos - x_{i+D/2} sin,  out[..., i+D/2] = x_{i+D/2} cos + x_i sin   (i < D/2)
 // cos/sin are constants (requesting their gradient raises); the backward rotates by -theta.
 Tensor apply_rotary_emb(const Tensor& x, const Tensor& cos, const Tensor& sin);
+// A fused attention projection split into rotated q, k and plain v with heads first, the layout
+// attention kernels take: qkv [B, T, 3, H, D] (contiguous), cos/sin [T, D/2] ->
+// {q, k, v}, each [B, H, T, D] contiguous; q and k rotated exactly as apply_rotary_emb rotates
+// them. One read and one write each way (the backward writes dqkv once), instead of select +
+// rotary + transpose + contiguous per tensor and three zero-padded slice gradients.
+std::tuple<Tensor, Tensor, Tensor> qkv_rotary_split(const Tensor& qkv, const Tensor& cos, const Tensor& sin);
 // cos/sin tables for positions [0, T): each [T, D/2] fp32 (computed in fp64 on the host), angle
 // t * theta^(-2i/D), on `device`.
 std::pair<Tensor, Tensor> rotary_tables(int64_t T, int64_t D, double theta = 10000.0, Device device = kCPU);

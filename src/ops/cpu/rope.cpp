@@ -36,4 +36,40 @@ void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign, con
   });
 }
 
+void qkv_rotary(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos,
+                const Tensor& sin, bool split) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), half = D / 2;
+  dispatch_floating(qkv.dtype(), "qkv_rotary_split", [&](auto tag) {
+    using X = typename decltype(tag)::type;
+    using A = acc_t<X>;
+    X* packed = qkv.data_ptr<X>();
+    X* heads[3] = {q.data_ptr<X>(), k.data_ptr<X>(), v.data_ptr<X>()};
+    const A* cp = cos.data_ptr<A>();
+    const A* sp = sin.data_ptr<A>();
+    const A s = split ? A(1) : A(-1);
+#pragma omp parallel for collapse(2) schedule(static) if (B * T * H * D > 32768)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < 3; ++j)
+          for (int64_t h = 0; h < H; ++h) {
+            X* pr = packed + (((b * T + t) * 3 + j) * H + h) * D;  // qkv[b, t, j, h, :]
+            X* hr = heads[j] + ((b * H + h) * T + t) * D;          // q/k/v[b, h, t, :]
+            const X* src = split ? pr : hr;
+            X* dst = split ? hr : pr;
+            if (j == 2) {
+              std::copy(src, src + D, dst);
+              continue;
+            }
+            const A* c = cp + t * half;
+            const A* sn = sp + t * half;
+            for (int64_t i = 0; i < half; ++i) {
+              const A x1 = static_cast<A>(src[i]), x2 = static_cast<A>(src[i + half]);
+              const A si = s * sn[i];
+              dst[i] = X(x1 * c[i] - x2 * si);
+              dst[i + half] = X(x2 * c[i] + x1 * si);
+            }
+          }
+  });
+}
+
 }  // namespace kiln::cpu

@@ -4,4 +4,6 @@
 
 namespace kiln::cuda {
 void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign, const Tensor& out);
+void qkv_rotary(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos,
+                const Tensor& sin, bool split);
 }  // namespace kiln::cuda
