@@ -2,9 +2,9 @@
 // minus what was allocated before, after reset_peak_memory_stats; gradients included) and its
 // forward+backward time (best of --iters after one warm-up):
 //   memory, speed: kiln::nn::functional::linear_cross_entropy with that strategy;
-//   unfused:       CPU: kiln::linear -> [N, V] logits, a float32 log-softmax/gradient loop (kiln has
-//                  no cross_entropy op yet), linear's backward; CUDA: the fused kernels over ONE
-//                  [N, V] chunk (materialised fp32 logits and dz), i.e. what an unfused op would hold;
+//   unfused:       CPU: kiln's own ops through autograd, cross_entropy(linear(x, W), y) and its
+//                  backward ([N, V] logits and their gradient materialised); CUDA: the fused kernels
+//                  over ONE [N, V] chunk (materialised fp32 logits and dz), what an unfused op holds;
 //   gemm3:         the three GEMMs alone (logits, dx, dW) on preallocated buffers (no loss).
 #include "bench_lce.h"
 
@@ -73,33 +73,6 @@ Result measure(const Device& dev, int iters, const std::function<double()>& f) {
     r.ms = std::min(r.ms, ms);
   }
   return r;
-}
-
-// Unfused CPU cross-entropy on materialised logits: loss (mean) and d loss / d logits.
-double cpu_unfused_ce(const Tensor& logits, const Tensor& y, Tensor& dlogits) {
-  const int64_t N = logits.size(0), V = logits.size(1);
-  dlogits = empty(logits.sizes(), logits.options());
-  const int64_t* yy = y.data_ptr<int64_t>();
-  double total = 0;
-  dispatch_floating(logits.dtype(), "bench_lce", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* z = logits.data_ptr<T>();
-    T* d = dlogits.data_ptr<T>();
-    std::vector<double> per(N);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) {
-      const T* zr = z + i * V;
-      float m = -INFINITY, s = 0;
-      for (int64_t j = 0; j < V; ++j) m = std::max(m, static_cast<float>(zr[j]));
-      for (int64_t j = 0; j < V; ++j) s += std::exp(static_cast<float>(zr[j]) - m);
-      const float lse = m + std::log(s);
-      per[i] = lse - static_cast<float>(zr[yy[i]]);
-      for (int64_t j = 0; j < V; ++j)
-        d[i * V + j] = T((std::exp(static_cast<float>(zr[j]) - lse) - (j == yy[i] ? 1.0f : 0.0f)) / N);
-    }
-    for (double p : per) total += p;
-  });
-  return total / static_cast<double>(N);
 }
 
 // grad_bytes: the dx and dW the peak includes (every variant must hold them); the working memory
@@ -251,11 +224,9 @@ int run_bench_lce(int argc, char** argv) {
       print(a, "unfused", measure(dev, a.iters, fused(LceStrategy::Speed, a.n)), gb);
     } else {
       print(a, "unfused", measure(dev, a.iters, [&]() {
-              Tensor logits = linear(x, w);
-              Tensor d;
-              const double loss = cpu_unfused_ce(logits, y, d);
-              auto g = autograd::grad({logits}, {x, w}, {d});
-              return loss;
+              Tensor loss = nn::functional::cross_entropy(linear(x, w), y);
+              auto g = autograd::grad({loss}, {x, w});
+              return loss.item();
             }),
             gb);
     }
