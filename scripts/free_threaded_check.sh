@@ -85,6 +85,7 @@ is_free_threaded "$PY" || die "$PY is not a free-threaded interpreter"
 log "interpreter: $("$PY" -VV | head -1) ($PY)"
 
 # --- 2. pip and the test dependencies -------------------------------------------------------------
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 "$PY" -m pip --version >/dev/null 2>&1 || "$PY" -m ensurepip >/dev/null || die "ensurepip failed"
 # nanobind as in the dev environment (3.x: FREE_THREADED support); numpy/ml_dtypes as cp313t wheels.
 PKGS=(pytest "nanobind>=2.2" numpy ml_dtypes)
@@ -98,7 +99,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   "$PY" -c "import urllib.request, sys; urllib.request.urlopen(sys.argv[1] + '/pip/', timeout=15)" "$index" 2>/dev/null \
     || skip "package index $index unreachable (needed for ${missing[*]})"
   log "pip install ${missing[*]}"
-  "$PY" -m pip install -q --disable-pip-version-check --only-binary numpy,ml_dtypes "${missing[@]}" \
+  "$PY" -m pip install -q --only-binary numpy,ml_dtypes "${missing[@]}" \
     || die "pip install ${missing[*]} failed"
 fi
 
@@ -106,9 +107,10 @@ fi
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(dirname "$ROOT")}
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+mkdir -p "$FT_BUILD"
 cmake -S . -B "$FT_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=OFF -DKILN_PYTHON=ON \
-  -DKILN_TESTS=OFF -DKILN_BENCH=OFF -DPython_EXECUTABLE="$PY" "${launcher[@]}" >"$FT_BUILD.configure.log" 2>&1 \
-  || { cat "$FT_BUILD.configure.log" >&2; die "cmake configure failed"; }
+  -DKILN_TESTS=OFF -DKILN_BENCH=OFF -DPython_EXECUTABLE="$PY" "${launcher[@]}" >"$FT_BUILD/configure.log" 2>&1 \
+  || { cat "$FT_BUILD/configure.log" >&2; die "cmake configure failed"; }
 cmake --build "$FT_BUILD" -j "$JOBS" --target kiln_python || die "building kiln_python failed"
 
 # --- 4. the tests ----------------------------------------------------------------------------------
