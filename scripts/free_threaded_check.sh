@@ -86,7 +86,7 @@ log "interpreter: $("$PY" -VV | head -1) ($PY)"
 
 # --- 2. pip and the test dependencies -------------------------------------------------------------
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
-"$PY" -m pip --version >/dev/null 2>&1 || "$PY" -m ensurepip >/dev/null || die "ensurepip failed"
+"$PY" -m pip --version >/dev/null 2>&1 || "$PY" -m ensurepip >/dev/null 2>&1 || die "$PY -m ensurepip failed"
 # nanobind as in the dev environment (3.x: FREE_THREADED support); numpy/ml_dtypes as cp313t wheels.
 PKGS=(pytest "nanobind>=2.2" numpy ml_dtypes)
 missing=()
