@@ -68,6 +68,28 @@ def test_concurrent_ops_and_lce():
     assert_all_equal(run_threads(body, (x, w, t)), body((x, w, t)))
 
 
+def test_concurrent_backward_into_a_shared_leaf():
+    # Every thread's graph ends in the same leaf w: each gradient must land in w.grad exactly once
+    # (a race lost some and tore others, under python3.13t and, less often, with the GIL). All
+    # additions add the same c, so the sum is the same bits in any order.
+    c = kiln.randn(128, 128, dtype=kiln.float64)
+    w = kiln.randn(128, 128, dtype=kiln.float64).requires_grad_()
+    steps = 64  # per call: THREADS * ROUNDS * steps backward passes per trial
+
+    def body(_):
+        for _ in range(steps):
+            (w * c).sum().backward()  # a cheap graph: mostly the accumulation
+        return ()
+
+    for _ in range(THREADS * ROUNDS):
+        body(None)
+    reference = w.grad.numpy().copy()
+    for _ in range(8):  # on 2 cores the race showed in about half the trials (or crashed: double free)
+        w.grad = None
+        run_threads(body, None)
+        np.testing.assert_array_equal(w.grad.numpy(), reference)
+
+
 def test_concurrent_flex_with_traced_mods():
     L = 64
     q, k, v = (kiln.randn(1, 2, L, 16) for _ in range(3))

@@ -36,6 +36,8 @@ class AccumulateGrad : public Node {
   std::vector<Tensor> apply(const std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     if (!g.defined()) return {};
+    std::unique_lock<std::recursive_mutex> lock;
+    if (leaf_.impl()) lock = std::unique_lock(leaf_.impl()->meta().leaf_mutex);
     const Tensor& current = leaf_.grad();
     if (!current.defined()) {
       // A copy, so .grad never aliases another tensor (one backward may hand the same buffer to
@@ -83,6 +85,7 @@ Edge gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   if (auto fn = t.grad_fn()) return {fn, t.output_nr()};
   AutogradMeta& meta = t.impl()->meta();
+  std::lock_guard<std::recursive_mutex> lock(meta.leaf_mutex);  // one accumulator per leaf
   std::shared_ptr<Node> acc = meta.grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t);

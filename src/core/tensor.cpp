@@ -240,7 +240,9 @@ void Tensor::set_grad(const Tensor& grad) const {
     KILN_CHECK(grad.sizes() == sizes(), "set_grad", "gradient shape ", shape_str(grad.sizes()),
                " does not match tensor shape ", shape_str(sizes()));
   }
-  impl_->meta().grad = grad;
+  AutogradMeta& meta = impl_->meta();
+  std::lock_guard<std::recursive_mutex> lock(meta.leaf_mutex);
+  meta.grad = grad;
 }
 
 std::shared_ptr<Node> Tensor::grad_fn() const {

@@ -1,6 +1,7 @@
 #pragma once
 // What a Tensor handle points to. Internal: ops and kernels include it, users do not.
 #include <memory>
+#include <mutex>
 
 #include "core/storage.h"
 #include "kiln/autograd.h"
@@ -14,6 +15,9 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;
   uint32_t output_nr = 0;
   std::weak_ptr<Node> grad_accumulator;  // leaves: the node that adds into .grad
+  // Guards grad and grad_accumulator: threads running graphs that share a leaf accumulate into it
+  // at once. Recursive: with create_graph the sum is recorded, which may reach this leaf's edge.
+  std::recursive_mutex leaf_mutex;
 };
 
 struct TensorImpl {
