@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Final round, part A (carry [".device"]): full build, the whole CTest suite, then the flex
-# forward A/B (KILN_FLEX_FWD_MT=1|2): CUDA flex tests and three rows each. Part B (final_b.sh)
+# forward A/B of 2026-12-03 (KILN_FLEX_FWD_MT=1|2, a switch since removed: both passes now run
+# the same kernel): CUDA flex tests and four rows each. Part B (final_b.sh)
 # follows on the warm machine with the winner. Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}

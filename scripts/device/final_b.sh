@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Final round, part B, right after final_a.sh (warm machine, build-gpu kept; rebuilt when
 # missing): the 125M training step beside PyTorch eager, then compare_torch.py on the issues'
-# shapes. KILN_FLEX_FWD_MT is passed by the caller (the winner of part A).
+# shapes. (The KILN_FLEX_FWD_MT switch of the 2026-12-03 A/B is gone; setting it does nothing.)
 set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}
 [ -x build-gpu/kiln ] || BUILD_TARGETS="kiln_cli kiln_python" bash scripts/device/gpu_round.sh none || exit 1
 mkdir -p /opt/deps; for f in .device/debs/*.deb; do dpkg -x "$f" /opt/deps; done
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export KILN_CACHE_DIR=/tmp/kiln-cache-b
-echo "== train 125M (KILN_FLEX_FWD_MT=${KILN_FLEX_FWD_MT:-1})"
+echo "== train 125M"
 timeout ${TRAIN_TIMEOUT:-150} python3 scripts/device/train_bench.py --kiln build-gpu/kiln --frameworks kiln,eager --steps 6 --warmup 2 --timeout 70 --out "$OUT/train_bench.json" > "$OUT/train.txt" 2>&1
 sed -n '/^framework/,$p' "$OUT/train.txt" | head -40
 for fam in flex lce; do
