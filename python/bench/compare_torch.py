@@ -104,6 +104,16 @@ def run_variant(runner, fwd, fwd_bwd, note=None):
     """{fwd_ms, fwd_bwd_ms, peak_extra_mib, torch_peak_mib, kiln_peak_mib}; a part that fails gets
     fwd_error / fwd_bwd_error instead (e.g. a kernel not implemented yet)."""
     out = {"note": note} if note else {}
+    if fwd_bwd is not None:
+        # The first forward+backward alone: for compiled kernels (torch.compile, kiln's NVRTC with a
+        # fresh cache directory, see main) this is the compile latency a training run pays once.
+        try:
+            t0 = time.perf_counter()
+            fwd_bwd()
+            runner.sync()
+            out["first_call_ms"] = (time.perf_counter() - t0) * 1e3
+        except Exception:  # reported by the timed run below
+            pass
     for key, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
         if fn is None:
             continue
@@ -369,7 +379,8 @@ def bench_flex(runner, args):
             variants["kiln_flex"] = {"error": _error(e), "note": _explain(e, "kiln flex could not be set up")}
         ref = variants.get("torch_flex", {})
         ratios = {"kiln_vs_torch_flex_fwd": ratio(variants["kiln_flex"], ref, "fwd_ms"),
-                  "kiln_vs_torch_flex_fwd_bwd": ratio(variants["kiln_flex"], ref, "fwd_bwd_ms")}
+                  "kiln_vs_torch_flex_fwd_bwd": ratio(variants["kiln_flex"], ref, "fwd_bwd_ms"),
+                  "kiln_vs_torch_flex_first_call": ratio(variants["kiln_flex"], ref, "first_call_ms")}
         for name in ("sdpa_dense_mask", "sdpa_causal"):
             if name in variants:
                 ratios[f"kiln_vs_{name}_fwd_bwd"] = ratio(variants["kiln_flex"], variants[name], "fwd_bwd_ms")
@@ -428,6 +439,9 @@ def main(argv=None):
     warmup = args.warmup if args.warmup is not None else (1 if args.device == "cpu" else 3 if args.quick else 5)
     iters = args.iters if args.iters is not None else (2 if args.device == "cpu" else 5 if args.quick else 20)
     runner = Runner(args.device, warmup, iters)
+    if "KILN_CACHE_DIR" not in os.environ:  # cold NVRTC cache, so kiln's first calls compile like torch's
+        import tempfile
+        os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln_cache_")
     torch.manual_seed(0)
     result = {"meta": {"torch": torch.__version__, "kiln": kiln.__version__, "python": platform.python_version(),
                        "device": torch.cuda.get_device_name(runner.device) if runner.cuda else platform.processor()
