@@ -31,6 +31,24 @@ void run_qkv_rotary(const Tensor& qkv, const Tensor& q, const Tensor& k, const T
   }
 }
 
+// The checks both ops make on the head dim and the [T, D/2] tables (constants on x's device);
+// returns the tables in the accumulation dtype, contiguous.
+std::pair<Tensor, Tensor> checked_tables(const char* op, const Tensor& x, int64_t T, int64_t D, const Tensor& cos_in,
+                                         const Tensor& sin_in) {
+  KILN_CHECK(D % 2 == 0, op, "head dim D must be even, got ", D);
+  const Shape table{T, D / 2};
+  KILN_CHECK(cos_in.sizes() == table && sin_in.sizes() == table, op, "cos and sin must be [T, D/2] = ",
+             shape_str(table), ", got ", shape_str(cos_in.sizes()), " and ", shape_str(sin_in.sizes()));
+  KILN_CHECK(is_floating_point(cos_in.dtype()) && is_floating_point(sin_in.dtype()), op,
+             "cos and sin must be floating point");
+  KILN_CHECK(cos_in.device() == x.device() && sin_in.device() == x.device(), op, "input is on ", x.device(),
+             " but cos/sin are on ", cos_in.device(), " and ", sin_in.device());
+  KILN_CHECK(!(autograd::needs_grad({cos_in, sin_in})), op,
+             "gradients w.r.t. cos/sin are not supported; pass tables that do not require grad");
+  const DType acc = x.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  return {cos_in.detach().to(acc).contiguous(), sin_in.detach().to(acc).contiguous()};
+}
+
 }  // namespace
 
 Tensor apply_rotary_emb(const Tensor& x_in, const Tensor& cos_in, const Tensor& sin_in) {
@@ -38,20 +56,8 @@ Tensor apply_rotary_emb(const Tensor& x_in, const Tensor& cos_in, const Tensor& 
   KILN_CHECK(x_in.defined() && cos_in.defined() && sin_in.defined(), op, "x, cos and sin must be defined");
   KILN_CHECK(x_in.dim() == 4, op, "x must be [B, T, H, D], got ", shape_str(x_in.sizes()));
   KILN_CHECK(is_floating_point(x_in.dtype()), op, "expected a floating-point x, got ", dtype_name(x_in.dtype()));
-  const int64_t T = x_in.size(1), D = x_in.size(3);
-  KILN_CHECK(D % 2 == 0, op, "head dim D must be even, got ", D);
-  const Shape table{T, D / 2};
-  KILN_CHECK(cos_in.sizes() == table && sin_in.sizes() == table, op, "cos and sin must be [T, D/2] = ",
-             shape_str(table), ", got ", shape_str(cos_in.sizes()), " and ", shape_str(sin_in.sizes()));
-  KILN_CHECK(is_floating_point(cos_in.dtype()) && is_floating_point(sin_in.dtype()), op,
-             "cos and sin must be floating point");
-  KILN_CHECK(cos_in.device() == x_in.device() && sin_in.device() == x_in.device(), op, "x is on ", x_in.device(),
-             " but cos/sin are on ", cos_in.device(), " and ", sin_in.device());
-  KILN_CHECK(!(autograd::needs_grad({cos_in, sin_in})), op,
-             "gradients w.r.t. cos/sin are not supported; pass tables that do not require grad");
-  const DType acc = x_in.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  const auto [cos, sin] = checked_tables(op, x_in, x_in.size(1), x_in.size(3), cos_in, sin_in);
   const Tensor x = x_in.contiguous().detach();
-  const Tensor cos = cos_in.detach().to(acc).contiguous(), sin = sin_in.detach().to(acc).contiguous();
   Tensor out = empty(x.sizes(), x.options());
   run_rotary(x, cos, sin, +1, out);
   if (autograd::needs_grad({x_in})) {
@@ -72,19 +78,8 @@ std::tuple<Tensor, Tensor, Tensor> qkv_rotary_split(const Tensor& qkv_in, const 
              shape_str(qkv_in.sizes()));
   KILN_CHECK(is_floating_point(qkv_in.dtype()), op, "expected a floating-point qkv, got ", dtype_name(qkv_in.dtype()));
   const int64_t B = qkv_in.size(0), T = qkv_in.size(1), H = qkv_in.size(3), D = qkv_in.size(4);
-  KILN_CHECK(D % 2 == 0, op, "head dim D must be even, got ", D);
-  const Shape table{T, D / 2};
-  KILN_CHECK(cos_in.sizes() == table && sin_in.sizes() == table, op, "cos and sin must be [T, D/2] = ",
-             shape_str(table), ", got ", shape_str(cos_in.sizes()), " and ", shape_str(sin_in.sizes()));
-  KILN_CHECK(is_floating_point(cos_in.dtype()) && is_floating_point(sin_in.dtype()), op,
-             "cos and sin must be floating point");
-  KILN_CHECK(cos_in.device() == qkv_in.device() && sin_in.device() == qkv_in.device(), op, "qkv is on ",
-             qkv_in.device(), " but cos/sin are on ", cos_in.device(), " and ", sin_in.device());
-  KILN_CHECK(!(autograd::needs_grad({cos_in, sin_in})), op,
-             "gradients w.r.t. cos/sin are not supported; pass tables that do not require grad");
-  const DType acc = qkv_in.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  const auto [cos, sin] = checked_tables(op, qkv_in, T, D, cos_in, sin_in);
   const Tensor qkv = qkv_in.contiguous().detach();
-  const Tensor cos = cos_in.detach().to(acc).contiguous(), sin = sin_in.detach().to(acc).contiguous();
   const Shape heads{B, H, T, D};
   Tensor q = empty(heads, qkv.options()), k = empty(heads, qkv.options()), v = empty(heads, qkv.options());
   run_qkv_rotary(qkv, q, k, v, cos, sin, true);

@@ -7,6 +7,20 @@
 #include "core/tensor_impl.h"
 
 namespace kiln::cpu {
+namespace {
+
+// One row of D = 2 * half values: dst = rotation of src by s * theta_t (c, sn: the row's tables).
+template <typename X, typename A>
+inline void rotate_row(const X* src, X* dst, const A* c, const A* sn, int64_t half, A s) {
+  for (int64_t i = 0; i < half; ++i) {
+    const A x1 = static_cast<A>(src[i]), x2 = static_cast<A>(src[i + half]);
+    const A si = s * sn[i];
+    dst[i] = X(x1 * c[i] - x2 * si);
+    dst[i + half] = X(x2 * c[i] + x1 * si);
+  }
+}
+
+}  // namespace
 
 void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign, const Tensor& out) {
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
@@ -24,14 +38,7 @@ void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign, con
       const int64_t t = (r / H) % T;
       const X* xr = xp + r * D;
       X* orow = op + r * D;
-      const A* c = cp + t * half;
-      const A* sn = sp + t * half;
-      for (int64_t i = 0; i < half; ++i) {
-        const A x1 = static_cast<A>(xr[i]), x2 = static_cast<A>(xr[i + half]);
-        const A si = s * sn[i];
-        orow[i] = X(x1 * c[i] - x2 * si);
-        orow[i + half] = X(x2 * c[i] + x1 * si);
-      }
+      rotate_row(xr, orow, cp + t * half, sp + t * half, half, s);
     }
   });
 }
@@ -60,14 +67,7 @@ void qkv_rotary(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tenso
               std::copy(src, src + D, dst);
               continue;
             }
-            const A* c = cp + t * half;
-            const A* sn = sp + t * half;
-            for (int64_t i = 0; i < half; ++i) {
-              const A x1 = static_cast<A>(src[i]), x2 = static_cast<A>(src[i + half]);
-              const A si = s * sn[i];
-              dst[i] = X(x1 * c[i] - x2 * si);
-              dst[i + half] = X(x2 * c[i] + x1 * si);
-            }
+            rotate_row(src, dst, cp + t * half, sp + t * half, half, s);
           }
   });
 }
