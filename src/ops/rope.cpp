@@ -2,6 +2,7 @@
 // The backward is the same kernel rotating by -theta. cos/sin are treated as constants.
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -56,7 +57,9 @@ Tensor apply_rotary_emb(const Tensor& x_in, const Tensor& cos_in, const Tensor& 
   KILN_CHECK(x_in.defined() && cos_in.defined() && sin_in.defined(), op, "x, cos and sin must be defined");
   KILN_CHECK(x_in.dim() == 4, op, "x must be [B, T, H, D], got ", shape_str(x_in.sizes()));
   KILN_CHECK(is_floating_point(x_in.dtype()), op, "expected a floating-point x, got ", dtype_name(x_in.dtype()));
-  const auto [cos, sin] = checked_tables(op, x_in, x_in.size(1), x_in.size(3), cos_in, sin_in);
+  // Plain variables, not structured bindings: the lambda below captures them (clang < 16 cannot).
+  Tensor cos, sin;
+  std::tie(cos, sin) = checked_tables(op, x_in, x_in.size(1), x_in.size(3), cos_in, sin_in);
   const Tensor x = x_in.contiguous().detach();
   Tensor out = empty(x.sizes(), x.options());
   run_rotary(x, cos, sin, +1, out);
@@ -78,7 +81,8 @@ std::tuple<Tensor, Tensor, Tensor> qkv_rotary_split(const Tensor& qkv_in, const 
              shape_str(qkv_in.sizes()));
   KILN_CHECK(is_floating_point(qkv_in.dtype()), op, "expected a floating-point qkv, got ", dtype_name(qkv_in.dtype()));
   const int64_t B = qkv_in.size(0), T = qkv_in.size(1), H = qkv_in.size(3), D = qkv_in.size(4);
-  const auto [cos, sin] = checked_tables(op, qkv_in, T, D, cos_in, sin_in);
+  Tensor cos, sin;
+  std::tie(cos, sin) = checked_tables(op, qkv_in, T, D, cos_in, sin_in);
   const Tensor qkv = qkv_in.contiguous().detach();
   const Shape heads{B, H, T, D};
   Tensor q = empty(heads, qkv.options()), k = empty(heads, qkv.options()), v = empty(heads, qkv.options());
