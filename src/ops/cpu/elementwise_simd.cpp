@@ -538,10 +538,26 @@ void UnaryRowT(UnaryOp op, const typename IO::P* x, typename IO::P* out, int64_t
   }
 }
 
+// The table rows' gather: buf[j..] = t[x] for a chunk of len values (a multiple of block = 2
+// lanes), in the order BF16IO::Load splits a block (even elements, then odd), by scalar loads.
+// Inlined: as a call, the bf16 gelu backward and pow rows ran 17-25% slower.
+HWY_INLINE void GatherBF16Table(const uint16_t* x, int64_t len, int64_t lanes, const float* t, float* buf) {
+  for (int64_t j = 0; j < len; j += 2 * lanes) {
+    for (int64_t k = 0; k < lanes; ++k) {
+      uint32_t w;
+      std::memcpy(&w, x + j + 2 * k, 4);
+#if defined(__GNUC__)
+      asm("" : "+r"(w));  // keeps GCC from vectorising the lookups into permutes and inserts (2x slower)
+#endif
+      buf[j + k] = t[w & 0xffff];
+      buf[j + lanes + k] = t[w >> 16];
+    }
+  }
+}
+
 // bf16 gelu backward by table: t[x] = gelu'(x) in fp32 for each of the 65536 bf16 patterns (built
-// in HWY_ONCE below), g t[x] in fp32 rounded once to bf16. Per chunk the lookups (scalar loads)
-// fill a buffer in the order BF16IO::Load splits g (even elements, then odd, per block), and a
-// vector pass multiplies and rounds; the buffer is read back only after the chunk's stores.
+// in HWY_ONCE below), g t[x] in fp32 rounded once to bf16. Per chunk the lookups fill a buffer
+// (GatherBF16Table) before a vector pass multiplies, rounds and stores, so out may alias x or g.
 void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64_t n, const float* t) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
@@ -550,17 +566,7 @@ void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64
   int64_t i = 0;
   while (i + block <= n) {
     const int64_t len = std::min<int64_t>(kChunk, (n - i) / block * block);
-    for (int64_t j = 0; j < len; j += block) {
-      for (int64_t k = 0; k < lanes; ++k) {
-        uint32_t w;
-        std::memcpy(&w, x + i + j + 2 * k, 4);
-#if defined(__GNUC__)
-        asm("" : "+r"(w));  // keeps GCC from vectorising the lookups into permutes and inserts (2x slower)
-#endif
-        buf[j + k] = t[w & 0xffff];
-        buf[j + lanes + k] = t[w >> 16];
-      }
-    }
+    GatherBF16Table(x + i, len, lanes, t, buf);
     for (int64_t j = 0; j < len; j += block) {
       VF g0, g1;
       BF16IO::Load(d, g + i + j, g0, g1);
@@ -579,7 +585,7 @@ void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64
 // bf16 pow: x^y = 2^(y t[x]) with t[x] = log2(x) for each of the 65536 bf16 patterns (NaN where
 // x <= 0, inf or NaN: those lanes fail the range check), so the vector pass is a multiply and
 // Exp2FastBf (1.0e-4); lanes with |y log2 x| > 125 or an invalid x take std::pow (PowFixLanes).
-// Lookups per chunk into a buffer as in GeluBwdBF16Table.
+// Lookups per chunk into a buffer (GatherBF16Table).
 void PowBF16Table(const uint16_t* x, const uint16_t* y, bool y_scalar, uint16_t* out, int64_t n, const float* t) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
@@ -603,17 +609,7 @@ void PowBF16Table(const uint16_t* x, const uint16_t* y, bool y_scalar, uint16_t*
   int64_t i = 0;
   while (i + block <= n) {
     const int64_t len = std::min<int64_t>(kChunk, (n - i) / block * block);
-    for (int64_t j = 0; j < len; j += block) {
-      for (int64_t k = 0; k < lanes; ++k) {
-        uint32_t w;
-        std::memcpy(&w, x + i + j + 2 * k, 4);
-#if defined(__GNUC__)
-        asm("" : "+r"(w));  // as in GeluBwdBF16Table
-#endif
-        buf[j + k] = t[w & 0xffff];
-        buf[j + lanes + k] = t[w >> 16];
-      }
-    }
+    GatherBF16Table(x + i, len, lanes, t, buf);
     int64_t j = 0;
     for (; j + 2 * block <= len; j += 2 * block) {  // two blocks per range check
       VF y0 = ys, y1 = ys, y2 = ys, y3 = ys;
@@ -623,9 +619,7 @@ void PowBF16Table(const uint16_t* x, const uint16_t* y, bool y_scalar, uint16_t*
       }
       const VF l0 = hn::Mul(y0, hn::Load(d, buf + j)), l1 = hn::Mul(y1, hn::Load(d, buf + j + lanes));
       const VF l2 = hn::Mul(y2, hn::Load(d, buf + j + block)), l3 = hn::Mul(y3, hn::Load(d, buf + j + block + lanes));
-      const VF lim = hn::Set(d, 125.0f);
-      if (HWY_UNLIKELY(!hn::AllTrue(d, hn::And(hn::And(hn::Le(hn::Abs(l0), lim), hn::Le(hn::Abs(l1), lim)),
-                                              hn::And(hn::Le(hn::Abs(l2), lim), hn::Le(hn::Abs(l3), lim)))))) {
+      if (HWY_UNLIKELY(!F32IO::AllAbsLe(d, nullptr, l0, l1, l2, l3, 125.0f))) {
         blk(x + i + j, y_scalar ? y : y + i + j, buf + j, out + i + j);
         blk(x + i + j + block, y_scalar ? y : y + i + j + block, buf + j + block, out + i + j + block);
         continue;
