@@ -9,7 +9,6 @@
 #include <string>
 
 #include "kiln/autograd.h"
-
 #include "kiln/cuda.h"
 
 namespace kiln::train {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <optional>
 #include <queue>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -98,9 +99,10 @@ void run(GraphTask& task, const std::vector<Edge>& roots, const std::vector<Tens
         for (size_t i = 0; i < grads.size() && i < n->output_shapes.size(); ++i)
           if (!grads[i].defined()) grads[i] = zeros(n->output_shapes[i], n->output_options[i]);
         const BackwardObserver obs = g_observer.load(std::memory_order_relaxed);
-        if (obs) obs(n->name(), true);
+        const std::string name = obs ? n->name() : std::string();
+        if (obs) obs(name, true);
         input_grads = n->apply(grads);
-        if (obs) obs(n->name(), false);
+        if (obs) obs(name, false);
       }
       if (!retain_graph) n->release();
     }

@@ -12,6 +12,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Pair i of one row (D = 2 half values): dst = src rotated by the angle whose cos is c, sin si.
+template <typename X, typename A>
+__device__ __forceinline__ void rotate_pair(const X* src, X* dst, int64_t i, int64_t half, A c, A si) {
+  const A x1 = convert<A>(src[i]), x2 = convert<A>(src[i + half]);
+  dst[i] = convert<X>(x1 * c - x2 * si);
+  dst[i + half] = convert<X>(x2 * c + x1 * si);
+}
+
 template <typename X, typename A>
 __global__ void rotary_kernel(const X* __restrict__ x, const A* __restrict__ cos, const A* __restrict__ sin,
                               X* __restrict__ out, int64_t pairs, int64_t T, int64_t H, int64_t half, A s) {
@@ -20,10 +28,7 @@ __global__ void rotary_kernel(const X* __restrict__ x, const A* __restrict__ cos
     const int64_t r = p / half, i = p % half;
     const int64_t t = (r / H) % T;
     const int64_t base = r * 2 * half;
-    const A x1 = convert<A>(x[base + i]), x2 = convert<A>(x[base + i + half]);
-    const A c = cos[t * half + i], si = s * sin[t * half + i];
-    out[base + i] = convert<X>(x1 * c - x2 * si);
-    out[base + i + half] = convert<X>(x2 * c + x1 * si);
+    rotate_pair(x + base, out + base, i, half, cos[t * half + i], s * sin[t * half + i]);
   }
 }
 
@@ -46,10 +51,7 @@ __global__ void qkv_rotary_kernel(X* __restrict__ packed, X* __restrict__ q, X* 
       dst[i + half] = src[i + half];
       continue;
     }
-    const A x1 = convert<A>(src[i]), x2 = convert<A>(src[i + half]);
-    const A c = cos[t * half + i], si = (split ? A(1) : A(-1)) * sin[t * half + i];
-    dst[i] = convert<X>(x1 * c - x2 * si);
-    dst[i + half] = convert<X>(x2 * c + x1 * si);
+    rotate_pair(src, dst, i, half, cos[t * half + i], (split ? A(1) : A(-1)) * sin[t * half + i]);
   }
 }
 
