@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Final round, part A (carry [".device"]): full build, the whole CTest suite, then the flex
-# forward A/B of 2026-12-03 (KILN_FLEX_FWD_MT=1|2, a switch since removed: both passes now run
-# the same kernel): CUDA flex tests and four rows each. Part B (final_b.sh)
-# follows on the warm machine with the winner. Logs under $OUT.
+# Final round, part A (carry [".device"]): full build, the whole CTest suite, the CUDA flex tests
+# and four flex rows (kiln alone; torch beside it comes from compare_torch.py in part B).
+# Part B (final_b.sh) follows on the warm machine. Logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}
 bash scripts/device/gpu_round.sh none || exit 1
@@ -16,14 +15,11 @@ rows=(
   "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256"
   "train_doc|--batch 4 --heads 12 --seq 4096 --head-dim 64 --mask document:4"
 )
-for mt in 1 2; do
-  export KILN_FLEX_FWD_MT=$mt KILN_CACHE_DIR=/tmp/kiln-cache-mt$mt
-  echo "== fwd m tiles $mt"
-  timeout 100 build-gpu/tests/test_flex --gtest_filter='FlexAttentionCuda*' > "$OUT/flex_tests_mt$mt.log" 2>&1
-  grep -E "^\[  PASSED|^\[  FAILED|Failure" "$OUT/flex_tests_mt$mt.log" | head -8
-  for row in "${rows[@]}"; do
-    name=${row%%|*}; args=${row#*|}
-    timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_mt${mt}_$name.jsonl" 2>&1
-    echo "$name $(grep -E '"variant": "flex"' "$OUT/flex_mt${mt}_$name.jsonl" | cut -c1-120)"
-  done
+export KILN_CACHE_DIR=/tmp/kiln-cache-a
+timeout 100 build-gpu/tests/test_flex --gtest_filter='FlexAttentionCuda*' > "$OUT/flex_tests.log" 2>&1
+grep -E "^\[  PASSED|^\[  FAILED|Failure" "$OUT/flex_tests.log" | head -8
+for row in "${rows[@]}"; do
+  name=${row%%|*}; args=${row#*|}
+  timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_$name.jsonl" 2>&1
+  echo "$name $(grep -E '"variant": "flex"' "$OUT/flex_$name.jsonl" | cut -c1-120)"
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Final round, part B, right after final_a.sh (warm machine, build-gpu kept; rebuilt when
 # missing): the 125M training step beside PyTorch eager, then compare_torch.py on the issues'
-# shapes. (The KILN_FLEX_FWD_MT switch of the 2026-12-03 A/B is gone; setting it does nothing.)
+# shapes.
 set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}
 [ -x build-gpu/kiln ] || BUILD_TARGETS="kiln_cli kiln_python" bash scripts/device/gpu_round.sh none || exit 1
