@@ -76,18 +76,11 @@ Tensor Block::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, con
     {
       Phase ph("attn layout");
       // FlexAttention's inputs follow autocast like a matmul's (bf16 q, k, v; fp32 softmax inside).
-      // qkv_rotary_split gives the same bits in one pass each way; on CUDA its kernel has not run
-      // on a GPU yet, so CUDA keeps the separate ops until it has (then this branch goes).
-      if (!qkv.is_cuda()) {
-        auto [qr, kr, vr] = F::qkv_rotary_split(qkv, cos, sin);
-        q = autocast::cast_lower(qr);
-        k = autocast::cast_lower(kr);
-        v = autocast::cast_lower(vr);
-      } else {
-        q = autocast::cast_lower(F::apply_rotary_emb(qkv.select(2, 0), cos, sin)).transpose(1, 2).contiguous();
-        k = autocast::cast_lower(F::apply_rotary_emb(qkv.select(2, 1), cos, sin)).transpose(1, 2).contiguous();
-        v = autocast::cast_lower(qkv.select(2, 2)).transpose(1, 2).contiguous();
-      }
+      // One pass each way: rotary on q and k, heads moved first (the same bits as the separate ops).
+      auto [qr, kr, vr] = F::qkv_rotary_split(qkv, cos, sin);
+      q = autocast::cast_lower(qr);
+      k = autocast::cast_lower(kr);
+      v = autocast::cast_lower(vr);
     }
     {
       Phase ph("attention");

@@ -54,13 +54,16 @@ struct TempCacheDir {
   }
 };
 
-std::string source_for(const ScoreMod* score, const MaskMod* mask, bool bf16, int head_dim) {
+std::string source_for(const ScoreMod* score, const MaskMod* mask, bool bf16, int head_dim, int fwd_tile_m = 64,
+                       int fwd_mt = 1) {
   detail::Program sp, mp;
   if (score) sp = detail::compile(score->expr);
   if (mask) mp = detail::compile(mask->expr);
   cuda::KernelConfig cfg;
   cfg.bf16 = bf16;
   cfg.head_dim = head_dim;
+  cfg.fwd_tile_m = fwd_tile_m;
+  cfg.fwd_mt = fwd_mt;
   return cuda::generate_source(score ? &sp : nullptr, mask ? &mp : nullptr, cfg);
 }
 
@@ -93,6 +96,16 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
   // bf16 / E = 128, fp16 / E = 64, and no mods for sm_80.
   EXPECT_NO_THROW(cuda::compile_cubin(source_for(&scores[3], &masks[5], true, 128), "sm_90a"));
   EXPECT_NO_THROW(cuda::compile_cubin(source_for(&scores[0], &masks[0], false, 64), "sm_90a"));
+  // The forward's 128-row tile (4 warps of 32 rows), the default where the blocks allow it.
+  EXPECT_NO_THROW(cuda::compile_cubin(
+      "#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n" + source_for(&scores[3], &masks[5], true, 128, 128, 2),
+      "sm_90a"));
+  try {
+    source_for(nullptr, nullptr, true, 64, 128, 3);
+    ADD_FAILURE() << "a 128-row tile in warps of 48 rows was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[flex_attention] bad forward tile"), std::string::npos) << e.what();
+  }
   // The forward and backward halves load_kernels compiles separately (here for sm_80).
   const std::string plain = source_for(nullptr, nullptr, true, 64);
   EXPECT_NO_THROW(cuda::compile_cubin("#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n" + plain, "sm_80"));

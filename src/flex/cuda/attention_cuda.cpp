@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -31,6 +33,8 @@ struct State {
   std::vector<Tensor> buffers;  // device copies (kept alive)
   const FlexKernels* kernels = nullptr;
   int64_t fwd_smem = 0, bwd_smem = 0;
+  int fwd_threads = kThreads;
+  int64_t fwd_q_tiles = 0;
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
 };
@@ -38,6 +42,25 @@ struct State {
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The forward's tile for these block sizes: 128 q rows in 4 warps of 32 (each K/V fragment read
+// from shared memory feeds two mmas) when the BlockMask's blocks allow it, else the backward's
+// 64 x 64. KILN_FLEX_FWD_TILE=MxNxMT overrides it (for measurements).
+void pick_forward_tile(KernelConfig& cfg, const cpu::Problem& p) {
+  int m = 128, n = 64, mt = 2;
+  if (const char* env = std::getenv("KILN_FLEX_FWD_TILE")) {
+    KILN_CHECK(std::sscanf(env, "%dx%dx%d", &m, &n, &mt) == 3, kOp, "KILN_FLEX_FWD_TILE must read MxNxMT, got '",
+               env, "'");
+  }
+  cfg.fwd_tile_m = m;
+  cfg.fwd_tile_n = n;
+  cfg.fwd_mt = mt;
+  if (p.QB % m != 0 || p.KB % n != 0) {
+    cfg.fwd_tile_m = kTileM;
+    cfg.fwd_tile_n = kTileN;
+    cfg.fwd_mt = 1;
+  }
+}
 
 // The device copy of a captured tensor's prepared values (fp32 for floats, int64 otherwise), from
 // a small cache keyed by the tensor's identity and version: a mod reused every step uploads once.
@@ -151,9 +174,12 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   KernelConfig cfg;
   cfg.bf16 = dtype == kBFloat16;
   cfg.head_dim = static_cast<int>(p.E);
+  pick_forward_tile(cfg, p);
   const std::string source = generate_source(p.score, p.mask, cfg);
   const int64_t ld = p.E + 8;
-  st->fwd_smem = (kTileM + 2 * kTileN) * ld * 2;
+  st->fwd_smem = (cfg.fwd_tile_m + 2 * cfg.fwd_tile_n) * ld * 2;
+  st->fwd_threads = cfg.fwd_threads();
+  st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
   st->bwd_smem = (2 * kTileM + 2 * kTileN) * ld * 2 + 2 * kTileM * 4;
   st->kernels = &load_kernels(source, device.index, st->fwd_smem, st->bwd_smem);
   return st;
@@ -169,7 +195,7 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   P.out = out.data_ptr();
   P.lse = lse.data_ptr<float>();
   P.err = err.data_ptr<int32_t>();
-  launch(st.kernels->fwd, st.p.B * st.p.Hq * P.q_tiles, kThreads, st.fwd_smem, stream_of(st), &P);
+  launch(st.kernels->fwd, st.p.B * st.p.Hq * st.fwd_q_tiles, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
   return read_error(st, err);
 }
 

@@ -262,12 +262,19 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
 std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg) {
   KILN_CHECK(cfg.head_dim == 64 || cfg.head_dim == 128, "flex_attention", "CUDA head dim must be 64 or 128, got ",
              cfg.head_dim);
+  KILN_CHECK(cfg.fwd_mt >= 1 && cfg.fwd_tile_m % (16 * cfg.fwd_mt) == 0 && cfg.fwd_threads() <= 512 &&
+                 cfg.fwd_tile_n % 16 == 0,
+             "flex_attention", "bad forward tile ", cfg.fwd_tile_m, " x ", cfg.fwd_tile_n, " with ", cfg.fwd_mt,
+             " m16 blocks a warp");
   std::ostringstream os;
   os << "// kiln FlexAttention kernels (generated; compiled at run time by NVRTC)\n";
   os << "#define KILN_BF16 " << (cfg.bf16 ? 1 : 0) << "\n";
   os << "#define HEAD_DIM " << cfg.head_dim << "\n";
   os << "#define TILE_M " << cfg.tile_m << "\n";
   os << "#define TILE_N " << cfg.tile_n << "\n";
+  os << "#define FWD_TILE_M " << cfg.fwd_tile_m << "\n";
+  os << "#define FWD_TILE_N " << cfg.fwd_tile_n << "\n";
+  os << "#define FWD_MT " << cfg.fwd_mt << "\n";
   os << "#define NTHREADS " << kThreads << "\n";
   os << "#define NWARPS " << kWarps << "\n";
   os << "#define HAS_SCORE " << (score ? 1 : 0) << "\n";

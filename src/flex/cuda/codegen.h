@@ -46,7 +46,11 @@ struct FlexParams {
 struct KernelConfig {
   bool bf16 = true;  // false: fp16
   int head_dim = 128;
-  int tile_m = kTileM, tile_n = kTileN;
+  int tile_m = kTileM, tile_n = kTileN;  // the backward's square tiles
+  // The forward's tile: fwd_tile_m q rows per CTA in warps of 16 * fwd_mt rows, fwd_tile_n kv
+  // columns per step. BlockMask blocks must be multiples of both (else use the backward's tile).
+  int fwd_tile_m = kTileM, fwd_tile_n = kTileN, fwd_mt = 1;
+  int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 
 // score: null for the identity; mask: null for no mask_mod. Throws kiln::Error naming

@@ -228,22 +228,18 @@ __device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], co
 
 // The forward's products with FWD_MT m16 row blocks per warp; each B fragment read from shared
 // memory feeds FWD_MT mmas. Per element the mma sequence is tile_abt / tile_pb's, so the bits are
-// too. FWD_MT = 2 (2 warps x 32 rows, 220/255 registers at E = 64/128) measured slower on the
-// H200 (2026-12-03, 997af05: causal 4x16x8192x128 fwd 8.83 vs 7.84 ms, 4x12x4096x64 documents
-// 1.58 vs 0.87 ms), so the forward runs 4 warps x 16 rows; the parameter stays for the next try.
-#define FWD_MT 1
-#define FWD_WARPS (TILE_M / (16 * FWD_MT))
+// too. The forward's tile (FWD_TILE_M q rows, FWD_TILE_N kv columns a step, FWD_MT) comes from
+// KernelConfig; FWD_MT = 2 with only 2 warps (64 rows) measured slower on the H200 (2026-12-03,
+// 997af05: causal 4x16x8192x128 fwd 8.83 vs 7.84 ms).
+#define FWD_WARPS (FWD_TILE_M / (16 * FWD_MT))
 #define FWD_THREADS (32 * FWD_WARPS)
-#if FWD_THREADS != NTHREADS
-#error "the forward is launched with NTHREADS threads"
-#endif
 
-__device__ __forceinline__ void tile_abt_mt(float (*acc)[TILE_N / 8][4], const u16* A, int ra, const u16* Bm,
+__device__ __forceinline__ void tile_abt_mt(float (*acc)[FWD_TILE_N / 8][4], const u16* A, int ra, const u16* Bm,
                                             int lane) {
 #pragma unroll
   for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
-    for (int n = 0; n < TILE_N / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
+    for (int n = 0; n < FWD_TILE_N / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
   // Not unrolled at two m blocks: ptxas would hoist every B fragment and spill at E = 128.
 #if FWD_MT == 1
 #pragma unroll
@@ -255,7 +251,7 @@ __device__ __forceinline__ void tile_abt_mt(float (*acc)[TILE_N / 8][4], const u
 #pragma unroll
     for (int mt = 0; mt < FWD_MT; ++mt) frag_a(a[mt], A, ra + 16 * mt, k0, lane);
 #pragma unroll
-    for (int n = 0; n < TILE_N / 8; n += 2) {
+    for (int n = 0; n < FWD_TILE_N / 8; n += 2) {
       u32 b[4];
       ldsm4(b, Bm + (n * 8 + ((lane >> 4) * 8) + (lane & 7)) * LD + k0 + ((lane >> 3) & 1) * 8);
 #pragma unroll
@@ -268,10 +264,10 @@ __device__ __forceinline__ void tile_abt_mt(float (*acc)[TILE_N / 8][4], const u
 }
 
 // pk: P already rounded to T, pk[mt][n][r] = the pair of row r (g, g + 8) in column block n.
-__device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const u32 (*pk)[TILE_N / 8][2],
+__device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const u32 (*pk)[FWD_TILE_N / 8][2],
                                            const u16* Bm, int lane) {
 #pragma unroll
-  for (int kk = 0; kk < TILE_N / 16; ++kk) {
+  for (int kk = 0; kk < FWD_TILE_N / 16; ++kk) {
     u32 a[FWD_MT][4];
 #pragma unroll
     for (int mt = 0; mt < FWD_MT; ++mt) {
@@ -334,13 +330,13 @@ struct BlockWalk {
   }
 };
 
-// The 64-row tiles of a BlockWalk's blocks, in order (blocks of `blk` rows, clipped to `total`).
+// The step_n-wide tiles of a BlockWalk's blocks, in order (blocks of `blk` rows, clipped to `total`).
 struct TileWalk {
   BlockWalk w;
-  i64 c, cend, blk, total;
+  i64 c, cend, blk, total, step_n;
   bool part;
-  __device__ __forceinline__ TileWalk(const BlockWalk& walk, i64 block, i64 n)
-      : w(walk), c(0), cend(0), blk(block), total(n), part(false) {}
+  __device__ __forceinline__ TileWalk(const BlockWalk& walk, i64 block, i64 n, i64 step = TILE_N)
+      : w(walk), c(0), cend(0), blk(block), total(n), step_n(step), part(false) {}
   __device__ __forceinline__ bool next(i64& c0, bool& partial) {
     while (c >= cend) {
       int j;
@@ -350,7 +346,7 @@ struct TileWalk {
     }
     c0 = c;
     partial = part;
-    c += TILE_N;
+    c += step_n;
     return true;
   }
 };
@@ -401,17 +397,18 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = smem;
-  u16* Ks = Qs + TILE_M * LD;
-  u16* Vs = Ks + TILE_N * LD;
+  u16* Ks = Qs + FWD_TILE_M * LD;
+  u16* Vs = Ks + FWD_TILE_N * LD;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Heaviest (last) q tiles first: causal rows at the end list the most blocks.
-  const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
-  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
+  const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M;
+  const i64 tile = q_tiles - 1 - (i64)blockIdx.x % q_tiles, bh = (i64)blockIdx.x / q_tiles;
+  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * FWD_TILE_M;
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
-  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M, FWD_THREADS);
+  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M, FWD_THREADS);
   const float scale = (float)P.scale;
-  const bool rows_in = r0 + TILE_M <= P.L;
+  const bool rows_in = r0 + FWD_TILE_M <= P.L;
 
   float o[FWD_MT][HEAD_DIM / 8][4];
 #pragma unroll
@@ -426,31 +423,31 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
 #define FWD_ROW(mt, r) (row_base + (mt) * 16 + 8 * (r))
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
-  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
   i64 c0, c_next;
   bool partial, p_next;
   bool more = walk.next(c0, partial);
-  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N, FWD_THREADS);
+  if (more) load_tile_async(Ks, kg, c0, P.S, FWD_TILE_N, FWD_THREADS);
   cp_async_commit();
   // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
   while (more) {
     __syncthreads();  // everyone is done with Vs (previous PV)
-    load_tile_async(Vs, vg, c0, P.S, TILE_N, FWD_THREADS);
+    load_tile_async(Vs, vg, c0, P.S, FWD_TILE_N, FWD_THREADS);
     cp_async_commit();
     cp_async_wait<1>();  // K(c0) landed (this thread's part)
     __syncthreads();
     {
-      float s[FWD_MT][TILE_N / 8][4];
-      u32 pk[FWD_MT][TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
+      float s[FWD_MT][FWD_TILE_N / 8][4];
+      u32 pk[FWD_MT][FWD_TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
       tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Ks, lane);
       // Interior tiles of full blocks need neither the bounds test nor the mask: the same
       // arithmetic as mod_score on the kept elements, so the same bits.
-      const bool interior = !partial && rows_in && c0 + TILE_N <= P.S;
+      const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
 #pragma unroll
       for (int mt = 0; mt < FWD_MT; ++mt) {
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-        for (int n = 0; n < TILE_N / 8; ++n)
+        for (int n = 0; n < FWD_TILE_N / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             float x;
@@ -475,14 +472,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
           const float alpha = m[mt][r] == NEG_INF ? 0.f : exp2f((m[mt][r] - m_new) * LOG2E);
           float sum = 0.f;
 #pragma unroll
-          for (int n = 0; n < TILE_N / 8; ++n)
+          for (int n = 0; n < FWD_TILE_N / 8; ++n)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; ++e) {
               s[mt][n][e] = exp2f((s[mt][n][e] - m_use) * LOG2E);
               sum += s[mt][n][e];
             }
 #pragma unroll
-          for (int n = 0; n < TILE_N / 8; ++n) pk[mt][n][r] = pack2(s[mt][n][2 * r], s[mt][n][2 * r + 1]);
+          for (int n = 0; n < FWD_TILE_N / 8; ++n) pk[mt][n][r] = pack2(s[mt][n][2 * r], s[mt][n][2 * r + 1]);
           l[mt][r] = l[mt][r] * alpha + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
           m[mt][r] = m_new;
 #pragma unroll
@@ -494,7 +491,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       }
       __syncthreads();  // everyone is done with Ks
       more = walk.next(c_next, p_next);
-      if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N, FWD_THREADS);
+      if (more) load_tile_async(Ks, kg, c_next, P.S, FWD_TILE_N, FWD_THREADS);
       cp_async_commit();
       cp_async_wait<1>();  // V(c0) landed
       __syncthreads();
@@ -538,21 +535,48 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexPa
   if (lane == 0) P.delta[row] = s - (P.dlse ? P.dlse[row] : 0.f);
 }
 
-// P and dS of one element from its raw score q.k and dP = dO.v (both before scaling).
+// P and dS of one element from its raw score q.k and dP = dO.v (both before scaling). kInterior:
+// an element of a full block inside both lengths, which needs neither the bounds test nor the mask
+// (the same arithmetic as mod_score on kept elements, so the same bits).
+template <bool kInterior>
 __device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i64 b, i64 h, i64 q, i64 kv,
                                      bool partial, float lse, float delta, float* p_out, float* ds_post_out,
                                      float* ds_out) {
-  bool keep;
-  const float y = mod_score(P, raw, b, h, q, kv, partial, &keep);
+  bool keep = true;
+  float y;
+  if (kInterior) {
+    y = raw * (float)P.scale;
+#if HAS_SCORE
+    y = score_mod(y, b, h, q, kv, P);
+#endif
+  } else {
+    y = mod_score(P, raw, b, h, q, kv, partial, &keep);
+  }
   const float p = (!keep || lse == NEG_INF) ? 0.f : exp2f((y - lse) * LOG2E);
   float ds = p * (dp - delta);
   *ds_post_out = ds;  // d loss / d modified score
 #if HAS_SCORE
-  if (q < P.L && kv < P.S) ds = score_grad(raw * (float)P.scale, b, h, q, kv, ds, P, (double*)0);
+  if (kInterior || (q < P.L && kv < P.S)) ds = score_grad(raw * (float)P.scale, b, h, q, kv, ds, P, (double*)0);
   else ds = 0.f;
 #endif
   *p_out = p;
   *ds_out = ds;
+}
+
+// dQ's tile: s (raw scores) becomes dS, from dp, row by row (rows[r], columns c0..).
+template <bool kInterior>
+__device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
+                                           const i64* rows, i64 c0, int t, bool partial, const float* lse,
+                                           const float* delta) {
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p, ds_post, ds;
+      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse[e >> 1],
+                      delta[e >> 1], &p, &ds_post, &ds);
+      s[n][e] = ds;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
@@ -569,6 +593,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
   load_tile(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
   const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+  const bool rows_in = r0 + TILE_M <= P.L;
   float lse[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -601,15 +626,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
     if (more) load_tile_async(Vs, vg, c_next, P.S, TILE_N);
     cp_async_commit();
     tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
-#pragma unroll
-    for (int n = 0; n < TILE_N / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float p, ds_post, ds;
-        p_ds(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse[e >> 1],
-             delta[e >> 1], &p, &ds_post, &ds);
-        s[n][e] = ds;
-      }
+    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
+    else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
     tile_pb<LDSM_B_Q>(dq, s, Ks, lane);  // dQ += dS K
     __syncthreads();                     // everyone is done with Ks
     if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N);
@@ -625,6 +643,29 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
   }
+}
+
+// dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s (raw scores) becomes P and dp
+// becomes dS; with captured-tensor gradients raw keeps the raw scores and dpost d loss / d score.
+template <bool kInterior>
+__device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], float (*raw)[4],
+                                               float (*dpost)[4], i64 b, i64 h, i64 r0, const i64* cols, int t,
+                                               bool partial, const float* lse_s, const float* delta_s) {
+#pragma unroll
+  for (int n = 0; n < TILE_M / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qc = n * 8 + 2 * t + (e & 1);
+      float p, ds_post, ds;
+      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse_s[qc], delta_s[qc], &p,
+                      &ds_post, &ds);
+#if HAS_CAP_GRAD
+      raw[n][e] = s[n][e];
+      dpost[n][e] = ds_post;
+#endif
+      s[n][e] = p;
+      dp[n][e] = ds;
+    }
 }
 
 // lse and delta of q rows r0.. of (b, h) into smem (plain stores: visible after the next __syncthreads).
@@ -656,6 +697,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
     load_tile(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
     load_tile(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
     const i64 cols[2] = {c0 + warp * 16 + g, c0 + warp * 16 + g + 8};  // this thread's kv rows
+    const bool kv_in = c0 + TILE_N <= P.S;
     float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 8; ++n) {
@@ -686,24 +728,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       cp_async_wait<0>();  // dO(r0) landed
       __syncthreads();
       tile_abt<LDSM_B_KV>(dp, Vs, warp * 16, dOs, lane);
-#if HAS_CAP_GRAD
-      float raw[TILE_M / 8][4], dpost[TILE_M / 8][4];
-#endif
-#pragma unroll
-      for (int n = 0; n < TILE_M / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qc = n * 8 + 2 * t + (e & 1);
-          float p, ds_post, ds;
-          p_ds(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse_s[qc], delta_s[qc], &p, &ds_post,
-               &ds);
-#if HAS_CAP_GRAD
-          raw[n][e] = s[n][e];
-          dpost[n][e] = ds_post;
-#endif
-          s[n][e] = p;
-          dp[n][e] = ds;
-        }
+      float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
+      if (!partial && r0 + TILE_M <= P.L && kv_in)
+        dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse_s, delta_s);
+      else
+        dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse_s, delta_s);
 #if HAS_CAP_GRAD
       // Captured-tensor gradients: the lanes take turns adding into the warp's slot (a fixed
       // order, no atomics); each lane walks its elements in a fixed order.
