@@ -545,8 +545,22 @@ void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64
 // The lookups (GatherBF16Table) run one group of four blocks ahead of the vector pass, so that
 // their scalar loads and stores can overlap the previous group's vector math: 0.53 ns/value on
 // one Zen 2 core against 0.56 for a lookup pass over 128 values and then a vector pass (two or
-// eight blocks per group, or an unrolled lookup loop, measured slower).
+// eight blocks per group, or an unrolled lookup loop, measured slower); 0.52 with the product
+// folded into exp2's reduction (Exp2Product).
 constexpr int64_t kPowBF16Blocks = 4;  // blocks per group
+// 2^(y t) as Exp2FastBf with its reduction in FMAs: n = round(y t) from one FMA with the
+// rounding constant, r = y t - n exact by a second, no separate product. nn = -n, for the range
+// check |n| <= 125.
+HWY_INLINE VF Exp2Product(DF d, VF y, VF t, VF& nn) {
+  const hn::RebindToSigned<DF> di;
+  const VF magic = hn::Set(d, kRoundMagic);
+  const VF tt = hn::MulAdd(y, t, magic);
+  nn = hn::Sub(magic, tt);
+  const VF r = hn::MulAdd(y, t, nn);
+  const VF q = hn::MulAdd(hn::MulAdd(hn::Set(d, 0.0550058633f), r, hn::Set(d, 0.242216378f)), r, hn::Set(d, 0.693283856f));
+  const VF p = hn::MulAdd(r, q, hn::Set(d, 1.0f));
+  return hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::BitCast(di, tt))));
+}
 // Blocks of values with their lookups in pb, each lane through the fast formula or std::pow.
 // Out of line: the hot loop keeps its registers.
 HWY_NOINLINE void PowBF16Blocks(const uint16_t* x, const uint16_t* y, bool y_scalar, const float* pb, uint16_t* out,
@@ -557,9 +571,9 @@ HWY_NOINLINE void PowBF16Blocks(const uint16_t* x, const uint16_t* y, bool y_sca
     VF y0, y1;
     if (y_scalar) y0 = y1 = hn::Set(d, BF16IO::ToFloat(y[0]));
     else BF16IO::Load(d, y + k * block, y0, y1);
-    const VF l0 = hn::Mul(y0, hn::Load(d, pb)), l1 = hn::Mul(y1, hn::Load(d, pb + lanes));
-    const auto ok0 = AbsLe(d, l0, 125.0f), ok1 = AbsLe(d, l1, 125.0f);
-    VF r0 = Exp2FastBf(d, l0), r1 = Exp2FastBf(d, l1);
+    VF n0, n1;
+    VF r0 = Exp2Product(d, y0, hn::Load(d, pb), n0), r1 = Exp2Product(d, y1, hn::Load(d, pb + lanes), n1);
+    const auto ok0 = AbsLe(d, n0, 125.0f), ok1 = AbsLe(d, n1, 125.0f);
     if (!hn::AllTrue(d, hn::And(ok0, ok1))) {
       VF x0, x1;
       BF16IO::Load(d, x, x0, x1);
@@ -588,14 +602,16 @@ HWY_INLINE int64_t PowBF16Groups(const uint16_t* x, const uint16_t* y, uint16_t*
         BF16IO::Load(d, y + i, y0, y1);
         BF16IO::Load(d, y + i + block, y2, y3);
       }
-      const VF l0 = hn::Mul(y0, hn::Load(d, pb)), l1 = hn::Mul(y1, hn::Load(d, pb + lanes));
-      const VF l2 = hn::Mul(y2, hn::Load(d, pb + block)), l3 = hn::Mul(y3, hn::Load(d, pb + block + lanes));
-      if (HWY_UNLIKELY(!F32IO::AllAbsLe(d, nullptr, l0, l1, l2, l3, 125.0f))) {
+      VF n0, n1, n2, n3;
+      const VF r0 = Exp2Product(d, y0, hn::Load(d, pb), n0), r1 = Exp2Product(d, y1, hn::Load(d, pb + lanes), n1);
+      const VF r2 = Exp2Product(d, y2, hn::Load(d, pb + block), n2);
+      const VF r3 = Exp2Product(d, y3, hn::Load(d, pb + block + lanes), n3);
+      if (HWY_UNLIKELY(!F32IO::AllAbsLe(d, nullptr, n0, n1, n2, n3, 125.0f))) {
         PowBF16Blocks(x + i, kYScalar ? y : y + i, kYScalar, pb, out + i, 2);
         continue;
       }
-      BF16IO::Store<true>(d, Exp2FastBf(d, l0), Exp2FastBf(d, l1), out + i);
-      BF16IO::Store<true>(d, Exp2FastBf(d, l2), Exp2FastBf(d, l3), out + i + block);
+      BF16IO::Store<true>(d, r0, r1, out + i);
+      BF16IO::Store<true>(d, r2, r3, out + i + block);
     }
   }
   return groups * group;
