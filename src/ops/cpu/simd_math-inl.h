@@ -482,47 +482,39 @@ HWY_INLINE V GeluBwdF32Fast(D d, V x) {
   return hn::IfNegativeThenElse(x, dd, hn::Sub(hn::Set(d, 1.0f), dd));
 }
 
-// x^y = e^(y ln x) for x positive, normal and finite with |y ln x| <= kPowFastMax; `ok` marks
-// those lanes (false on NaN, inf, x <= 0, denormal x, overflow/underflow), whose results the
-// caller takes from std::pow instead. An error d in y ln x becomes a relative error d in the
-// result, and y ln x reaches 87, so ln x is carried as hi + lo (~2^-40 relative): ln x =
-// e ln2 + 2 atanh(s), s = f / (2 + f) with f = m - 1, m in [sqrt(1/2), sqrt(2)); s as s + s_lo
-// from the exact residual of the division; 2 atanh(s) - 2s = s^3 Q(s^2) (Q of degree 3, 3.3e-8
-// relative of a tail that is at most 1% of the total); e ln2 with ln2's high part of 16 bits
-// (exact). y (hi + lo) is formed with its exact FMA residual, and the exp reduction subtracts
-// n ln2 from the high part exactly before the low parts are added to r.
+// x^y = e^(y ln x) for float32, ln x from a table over the top 16 bits of x (sign, exponent and
+// 7 mantissa bits; built in elementwise_simd.cpp, looked up by the row into A and B): x = 2^E m,
+// c' = c 2^-E with c an 8-bit number near 1/m (1 on [1, 1 + 2^-7), 1/2 on [2 - 2^-7, 2), so
+// that ln x = r + ... exactly around x = 1), r = x c' - 1 exact by one FMA (|r| <= 2^-7 and c'
+// has 8 bits), and ln x = K + ln(1 + r) with K = -ln c' as K_hi (float, A) + K_lo (bf16, the low
+// half of B; c' is B's high half). ln(1 + r) = r + r^2 (-1/2 + a3 r + a4 r^2) (fit error 2^-33
+// relative). An error d in y ln x is a relative error d in the result, and y ln x reaches 87,
+// so ln x is carried as hi + lo (~2^-32 relative): hi = K_hi + r (Fast2Sum: the table keeps
+// |K_hi| >= |r| or K_hi = 0), y (hi + lo) keeps its FMA residual, and the exp reduction removes
+// n ln2 from the high part before adding the low parts. Lanes outside |y ln x| <= 87 (and every
+// x <= 0, denormal, inf, NaN or >= 2^125, whose table entries are NaN) fail `ok`; the caller
+// takes std::pow there.
 constexpr float kPowFastMax = 87.0f;
-constexpr float kLn2Hi16 = 0.693145751953125f;    // 16 significant bits: e * kLn2Hi16 is exact
-constexpr float kLn2Lo16 = 1.42860682030941723e-6f;  // ln2 - kLn2Hi16
 template <class D, class V>
-HWY_INLINE V PowF32Fast(D d, V x, V y, hn::Mask<D>& ok) {
+HWY_INLINE V PowF32Table(D d, V x, V y, V A, V B, hn::Mask<D>& ok) {
+  const hn::RebindToUnsigned<D> du;
   const hn::RebindToSigned<D> di;
-  const V one = hn::Set(d, 1.0f), two = hn::Set(d, 2.0f);
-  const auto sqrt_half = hn::Set(di, 0x3f3504f3);
-  const auto u = hn::Sub(hn::BitCast(di, x), sqrt_half);
-  const V e = hn::ConvertTo(d, hn::ShiftRight<23>(u));
-  const V f = hn::Sub(hn::BitCast(d, hn::Add(hn::And(u, hn::Set(di, 0x007fffff)), sqrt_half)), one);  // exact
-  const V den = hn::Add(f, two);
-  const V den_lo = hn::Sub(f, hn::Sub(den, two));  // exact: 2 + f = den + den_lo
-  const V s = hn::Div(f, den);  // one divide: shorter chain than the reciprocal's Newton step
-  const V s_lo = hn::Mul(hn::NegMulAdd(s, den_lo, hn::NegMulAdd(s, den, f)), RecipBf(d, den));  // (f - s (den + den_lo)) / den
-  const V s2 = hn::Mul(s, s);
-  const V q = Poly3(d, s2, hn::Mul(s2, s2), 0.666666687f, 0.400001228f, 0.285508275f, 0.233304426f);
-  const V tail = hn::MulAdd(hn::Mul(s, s2), q, hn::Add(s_lo, s_lo));
-  const V eh = hn::Mul(e, hn::Set(d, kLn2Hi16));
-  const V hi = hn::MulAdd(s, two, eh);
-  const V err = hn::Sub(hn::Add(s, s), hn::Sub(hi, eh));  // exact (Fast2Sum: |eh| >= |2s| unless e = 0)
-  const V lo = hn::Add(err, hn::MulAdd(e, hn::Set(d, kLn2Lo16), tail));
-  const V lx = hn::Add(hi, lo);
-  const V lx_lo = hn::Sub(lo, hn::Sub(lx, hi));  // ln x = lx + lx_lo
-  const V p = hn::Mul(y, lx);
-  const V p_lo = hn::MulAdd(y, lx_lo, hn::MulSub(y, lx, p));  // y ln x = p + p_lo
-  ok = hn::And(hn::And(hn::Ge(x, hn::Set(d, 1.17549435e-38f)), hn::Le(x, hn::Set(d, 3.40282347e38f))),
-               hn::Le(hn::Abs(p), hn::Set(d, kPowFastMax)));
+  const V one = hn::Set(d, 1.0f);
+  const V c = hn::BitCast(d, hn::And(hn::BitCast(du, B), hn::Set(du, 0xffff0000u)));
+  const V k_lo = hn::BitCast(d, hn::ShiftLeft<16>(hn::BitCast(du, B)));
+  const V r = hn::MulSub(x, c, one);  // exact
+  const V r2 = hn::Mul(r, r);
+  const V poly = hn::MulAdd(hn::Set(d, -0.249560878f), r2, Lin(d, r, -0.5f, 0.333340496f));
+  const V hi = hn::Add(A, r);
+  const V hi_err = hn::Sub(r, hn::Sub(hi, A));  // exact (Fast2Sum)
+  const V lo = hn::MulAdd(r2, poly, hn::Add(k_lo, hi_err));
+  const V p = hn::MulAdd(y, hi, hn::Mul(y, lo));
+  const V p_lo = hn::MulAdd(y, lo, hn::MulSub(y, hi, p));  // y ln x = p + p_lo
+  ok = hn::Le(hn::Abs(p), hn::Set(d, kPowFastMax));  // false on NaN
   const V t = hn::MulAdd(p, hn::Set(d, kLog2e), hn::Set(d, kRoundMagic));
   const V n = hn::Sub(t, hn::Set(d, kRoundMagic));
-  const V r = hn::Add(hn::NegMulAdd(n, hn::Set(d, kLn2Lo), hn::NegMulAdd(n, hn::Set(d, kLn2), p)), p_lo);
-  const V ep = hn::MulAdd(r, ExpQ(d, r), one);
+  const V re = hn::Add(hn::NegMulAdd(n, hn::Set(d, kLn2), p), hn::NegMulAdd(n, hn::Set(d, kLn2Lo), p_lo));
+  const V ep = hn::MulAdd(re, ExpQ(d, re), one);
   return hn::BitCast(d, hn::Add(hn::BitCast(di, ep), hn::ShiftLeft<23>(hn::BitCast(di, t))));
 }
 }  // namespace HWY_NAMESPACE
