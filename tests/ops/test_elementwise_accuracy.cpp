@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <hwy/targets.h>
+
 #include "ops/cpu/elementwise.h"
 #include "ops/elementwise_test_util.h"
 
@@ -398,6 +400,28 @@ TEST(ElementwiseAccuracy, PowTensorExponentFloat32) {
       EXPECT_EQ(std::signbit(out[i]), std::signbit(r)) << "pow(" << xf[i] << ", " << yf[i] << ")";
     }
   }
+}
+
+// Every SIMD target this CPU can run (AVX2 and older, emulated FMA included): the f32 bound holds
+// on each (the fast path needs a real FMA; the others fall back to std::pow).
+TEST(ElementwiseAccuracy, PowFloat32OnEverySimdTarget) {
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  const auto inputs = pow_inputs();
+  for (int64_t target : targets) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    for (const auto& [xs, ys] : inputs) {
+      const Tensor x = tensor(xs, kFloat32), y = tensor(ys, kFloat32);
+      const std::vector<double> xf = x.to_vector(), yf = y.to_vector(), out = pow(x, y).to_vector();
+      std::vector<double> ref(xf.size());
+      for (size_t i = 0; i < xf.size(); ++i) ref[i] = std::pow(xf[i], yf[i]);
+      const Err e = compare(xf, out, ref, FLT_MAX);
+      EXPECT_LE(e.max_rel, 2e-7) << "at x=" << e.at;
+      EXPECT_EQ(e.bad_special, 0) << "e.g. at x=" << e.worst_special;
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to the CPU's own choice
 }
 
 // bf16: within one step of the correctly rounded bf16 of the float64 result, few off the nearest;

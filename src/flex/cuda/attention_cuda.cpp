@@ -43,11 +43,12 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The forward's tile for these block sizes: 128 q rows in 4 warps of 32 (each K/V fragment read
-// from shared memory feeds two mmas) when the BlockMask's blocks allow it, else the backward's
-// 64 x 64. KILN_FLEX_FWD_TILE=MxNxMT overrides it (for measurements).
+// The forward's tile: 64 x 64 in 4 warps of 16 rows. 128 rows in 4 warps of 32 (each K/V
+// fragment feeding two mmas) and in 8 warps of 16 measured slower on the H200 (2317fcd: causal
+// 4x16x8192x128 fwd 8.04 / 8.17 vs 7.87 ms; 4x12x4096x64 documents 1.44 / 1.14 vs 0.88 ms).
+// KILN_FLEX_FWD_TILE=MxNxMT overrides it (for measurements); blocks must be multiples of M and N.
 void pick_forward_tile(KernelConfig& cfg, const cpu::Problem& p) {
-  int m = 128, n = 64, mt = 2;
+  int m = kTileM, n = kTileN, mt = 1;
   if (const char* env = std::getenv("KILN_FLEX_FWD_TILE")) {
     KILN_CHECK(std::sscanf(env, "%dx%dx%d", &m, &n, &mt) == 3, kOp, "KILN_FLEX_FWD_TILE must read MxNxMT, got '",
                env, "'");

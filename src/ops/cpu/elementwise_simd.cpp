@@ -722,6 +722,12 @@ HWY_INLINE int64_t PowF32Groups(const float* x, const float* y, float* out, int6
   return groups * group;
 }
 void PowF32Rows(const float* x, const float* y, bool y_scalar, float* out, int64_t n, const uint64_t* t) {
+#if !HWY_NATIVE_FMA
+  // The hi + lo residuals below need a fused multiply-add; emulated (SSE4, SSSE3, EMU128) they
+  // err by ~7.5e-6, so targets without one take std::pow.
+  (void)t;
+  for (int64_t i = 0; i < n; ++i) out[i] = std::pow(x[i], y_scalar ? y[0] : y[i]);
+#else
   const DF d;
   const int64_t i = y_scalar ? PowF32Groups<true>(x, y, out, n, t) : PowF32Groups<false>(x, y, out, n, t);
   if (i == n) return;
@@ -737,6 +743,7 @@ void PowF32Rows(const float* x, const float* y, bool y_scalar, float* out, int64
   PowF32Lookups(tx, static_cast<int64_t>(hn::Lanes(d)), t, buf);
   PowF32Vectors(tx, y_scalar ? y : ty, y_scalar, buf, to);
   std::memcpy(out + i, to, rest * sizeof(float));
+#endif
 }
 
 void BinaryF32(BinaryOp op, const float* a, const float* b, bool bs, float* out, int64_t n, float alpha, float lo,
