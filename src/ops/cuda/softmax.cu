@@ -1,6 +1,6 @@
 // CUDA softmax / log_softmax, forward and backward, over contiguous [outer, n, inner].
-// Rows (inner == 1) of 128 vectors up to 8192 (fp32) / 4096 (bf16) values: a block per row (128 or
-// 256 threads) keeps the row in registers (up to 32 values a thread), so it is read once: block max, then exp(x - max) kept in place and
+// Rows (inner == 1) of 128 to 2048 vectors: a 256-thread block per row keeps the row in registers
+// (up to 8 vectors a thread), so it is read once: block max, then exp(x - max) kept in place and
 // block sum, then the scaled write (backward: sum(g * y) or sum(g) over the held y and g, then
 // the write). The two-pass kernels re-read the row (from L2 when it is still there, which at
 // a few GiB it mostly was not: 0.56-0.61 of copy bandwidth on the H200).
@@ -128,13 +128,13 @@ __global__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ g, T* __
   }
 }
 
-constexpr int kRegMaxThreads = 256;
-constexpr int kRegMaxVectors = 8;
+constexpr int kRegThreads = 256;
+constexpr int kRegMaxVectors = 8;  // per thread: rows up to 2048 vectors (8192 fp32, 16384 bf16)
 
-// A block per row, the row held in registers: vector k of the row is v[k / blockDim.x] of thread
-// k % blockDim.x (coalesced loads). R = vectors per thread, a power of two >= ceil(nv / threads).
+// A block per row, the row held in registers: vector k of the row is v[k / kRegThreads] of thread
+// k % kRegThreads (coalesced loads). R = vectors per thread, a power of two >= ceil(nv / 256).
 template <typename T, int VEC, int R>
-__global__ void __launch_bounds__(kRegMaxThreads) fwd_rows_reg(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
+__global__ void __launch_bounds__(kRegThreads) fwd_rows_reg(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
                                                             int64_t n, bool is_log) {
   using A = dacc_t<T>;
   using P = Pack<T, VEC>;
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) fwd_rows_reg(const T* __restri
     A mx = d_lowest<A>();
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t k = threadIdx.x + r * blockDim.x;
+      const int64_t k = threadIdx.x + r * kRegThreads;
       if (k < nv) {
         const P p = xr[k];
 #pragma unroll
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) fwd_rows_reg(const T* __restri
     A sum = 0;
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      if (threadIdx.x + r * blockDim.x < nv) {
+      if (threadIdx.x + r * kRegThreads < nv) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const A ex = d_exp(v[r][e] - mx);
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) fwd_rows_reg(const T* __restri
     const A c = is_log ? mx + d_log(sum) : A(1) / sum;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t k = threadIdx.x + r * blockDim.x;
+      const int64_t k = threadIdx.x + r * kRegThreads;
       if (k < nv) {
         P out;
 #pragma unroll
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) fwd_rows_reg(const T* __restri
 }
 
 template <typename T, int VEC, int R>
-__global__ void __launch_bounds__(kRegMaxThreads) bwd_rows_reg(const T* __restrict__ y, const T* __restrict__ g,
+__global__ void __launch_bounds__(kRegThreads) bwd_rows_reg(const T* __restrict__ y, const T* __restrict__ g,
                                                             T* __restrict__ gx, int64_t rows, int64_t n, bool is_log) {
   using A = dacc_t<T>;
   using P = Pack<T, VEC>;
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) bwd_rows_reg(const T* __restri
     A s = 0;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t k = threadIdx.x + r * blockDim.x;
+      const int64_t k = threadIdx.x + r * kRegThreads;
       if (k < nv) {
         const P pg = gr[k], py = yr[k];
 #pragma unroll
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) bwd_rows_reg(const T* __restri
     s = block_allreduce<SumOp<A>>(s);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t k = threadIdx.x + r * blockDim.x;
+      const int64_t k = threadIdx.x + r * kRegThreads;
       if (k < nv) {
         P out;
 #pragma unroll
@@ -223,45 +223,37 @@ __global__ void __launch_bounds__(kRegMaxThreads) bwd_rows_reg(const T* __restri
   }
 }
 
-// Threads and vectors per thread for the register kernels ({0, 0}: the row does not suit them).
-// At most 32 values a thread (the backward holds y and g: 64 registers), and 128 threads when
-// they suffice: more blocks per SM keep more of the rows in flight (bf16 rows of 4096 reached
-// only 0.80 of copy with 256 threads).
-struct RegShape {
-  int threads, r;
-};
-RegShape reg_shape(int64_t nv, int vec) {
-  const int rmax = std::min(kRegMaxVectors, 32 / vec);
-  if (nv < 4 * 32 || nv > int64_t{kRegMaxThreads} * rmax) return {0, 0};  // short rows: a warp per row
-  const int threads = nv <= int64_t{128} * rmax ? 128 : kRegMaxThreads;
+// Vectors per thread for the register kernels (0: the row does not suit them).
+int reg_vectors(int64_t nv) {
+  if (nv < 4 * 32 || nv > int64_t{kRegThreads} * kRegMaxVectors) return 0;  // short rows: a warp per row
   int r = 1;
-  while (int64_t{r} * threads < nv) r *= 2;
-  return {threads, r};
+  while (int64_t{r} * kRegThreads < nv) r *= 2;
+  return r;
 }
 
 // Launches kernel<T, VEC, R> with R picked at run time from {1, 2, 4, 8}.
 template <template <typename, int, int> class K, typename T, int VEC, typename... Args>
-void launch_reg_rows(cudaStream_t s, RegShape sh, int64_t rows, Args... args) {
+void launch_reg_rows(cudaStream_t s, int r, int64_t rows, Args... args) {
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, kMaxBlocks));
-  switch (sh.r) {
-    case 1: K<T, VEC, 1>::launch(blocks, sh.threads, s, args...); break;
-    case 2: K<T, VEC, 2>::launch(blocks, sh.threads, s, args...); break;
-    case 4: K<T, VEC, 4>::launch(blocks, sh.threads, s, args...); break;
-    default: K<T, VEC, 8>::launch(blocks, sh.threads, s, args...); break;
+  switch (r) {
+    case 1: K<T, VEC, 1>::launch(blocks, s, args...); break;
+    case 2: K<T, VEC, 2>::launch(blocks, s, args...); break;
+    case 4: K<T, VEC, 4>::launch(blocks, s, args...); break;
+    default: K<T, VEC, 8>::launch(blocks, s, args...); break;
   }
 }
 template <typename T, int VEC, int R>
 struct FwdReg {
   template <typename... Args>
-  static void launch(unsigned blocks, int threads, cudaStream_t s, Args... args) {
-    fwd_rows_reg<T, VEC, R><<<blocks, threads, 0, s>>>(args...);
+  static void launch(unsigned blocks, cudaStream_t s, Args... args) {
+    fwd_rows_reg<T, VEC, R><<<blocks, kRegThreads, 0, s>>>(args...);
   }
 };
 template <typename T, int VEC, int R>
 struct BwdReg {
   template <typename... Args>
-  static void launch(unsigned blocks, int threads, cudaStream_t s, Args... args) {
-    bwd_rows_reg<T, VEC, R><<<blocks, threads, 0, s>>>(args...);
+  static void launch(unsigned blocks, cudaStream_t s, Args... args) {
+    bwd_rows_reg<T, VEC, R><<<blocks, kRegThreads, 0, s>>>(args...);
   }
 };
 
@@ -335,9 +327,9 @@ void softmax_forward(const Tensor& xt, const Tensor& yt, int64_t outer, int64_t 
       constexpr int kVec = 16 / sizeof(T);
       const bool vec = n % kVec == 0 && aligned16(x) && aligned16(y);
       const bool warp = n <= kWarpRowMax;
-      const RegShape rv = reg_shape(n / kVec, kVec), r1 = reg_shape(n, 1);
-      if (vec && rv.r) launch_reg_rows<FwdReg, T, kVec>(s, rv, outer, x, y, outer, n, is_log);
-      else if (!vec && r1.r) launch_reg_rows<FwdReg, T, 1>(s, r1, outer, x, y, outer, n, is_log);
+      const int r = reg_vectors(vec ? n / kVec : n);
+      if (r && vec) launch_reg_rows<FwdReg, T, kVec>(s, r, outer, x, y, outer, n, is_log);
+      else if (r) launch_reg_rows<FwdReg, T, 1>(s, r, outer, x, y, outer, n, is_log);
       else if (vec && warp) launch_fwd_rows<T, kVec, true>(s, outer, x, y, outer, n, is_log);
       else if (vec) launch_fwd_rows<T, kVec, false>(s, outer, x, y, outer, n, is_log);
       else if (warp) launch_fwd_rows<T, 1, true>(s, outer, x, y, outer, n, is_log);
@@ -363,9 +355,9 @@ void softmax_backward(const Tensor& yt, const Tensor& gt, const Tensor& gxt, int
       constexpr int kVec = 16 / sizeof(T);
       const bool vec = n % kVec == 0 && aligned16(y) && aligned16(g) && aligned16(gx);
       const bool warp = n <= kWarpRowMax;
-      const RegShape rv = reg_shape(n / kVec, kVec), r1 = reg_shape(n, 1);
-      if (vec && rv.r) launch_reg_rows<BwdReg, T, kVec>(s, rv, outer, y, g, gx, outer, n, is_log);
-      else if (!vec && r1.r) launch_reg_rows<BwdReg, T, 1>(s, r1, outer, y, g, gx, outer, n, is_log);
+      const int r = reg_vectors(vec ? n / kVec : n);
+      if (r && vec) launch_reg_rows<BwdReg, T, kVec>(s, r, outer, y, g, gx, outer, n, is_log);
+      else if (r) launch_reg_rows<BwdReg, T, 1>(s, r, outer, y, g, gx, outer, n, is_log);
       else if (vec && warp) launch_bwd_rows<T, kVec, true>(s, outer, y, g, gx, outer, n, is_log);
       else if (vec) launch_bwd_rows<T, kVec, false>(s, outer, y, g, gx, outer, n, is_log);
       else if (warp) launch_bwd_rows<T, 1, true>(s, outer, y, g, gx, outer, n, is_log);
