@@ -10,6 +10,11 @@ export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export KILN_CACHE_DIR=/tmp/kiln-cache-b
 for part in ${PARTS:-memory train flex}; do
   case $part in
+    ops)
+      echo "== test_ops CUDA tests"
+      ninja -C build-gpu -j16 test_ops > "$OUT/build_test_ops.log" 2>&1 || tail -20 "$OUT/build_test_ops.log"
+      timeout 120 build-gpu/tests/test_ops --gtest_filter='*Cuda*' > "$OUT/test_ops_cuda.log" 2>&1
+      grep -E "^\[  (PASSED|FAILED)|Failure" "$OUT/test_ops_cuda.log" | head -20 ;;
     memory)
       echo "== memory-bound (CUDA)"
       timeout 150 build-gpu/bench/bench_memory_bound cuda > "$OUT/bench_memory_bound.jsonl" 2> "$OUT/bench_memory_bound.err"
