@@ -139,20 +139,8 @@ __global__ void __launch_bounds__(kRegThreads) fwd_rows_reg(const T* __restrict_
   using A = dacc_t<T>;
   using P = Pack<T, VEC>;
   const int64_t nv = n / VEC;
-  // The next row's loads are issued before this row's reductions, so a block keeps a row in
-  // flight while it waits at the barriers (bf16 rows of 4096 reached 0.80 of copy without).
-  P cur[R], nxt[R];
-  auto load_row = [&](P* dst, int64_t row) {
-    const P* xr = reinterpret_cast<const P*>(x + row * n);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t k = threadIdx.x + r * kRegThreads;
-      if (k < nv) dst[r] = xr[k];
-    }
-  };
-  if (static_cast<int64_t>(blockIdx.x) < rows) load_row(cur, blockIdx.x);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    if (row + gridDim.x < rows) load_row(nxt, row + gridDim.x);
+    const P* xr = reinterpret_cast<const P*>(x + row * n);
     P* yr = reinterpret_cast<P*>(y + row * n);
     A v[R][VEC];
     A mx = d_lowest<A>();
@@ -160,7 +148,7 @@ __global__ void __launch_bounds__(kRegThreads) fwd_rows_reg(const T* __restrict_
     for (int r = 0; r < R; ++r) {
       const int64_t k = threadIdx.x + r * kRegThreads;
       if (k < nv) {
-        const P p = cur[r];
+        const P p = xr[k];
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           v[r][e] = convert<A>(p.v[e]);
@@ -192,8 +180,6 @@ __global__ void __launch_bounds__(kRegThreads) fwd_rows_reg(const T* __restrict_
         yr[k] = out;
       }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) cur[r] = nxt[r];
   }
 }
 
@@ -260,13 +246,7 @@ template <typename T, int VEC, int R>
 struct FwdReg {
   template <typename... Args>
   static void launch(unsigned blocks, cudaStream_t s, Args... args) {
-    // Resident blocks only (each walks rows, prefetching its next one), never more than the rows.
-    int device = 0, sms = 0, per_sm = 0;
-    KILN_CUDA_CHECK(cudaGetDevice(&device));
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fwd_rows_reg<T, VEC, R>, kRegThreads, 0));
-    const unsigned resident = static_cast<unsigned>(std::max(1, sms * per_sm));
-    fwd_rows_reg<T, VEC, R><<<std::min(blocks, resident), kRegThreads, 0, s>>>(args...);
+    fwd_rows_reg<T, VEC, R><<<blocks, kRegThreads, 0, s>>>(args...);
   }
 };
 template <typename T, int VEC, int R>
