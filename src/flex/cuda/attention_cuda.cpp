@@ -53,14 +53,10 @@ void pick_forward_tile(KernelConfig& cfg, const cpu::Problem& p) {
     KILN_CHECK(std::sscanf(env, "%dx%dx%d", &m, &n, &mt) == 3, kOp, "KILN_FLEX_FWD_TILE must read MxNxMT, got '",
                env, "'");
   }
+  if (m <= 0 || n <= 0 || p.QB % m != 0 || p.KB % n != 0) return;  // KernelConfig's default 64 x 64
   cfg.fwd_tile_m = m;
   cfg.fwd_tile_n = n;
   cfg.fwd_mt = mt;
-  if (p.QB % m != 0 || p.KB % n != 0) {
-    cfg.fwd_tile_m = kTileM;
-    cfg.fwd_tile_n = kTileN;
-    cfg.fwd_mt = 1;
-  }
 }
 
 // The device copy of a captured tensor's prepared values (fp32 for floats, int64 otherwise), from
