@@ -55,7 +55,7 @@ struct TempCacheDir {
 };
 
 std::string source_for(const ScoreMod* score, const MaskMod* mask, bool bf16, int head_dim, int fwd_tile_m = 64,
-                       int fwd_mt = 1) {
+                       int fwd_mt = 1, bool wgmma = false, int fwd_tile_n = 64) {
   detail::Program sp, mp;
   if (score) sp = detail::compile(score->expr);
   if (mask) mp = detail::compile(mask->expr);
@@ -64,6 +64,8 @@ std::string source_for(const ScoreMod* score, const MaskMod* mask, bool bf16, in
   cfg.head_dim = head_dim;
   cfg.fwd_tile_m = fwd_tile_m;
   cfg.fwd_mt = fwd_mt;
+  cfg.fwd_tile_n = fwd_tile_n;
+  cfg.fwd_wgmma = wgmma;
   return cuda::generate_source(score ? &sp : nullptr, mask ? &mp : nullptr, cfg);
 }
 
@@ -105,6 +107,17 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     ADD_FAILURE() << "a 128-row tile in warps of 48 rows was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[flex_attention] bad forward tile"), std::string::npos) << e.what();
+  }
+  // The wgmma forward (sm_90a): 64 x 128 tiles in bf16 / E = 128 with mods, 128 x 64 in fp16 / E = 64.
+  const std::string fwd_only = "#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n";
+  EXPECT_NO_THROW(
+      cuda::compile_cubin(fwd_only + source_for(&scores[3], &masks[5], true, 128, 64, 1, true, 128), "sm_90a"));
+  EXPECT_NO_THROW(cuda::compile_cubin(fwd_only + source_for(&scores[0], &masks[0], false, 64, 128, 1, true, 64), "sm_90a"));
+  try {
+    source_for(nullptr, nullptr, true, 64, 64, 1, true, 32);
+    ADD_FAILURE() << "a wgmma tile of 32 columns was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[flex_attention] the wgmma forward takes"), std::string::npos) << e.what();
   }
   // The forward and backward halves load_kernels compiles separately (here for sm_80).
   const std::string plain = source_for(nullptr, nullptr, true, 64);

@@ -259,6 +259,46 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
   return os.str();
 }
 
+namespace {
+
+// "{%first, ..., %(first+count-1)}" for an asm operand list.
+std::string operand_list(int first, int count) {
+  std::string s = "{";
+  for (int i = 0; i < count; ++i) s += (i ? ", %" : "%") + std::to_string(first + i);
+  return s + "}";
+}
+
+// "+f"(d[0][0]), ... for count / 4 fragments of four accumulators.
+std::string accumulator_operands(int count) {
+  std::string s;
+  for (int i = 0; i < count; ++i)
+    s += (i ? ", " : "") + std::string("\"+f\"(d[") + std::to_string(i / 4) + "][" + std::to_string(i % 4) + "])";
+  return s;
+}
+
+// The forward's wgmma (sm_90a) calls, written out because each names every accumulator register:
+// wgmma_qk: d[64 x FWD_TILE_N] (=|+=) A (smem desc, K-major) * B (smem desc, K-major);
+// wgmma_pv: d[64 x HEAD_DIM] += A (registers, P) * B (smem desc, N-major, i.e. transposed).
+std::string wgmma_wrappers(const KernelConfig& cfg) {
+  std::ostringstream os;
+  os << "#define WG_T \"" << (cfg.bf16 ? "bf16" : "f16") << "\"\n";
+  const int nq = cfg.fwd_tile_n / 2, nv = cfg.head_dim / 2;  // accumulators a thread
+  os << "__device__ __forceinline__ void wgmma_qk(float (*d)[4], u64 a, u64 b, int accumulate) {\n"
+     << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << nq + 2 << ", 0;\\n\"\n"
+     << "    \"wgmma.mma_async.sync.aligned.m64n" << cfg.fwd_tile_n << "k16.f32.\" WG_T \".\" WG_T \" "
+     << operand_list(0, nq) << ", %" << nq << ", %" << nq + 1 << ", p, 1, 1, 0, 0;\\n}\\n\"\n"
+     << "    : " << accumulator_operands(nq) << "\n    : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n}\n";
+  os << "__device__ __forceinline__ void wgmma_pv(float (*d)[4], const u32* a, u64 b) {\n"
+     << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << nv + 5 << ", 0;\\n\"\n"
+     << "    \"wgmma.mma_async.sync.aligned.m64n" << cfg.head_dim << "k16.f32.\" WG_T \".\" WG_T \" "
+     << operand_list(0, nv) << ", " << operand_list(nv, 4) << ", %" << nv + 4 << ", p, 1, 1, 1;\\n}\\n\"\n"
+     << "    : " << accumulator_operands(nv)
+     << "\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(1));\n}\n";
+  return os.str();
+}
+
+}  // namespace
+
 std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg) {
   KILN_CHECK(cfg.head_dim == 64 || cfg.head_dim == 128, "flex_attention", "CUDA head dim must be 64 or 128, got ",
              cfg.head_dim);
@@ -266,6 +306,10 @@ std::string generate_source(const detail::Program* score, const detail::Program*
                  cfg.fwd_tile_n % 16 == 0,
              "flex_attention", "bad forward tile ", cfg.fwd_tile_m, " x ", cfg.fwd_tile_n, " with ", cfg.fwd_mt,
              " m16 blocks a warp");
+  KILN_CHECK(!cfg.fwd_wgmma || ((cfg.fwd_tile_m == 64 || cfg.fwd_tile_m == 128) && cfg.fwd_mt == 1 &&
+                                (cfg.fwd_tile_n == 64 || cfg.fwd_tile_n == 128)),
+             "flex_attention", "the wgmma forward takes 64- or 128-row tiles of 64 or 128 columns, got ",
+             cfg.fwd_tile_m, " x ", cfg.fwd_tile_n, " with ", cfg.fwd_mt, " m16 blocks a warp");
   std::ostringstream os;
   os << "// kiln FlexAttention kernels (generated; compiled at run time by NVRTC)\n";
   os << "#define KILN_BF16 " << (cfg.bf16 ? 1 : 0) << "\n";
@@ -275,6 +319,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define FWD_TILE_M " << cfg.fwd_tile_m << "\n";
   os << "#define FWD_TILE_N " << cfg.fwd_tile_n << "\n";
   os << "#define FWD_MT " << cfg.fwd_mt << "\n";
+  os << "#define FWD_WGMMA " << (cfg.fwd_wgmma ? 1 : 0) << "\n";
   os << "#define NTHREADS " << kThreads << "\n";
   os << "#define NWARPS " << kWarps << "\n";
   os << "#define HAS_SCORE " << (score ? 1 : 0) << "\n";
@@ -284,6 +329,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << params_struct_source();
   os << generate_mod_functions(score, mask);
+  if (cfg.fwd_wgmma) os << wgmma_wrappers(cfg);
   os << kernel_template();
   return os.str();
 }

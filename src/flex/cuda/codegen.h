@@ -50,6 +50,9 @@ struct KernelConfig {
   // The forward's tile: fwd_tile_m q rows per CTA in warps of 16 * fwd_mt rows, fwd_tile_n kv
   // columns per step. BlockMask blocks must be multiples of both (else use the backward's tile).
   int fwd_tile_m = kTileM, fwd_tile_n = kTileN, fwd_mt = 1;
+  // The forward's products by wgmma (sm_90a only; tiles of 64 or 128 rows by 64 or 128 columns,
+  // fwd_mt 1, a warpgroup per 64 rows) instead of mma.sync.
+  bool fwd_wgmma = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 

@@ -25,6 +25,7 @@ const char* params_struct_source() {
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
+typedef unsigned long long u64;
 
 struct FlexParams {
   const void *q, *k, *v;
@@ -289,6 +290,83 @@ __device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const 
   }
 }
 
+#if FWD_WGMMA
+// wgmma (sm_90a) forward. Tiles in shared memory are 64-column panels of 128-byte rows whose
+// 16-byte chunk c of row r sits at chunk c ^ (r % 8): the 128-byte swizzle wgmma reads without
+// bank conflicts. Each panel starts on a 1024-byte boundary (the swizzle's period). Q and K are
+// K-major operands (rows along the reduction); V is read as an N-major (transposed) operand.
+#define FWD_SMEM_ALIGN 1024
+__device__ __forceinline__ u32 sw_offset(int r, int col8, int rows) {
+  return (u32)((col8 >> 3) * rows * 128 + r * 128 + (((col8 & 7) ^ (r & 7)) << 4));
+}
+// load_tile_async into the swizzled panel layout (rows past `total` zero-filled).
+__device__ __forceinline__ void load_tile_sw_async(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
+  const int chunks = HEAD_DIM / 8;
+  const u32 base = smem_addr(dst);
+  for (int c = threadIdx.x; c < rows * chunks; c += FWD_THREADS) {
+    const int r = c / chunks, col8 = c % chunks;
+    const bool in = row0 + r < total;
+    const u16* g = in ? src + (row0 + r) * HEAD_DIM + col8 * 8 : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(base + sw_offset(r, col8, rows)), "l"(g),
+                 "r"(in ? 16 : 0)
+                 : "memory");
+  }
+}
+// Shared-memory matrix descriptor: start address, leading / stride byte offsets (8-row groups are
+// 1024 bytes apart in every tile here), 128-byte swizzle.
+__device__ __forceinline__ u64 sw_desc(u32 addr, u32 leading_bytes) {
+  return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)(leading_bytes >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (*d)[4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
+}
+
+// s[64 x FWD_TILE_N] of this warp's warpgroup = Q (its 64 rows) K^T.
+__device__ __forceinline__ void tile_abt_wg(float (*s)[4], const u16* Qs, const u16* Ks, int warp) {
+  const u32 qa = smem_addr(Qs) + (warp >> 2) * 64 * 128, ka = smem_addr(Ks);
+  reg_fence<FWD_TILE_N / 8>(s);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+    const u32 col = (kk & 3) * 32;  // bytes into the 128-byte rows of panel kk / 4
+    wgmma_qk(s, sw_desc(qa + (kk >> 2) * FWD_TILE_M * 128 + col, 16), sw_desc(ka + (kk >> 2) * FWD_TILE_N * 128 + col, 16),
+             kk > 0);
+  }
+  wg_commit();
+  wg_wait_all();
+  reg_fence<FWD_TILE_N / 8>(s);
+}
+
+// o[64 x HEAD_DIM] += P (registers, rounded to T) V; V's panels are FWD_TILE_N * 128 bytes apart.
+__device__ __forceinline__ void tile_pb_wg(float (*o)[4], const u32 (*pk)[2], const u16* Vs) {
+  const u32 va = smem_addr(Vs);
+  reg_fence<HEAD_DIM / 8>(o);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < FWD_TILE_N / 16; ++kk) {
+    const u32 a[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+    wgmma_pv(o, a, sw_desc(va + kk * 16 * 128, FWD_TILE_N * 128));
+  }
+  wg_commit();
+  wg_wait_all();
+  reg_fence<HEAD_DIM / 8>(o);
+}
+#define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_sw_async(dst, src, row0, total, rows)
+#define FWD_SMEM_FENCE() fence_async_smem()
+#else
+#define FWD_SMEM_ALIGN 16
+#define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async(dst, src, row0, total, rows, FWD_THREADS)
+#define FWD_SMEM_FENCE()
+#endif
+
 __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
   return (P.mB == 1 ? 0 : b) * P.mH + (P.mH == 1 ? 0 : h);
 }
@@ -396,9 +474,16 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 #if KILN_BUILD_FWD
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
+#if FWD_WGMMA
+  // The host adds FWD_SMEM_ALIGN bytes so the tiles can start on the swizzle's 1024-byte period.
+  u16* Qs = smem + ((FWD_SMEM_ALIGN - (smem_addr(smem) & (FWD_SMEM_ALIGN - 1))) & (FWD_SMEM_ALIGN - 1)) / 2;
+  u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;
+  u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
+#else
   u16* Qs = smem;
   u16* Ks = Qs + FWD_TILE_M * LD;
   u16* Vs = Ks + FWD_TILE_N * LD;
+#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Heaviest (last) q tiles first: causal rows at the end list the most blocks.
   const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M;
@@ -406,7 +491,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * FWD_TILE_M;
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+#if FWD_WGMMA
+  FWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M);  // lands with the first K tile
+#else
   load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M, FWD_THREADS);
+#endif
   const float scale = (float)P.scale;
   const bool rows_in = r0 + FWD_TILE_M <= P.L;
 
@@ -427,19 +516,24 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   i64 c0, c_next;
   bool partial, p_next;
   bool more = walk.next(c0, partial);
-  if (more) load_tile_async(Ks, kg, c0, P.S, FWD_TILE_N, FWD_THREADS);
+  if (more) FWD_LOAD_TILE(Ks, kg, c0, P.S, FWD_TILE_N);
   cp_async_commit();
   // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
   while (more) {
     __syncthreads();  // everyone is done with Vs (previous PV)
-    load_tile_async(Vs, vg, c0, P.S, FWD_TILE_N, FWD_THREADS);
+    FWD_LOAD_TILE(Vs, vg, c0, P.S, FWD_TILE_N);
     cp_async_commit();
     cp_async_wait<1>();  // K(c0) landed (this thread's part)
+    FWD_SMEM_FENCE();
     __syncthreads();
     {
       float s[FWD_MT][FWD_TILE_N / 8][4];
       u32 pk[FWD_MT][FWD_TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
+#if FWD_WGMMA
+      tile_abt_wg(s[0], Qs, Ks, warp);
+#else
       tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Ks, lane);
+#endif
       // Interior tiles of full blocks need neither the bounds test nor the mask: the same
       // arithmetic as mod_score on the kept elements, so the same bits.
       const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
@@ -491,11 +585,16 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       }
       __syncthreads();  // everyone is done with Ks
       more = walk.next(c_next, p_next);
-      if (more) load_tile_async(Ks, kg, c_next, P.S, FWD_TILE_N, FWD_THREADS);
+      if (more) FWD_LOAD_TILE(Ks, kg, c_next, P.S, FWD_TILE_N);
       cp_async_commit();
       cp_async_wait<1>();  // V(c0) landed
+      FWD_SMEM_FENCE();
       __syncthreads();
+#if FWD_WGMMA
+      tile_pb_wg(o[0], pk[0], Vs);
+#else
       tile_pb_mt(o, pk, Vs, lane);
+#endif
       c0 = c_next;
       partial = p_next;
     }
