@@ -4,7 +4,6 @@
 // block sum, then the scaled write (backward: sum(g * y) or sum(g) over the held y and g, then
 // the write). The two-pass kernels re-read the row (from L2 when it is still there, which at
 // a few GiB it mostly was not: 0.56-0.61 of copy bandwidth on the H200).
-// 16-bit rows of 257-512 vectors: a warp per row, the row held as packed vectors (no barriers).
 // Other rows: a warp per row when n <= 8192 (8 rows per 256-thread block, no block barriers), a
 // 512-thread block per row otherwise. Pass 1 keeps an online (max, sum exp) per thread and merges
 // it through a fixed shuffle tree; pass 2 re-reads the row and writes exp(x - max) / sum, or
@@ -184,57 +183,6 @@ __global__ void __launch_bounds__(kRegThreads) fwd_rows_reg(const T* __restrict_
   }
 }
 
-// 16-bit rows of 257-512 vectors (2049-4096 bf16): a warp per row holding the row as packed
-// vectors (16 a lane, 64 registers), so no block barriers and more rows in flight per SM than the
-// 256-thread block per row (bf16 rows of 4096 sat at 0.798 of copy there on the H200).
-constexpr int kWarpRegVectors = 16;
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kWarpRowThreads) fwd_rows_warp_reg(const T* __restrict__ x, T* __restrict__ y,
-                                                                     int64_t rows, int64_t n, bool is_log) {
-  using A = dacc_t<T>;
-  using P = Pack<T, VEC>;
-  const RowIter it = row_iter<true>();
-  const int64_t nv = n / VEC;
-  for (int64_t row = it.first_row; row < rows; row += it.row_step) {
-    const P* xr = reinterpret_cast<const P*>(x + row * n);
-    P* yr = reinterpret_cast<P*>(y + row * n);
-    P v[kWarpRegVectors];
-    A mx = d_lowest<A>();
-#pragma unroll
-    for (int r = 0; r < kWarpRegVectors; ++r) {
-      const int64_t k = it.tid + r * 32;
-      if (k < nv) {
-        v[r] = xr[k];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) ExtremeOp<A, true>::add(mx, convert<A>(v[r].v[e]), 0);
-      }
-    }
-    mx = group_allreduce<ExtremeOp<A, true>, true>(mx);
-    A sum = 0;
-#pragma unroll
-    for (int r = 0; r < kWarpRegVectors; ++r)
-      if (it.tid + r * 32 < nv) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) sum += d_exp(convert<A>(v[r].v[e]) - mx);
-      }
-    sum = group_allreduce<SumOp<A>, true>(sum);
-    const A c = is_log ? mx + d_log(sum) : A(1) / sum;
-#pragma unroll
-    for (int r = 0; r < kWarpRegVectors; ++r) {
-      const int64_t k = it.tid + r * 32;
-      if (k < nv) {
-        P out;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A xv = convert<A>(v[r].v[e]);
-          out.v[e] = convert<T>(is_log ? xv - c : d_exp(xv - mx) * c);
-        }
-        yr[k] = out;
-      }
-    }
-  }
-}
-
 template <typename T, int VEC, int R>
 __global__ void __launch_bounds__(kRegThreads) bwd_rows_reg(const T* __restrict__ y, const T* __restrict__ g,
                                                             T* __restrict__ gx, int64_t rows, int64_t n, bool is_log) {
@@ -380,12 +328,7 @@ void softmax_forward(const Tensor& xt, const Tensor& yt, int64_t outer, int64_t 
       const bool vec = n % kVec == 0 && aligned16(x) && aligned16(y);
       const bool warp = n <= kWarpRowMax;
       const int r = reg_vectors(vec ? n / kVec : n);
-      const int64_t nv = n / kVec;
-      if (sizeof(T) == 2 && vec && nv > 32 * kWarpRegVectors / 2 && nv <= 32 * kWarpRegVectors) {
-        const int64_t per_block = kWarpRowThreads / 32;
-        const auto blocks = static_cast<unsigned>(std::min<int64_t>((outer + per_block - 1) / per_block, kMaxBlocks));
-        fwd_rows_warp_reg<T, kVec><<<blocks, kWarpRowThreads, 0, s>>>(x, y, outer, n, is_log);
-      } else if (r && vec) launch_reg_rows<FwdReg, T, kVec>(s, r, outer, x, y, outer, n, is_log);
+      if (r && vec) launch_reg_rows<FwdReg, T, kVec>(s, r, outer, x, y, outer, n, is_log);
       else if (r) launch_reg_rows<FwdReg, T, 1>(s, r, outer, x, y, outer, n, is_log);
       else if (vec && warp) launch_fwd_rows<T, kVec, true>(s, outer, x, y, outer, n, is_log);
       else if (vec) launch_fwd_rows<T, kVec, false>(s, outer, x, y, outer, n, is_log);
