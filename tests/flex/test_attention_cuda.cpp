@@ -55,7 +55,7 @@ struct TempCacheDir {
 };
 
 std::string source_for(const ScoreMod* score, const MaskMod* mask, bool bf16, int head_dim, int fwd_tile_m = 64,
-                       int fwd_mt = 1, bool wgmma = false, int fwd_tile_n = 64) {
+                       int fwd_mt = 1, bool wgmma = false, int fwd_tile_n = 64, bool bwd_wgmma = false) {
   detail::Program sp, mp;
   if (score) sp = detail::compile(score->expr);
   if (mask) mp = detail::compile(mask->expr);
@@ -66,6 +66,7 @@ std::string source_for(const ScoreMod* score, const MaskMod* mask, bool bf16, in
   cfg.fwd_mt = fwd_mt;
   cfg.fwd_tile_n = fwd_tile_n;
   cfg.fwd_wgmma = wgmma;
+  cfg.bwd_wgmma = bwd_wgmma;
   return cuda::generate_source(score ? &sp : nullptr, mask ? &mp : nullptr, cfg);
 }
 
@@ -113,6 +114,12 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
   EXPECT_NO_THROW(
       cuda::compile_cubin(fwd_only + source_for(&scores[3], &masks[5], true, 128, 64, 1, true, 128), "sm_90a"));
   EXPECT_NO_THROW(cuda::compile_cubin(fwd_only + source_for(&scores[0], &masks[0], false, 64, 128, 1, true, 64), "sm_90a"));
+  // The wgmma backward: captured-tensor gradients with a composite mask at E = 128, fp16 at E = 64.
+  const std::string bwd_only = "#define KILN_BUILD_FWD 0\n#define KILN_BUILD_BWD 1\n";
+  EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + source_for(&scores[2], &masks[5], true, 128, 64, 1, false, 64, true),
+                                      "sm_90a"));
+  EXPECT_NO_THROW(
+      cuda::compile_cubin(bwd_only + source_for(&scores[1], &masks[0], false, 64, 64, 1, false, 64, true), "sm_90a"));
   try {
     source_for(nullptr, nullptr, true, 64, 64, 1, true, 32);
     ADD_FAILURE() << "a wgmma tile of 32 columns was accepted";

@@ -1,5 +1,5 @@
 // Checks the wgmma forward's two products in isolation against a host reference: S = Q K^T
-// (tile_abt_wg) and O = P V (tile_pb_wg), on the generated source (generated.cu, from gen.cpp),
+// (wg_abt) and O = P V (wg_pb), on the generated source (generated.cu, from gen.cpp),
 // printing where wrong elements landed. Build: nvcc -arch=sm_90a -I DIR probe.cu.
 #include <cuda_runtime.h>
 
@@ -16,19 +16,19 @@
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) probe(const u16* q, const u16* k, const u16* v, float* s_out,
                                                                 float* o_out) {
   extern __shared__ __align__(16) u16 smem[];
-  u16* Qs = smem + ((FWD_SMEM_ALIGN - (smem_addr(smem) & (FWD_SMEM_ALIGN - 1))) & (FWD_SMEM_ALIGN - 1)) / 2;
+  u16* Qs = wg_smem_base(smem);
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;
   u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
-  load_tile_sw_async(Qs, q, 0, FWD_TILE_M, FWD_TILE_M);
-  load_tile_sw_async(Ks, k, 0, FWD_TILE_N, FWD_TILE_N);
-  load_tile_sw_async(Vs, v, 0, FWD_TILE_N, FWD_TILE_N);
+  load_tile_sw_async(Qs, q, 0, FWD_TILE_M, FWD_TILE_M, FWD_THREADS);
+  load_tile_sw_async(Ks, k, 0, FWD_TILE_N, FWD_TILE_N, FWD_THREADS);
+  load_tile_sw_async(Vs, v, 0, FWD_TILE_N, FWD_TILE_N, FWD_THREADS);
   cp_async_commit();
   cp_async_wait<0>();
   fence_async_smem();
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   float s[FWD_TILE_N / 8][4];
-  tile_abt_wg(s, Qs, Ks, warp);
+  wg_abt<FWD_TILE_N>(s, Qs, FWD_TILE_M, (warp >> 2) * 64, Ks);
   u32 pk[FWD_TILE_N / 8][2];
   for (int n = 0; n < FWD_TILE_N / 8; ++n)
     for (int e = 0; e < 4; ++e) {
@@ -39,7 +39,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) probe(const u16* q, co
     for (int r = 0; r < 2; ++r) pk[n][r] = pack2(s[n][2 * r], s[n][2 * r + 1]);
   float o[HEAD_DIM / 8][4];
   for (int n = 0; n < HEAD_DIM / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  tile_pb_wg(o, pk, Vs);
+  wg_pb<FWD_TILE_N>(o, pk, Vs);
   for (int n = 0; n < HEAD_DIM / 8; ++n)
     for (int e = 0; e < 4; ++e) {
       const int row = warp * 16 + g + 8 * (e >> 1), col = n * 8 + 2 * t + (e & 1);

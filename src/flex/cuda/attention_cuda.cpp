@@ -43,30 +43,36 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The forward's tile: 64 x 64 in 4 warps of 16 rows (mma.sync). 128 rows in 4 warps of 32 (each
-// K/V fragment feeding two mmas) and in 8 warps of 16 measured slower on the H200 (2317fcd: causal
-// 4x16x8192x128 fwd 8.04 / 8.17 vs 7.87 ms; 4x12x4096x64 documents 1.44 / 1.14 vs 0.88 ms).
-// On sm_90 KILN_FLEX_FWD_MMA=wgmma selects the wgmma forward (default tile 64 x 128).
-// KILN_FLEX_FWD_TILE=MxNxMT overrides the tile (for measurements); blocks must be multiples of M
-// and N, else the default stays.
-void pick_forward_tile(KernelConfig& cfg, const cpu::Problem& p, int device) {
-  const char* mma = std::getenv("KILN_FLEX_FWD_MMA");
-  KILN_CHECK(!mma || !std::strcmp(mma, "wgmma") || !std::strcmp(mma, "mma"), kOp,
-             "KILN_FLEX_FWD_MMA must be wgmma or mma, got '", mma ? mma : "", "'");
+// Whether kernels use wgmma: on sm_90 unless KILN_FLEX_<part>_MMA=mma (part FWD or BWD).
+bool use_wgmma(const char* var, int major) {
+  const char* mma = std::getenv(var);
+  KILN_CHECK(!mma || !std::strcmp(mma, "wgmma") || !std::strcmp(mma, "mma"), kOp, var, " must be wgmma or mma, got '",
+             mma ? mma : "", "'");
+  return major == 9 && !(mma && !std::strcmp(mma, "mma"));
+}
+
+// The kernels' products and the forward's tile. sm_90: wgmma, forward tiles 128 x 128 at E = 128
+// and 64 x 64 at E = 64 (H200, 2b982c6: causal 4x16x8192x128 fwd 5.67 ms vs 7.97 for the mma.sync
+// 64 x 64; 4x12x4096x64 with 4 documents 0.84 vs 0.89, where 128-row tiles took 1.10-1.25).
+// mma.sync elsewhere: 64 x 64 in 4 warps of 16 rows (128-row variants measured slower, 2317fcd).
+// KILN_FLEX_FWD_TILE=MxNxMT overrides the forward's tile (for measurements); the blocks must be
+// multiples of M and N (and wgmma needs 64 or 128 by 64 or 128 with MT 1), else 64 x 64 stays.
+void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   int major = 0;
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const bool wgmma = major == 9 && mma && !std::strcmp(mma, "wgmma");
-  int m = kTileM, n = wgmma ? 2 * kTileN : kTileN, mt = 1;
+  const bool wgmma = use_wgmma("KILN_FLEX_FWD_MMA", major);
+  cfg.bwd_wgmma = use_wgmma("KILN_FLEX_BWD_MMA", major);
+  cfg.fwd_wgmma = wgmma;
+  int m = wgmma && p.E == 128 ? 128 : kTileM, n = m, mt = 1;
   if (const char* env = std::getenv("KILN_FLEX_FWD_TILE")) {
     KILN_CHECK(std::sscanf(env, "%dx%dx%d", &m, &n, &mt) == 3, kOp, "KILN_FLEX_FWD_TILE must read MxNxMT, got '",
                env, "'");
   }
   const bool wgmma_tile = (m == 64 || m == 128) && (n == 64 || n == 128) && mt == 1;
-  if (m <= 0 || n <= 0 || p.QB % m != 0 || p.KB % n != 0 || (wgmma && !wgmma_tile)) return;  // 64 x 64 mma.sync
+  if (m <= 0 || n <= 0 || p.QB % m != 0 || p.KB % n != 0 || (wgmma && !wgmma_tile)) return;  // 64 x 64
   cfg.fwd_tile_m = m;
   cfg.fwd_tile_n = n;
   cfg.fwd_mt = mt;
-  cfg.fwd_wgmma = wgmma;
 }
 
 // The device copy of a captured tensor's prepared values (fp32 for floats, int64 otherwise), from
@@ -181,7 +187,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   KernelConfig cfg;
   cfg.bf16 = dtype == kBFloat16;
   cfg.head_dim = static_cast<int>(p.E);
-  pick_forward_tile(cfg, p, device.index);
+  pick_kernel_config(cfg, p, device.index);
   const std::string source = generate_source(p.score, p.mask, cfg);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
@@ -189,7 +195,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
                                : (cfg.fwd_tile_m + 2 * cfg.fwd_tile_n) * ld * 2;
   st->fwd_threads = cfg.fwd_threads();
   st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
-  st->bwd_smem = (2 * kTileM + 2 * kTileN) * ld * 2 + 2 * kTileM * 4;
+  st->bwd_smem = cfg.bwd_wgmma ? (2 * kTileM + 2 * kTileN) * p.E * 2 + 2 * kTileM * 4 + 1024
+                               : (2 * kTileM + 2 * kTileN) * ld * 2 + 2 * kTileM * 4;
   st->kernels = &load_kernels(source, device.index, st->fwd_smem, st->bwd_smem);
   return st;
 }

@@ -276,24 +276,28 @@ std::string accumulator_operands(int count) {
   return s;
 }
 
-// The forward's wgmma (sm_90a) calls, written out because each names every accumulator register:
-// wgmma_qk: d[64 x FWD_TILE_N] (=|+=) A (smem desc, K-major) * B (smem desc, K-major);
-// wgmma_pv: d[64 x HEAD_DIM] += A (registers, P) * B (smem desc, N-major, i.e. transposed).
+// The wgmma (sm_90a) calls, written out because each names every accumulator register:
+// wgmma_ss_n<N>: d[64 x N] (=|+=) A (smem desc, K-major) * B (smem desc, K-major), N = 64, 128;
+// wgmma_rs_n<HEAD_DIM>: d[64 x HEAD_DIM] += A (registers) * B (smem desc, N-major, i.e. transposed).
 std::string wgmma_wrappers(const KernelConfig& cfg) {
   std::ostringstream os;
   os << "#define WG_T \"" << (cfg.bf16 ? "bf16" : "f16") << "\"\n";
-  const int nq = cfg.fwd_tile_n / 2, nv = cfg.head_dim / 2;  // accumulators a thread
-  os << "__device__ __forceinline__ void wgmma_qk(float (*d)[4], u64 a, u64 b, int accumulate) {\n"
-     << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << nq + 2 << ", 0;\\n\"\n"
-     << "    \"wgmma.mma_async.sync.aligned.m64n" << cfg.fwd_tile_n << "k16.f32.\" WG_T \".\" WG_T \" "
-     << operand_list(0, nq) << ", %" << nq << ", %" << nq + 1 << ", p, 1, 1, 0, 0;\\n}\\n\"\n"
-     << "    : " << accumulator_operands(nq) << "\n    : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n}\n";
-  os << "__device__ __forceinline__ void wgmma_pv(float (*d)[4], const u32* a, u64 b) {\n"
-     << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << nv + 5 << ", 0;\\n\"\n"
+  for (int n : {64, 128}) {
+    const int acc = n / 2;  // accumulators a thread
+    os << "__device__ __forceinline__ void wgmma_ss_n" << n << "(float (*d)[4], u64 a, u64 b, int accumulate) {\n"
+       << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << acc + 2 << ", 0;\\n\"\n"
+       << "    \"wgmma.mma_async.sync.aligned.m64n" << n << "k16.f32.\" WG_T \".\" WG_T \" " << operand_list(0, acc)
+       << ", %" << acc << ", %" << acc + 1 << ", p, 1, 1, 0, 0;\\n}\\n\"\n"
+       << "    : " << accumulator_operands(acc) << "\n    : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n}\n";
+  }
+  const int acc = cfg.head_dim / 2;
+  os << "__device__ __forceinline__ void wgmma_rs_n" << cfg.head_dim << "(float (*d)[4], const u32* a, u64 b) {\n"
+     << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << acc + 5 << ", 0;\\n\"\n"
      << "    \"wgmma.mma_async.sync.aligned.m64n" << cfg.head_dim << "k16.f32.\" WG_T \".\" WG_T \" "
-     << operand_list(0, nv) << ", " << operand_list(nv, 4) << ", %" << nv + 4 << ", p, 1, 1, 1;\\n}\\n\"\n"
-     << "    : " << accumulator_operands(nv)
+     << operand_list(0, acc) << ", " << operand_list(acc, 4) << ", %" << acc + 4 << ", p, 1, 1, 1;\\n}\\n\"\n"
+     << "    : " << accumulator_operands(acc)
      << "\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(1));\n}\n";
+  os << "#define wgmma_rs wgmma_rs_n" << cfg.head_dim << "\n";
   return os.str();
 }
 
@@ -320,6 +324,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define FWD_TILE_N " << cfg.fwd_tile_n << "\n";
   os << "#define FWD_MT " << cfg.fwd_mt << "\n";
   os << "#define FWD_WGMMA " << (cfg.fwd_wgmma ? 1 : 0) << "\n";
+  os << "#define BWD_WGMMA " << (cfg.bwd_wgmma ? 1 : 0) << "\n";
   os << "#define NTHREADS " << kThreads << "\n";
   os << "#define NWARPS " << kWarps << "\n";
   os << "#define HAS_SCORE " << (score ? 1 : 0) << "\n";
@@ -329,7 +334,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << params_struct_source();
   os << generate_mod_functions(score, mask);
-  if (cfg.fwd_wgmma) os << wgmma_wrappers(cfg);
+  if (cfg.fwd_wgmma || cfg.bwd_wgmma) os << wgmma_wrappers(cfg);
   os << kernel_template();
   return os.str();
 }

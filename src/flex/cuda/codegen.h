@@ -53,6 +53,8 @@ struct KernelConfig {
   // The forward's products by wgmma (sm_90a only; tiles of 64 or 128 rows by 64 or 128 columns,
   // fwd_mt 1, a warpgroup per 64 rows) instead of mma.sync.
   bool fwd_wgmma = false;
+  // The backward's products by wgmma (sm_90a only; its 64 x 64 tiles are one warpgroup's).
+  bool bwd_wgmma = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 

@@ -290,20 +290,23 @@ __device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const 
   }
 }
 
-#if FWD_WGMMA
-// wgmma (sm_90a) forward. Tiles in shared memory are 64-column panels of 128-byte rows whose
-// 16-byte chunk c of row r sits at chunk c ^ (r % 8): the 128-byte swizzle wgmma reads without
-// bank conflicts. Each panel starts on a 1024-byte boundary (the swizzle's period). Q and K are
-// K-major operands (rows along the reduction); V is read as an N-major (transposed) operand.
-#define FWD_SMEM_ALIGN 1024
+#if FWD_WGMMA || BWD_WGMMA
+// wgmma (sm_90a). Tiles in shared memory are 64-column panels of 128-byte rows whose 16-byte
+// chunk c of row r sits at chunk c ^ (r % 8): the 128-byte swizzle wgmma reads without bank
+// conflicts. Each panel starts on a 1024-byte boundary (the swizzle's period). As the first
+// operand a tile is K-major (rows along the reduction); as the second of P V-like products it is
+// read N-major (transposed). A warpgroup (4 warps) owns 64 rows, warp w rows 16 (w % 4)...,
+// and its accumulators have the mma.sync m16n8 C-fragment layout per 8 columns.
+#define WG_SMEM_ALIGN 1024
 __device__ __forceinline__ u32 sw_offset(int r, int col8, int rows) {
   return (u32)((col8 >> 3) * rows * 128 + r * 128 + (((col8 & 7) ^ (r & 7)) << 4));
 }
 // load_tile_async into the swizzled panel layout (rows past `total` zero-filled).
-__device__ __forceinline__ void load_tile_sw_async(u16* dst, const u16* src, i64 row0, i64 total, int rows) {
+__device__ __forceinline__ void load_tile_sw_async(u16* dst, const u16* src, i64 row0, i64 total, int rows,
+                                                   int nthreads) {
   const int chunks = HEAD_DIM / 8;
   const u32 base = smem_addr(dst);
-  for (int c = threadIdx.x; c < rows * chunks; c += FWD_THREADS) {
+  for (int c = threadIdx.x; c < rows * chunks; c += nthreads) {
     const int r = c / chunks, col8 = c % chunks;
     const bool in = row0 + r < total;
     const u16* g = in ? src + (row0 + r) * HEAD_DIM + col8 * 8 : src;
@@ -311,6 +314,10 @@ __device__ __forceinline__ void load_tile_sw_async(u16* dst, const u16* src, i64
                  "r"(in ? 16 : 0)
                  : "memory");
   }
+}
+// The first WG_SMEM_ALIGN-aligned element of the dynamic shared memory (the host adds the slack).
+__device__ __forceinline__ u16* wg_smem_base(u16* smem) {
+  return smem + ((WG_SMEM_ALIGN - (smem_addr(smem) & (WG_SMEM_ALIGN - 1))) & (WG_SMEM_ALIGN - 1)) / 2;
 }
 // Shared-memory matrix descriptor: start address, leading / stride byte offsets (8-row groups are
 // 1024 bytes apart in every tile here), 128-byte swizzle.
@@ -328,43 +335,65 @@ __device__ __forceinline__ void reg_fence(float (*d)[4]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
 }
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (*d)[4], u64 a, u64 b, int accumulate) {
+  if constexpr (N == 64) wgmma_ss_n64(d, a, b, accumulate);
+  else wgmma_ss_n128(d, a, b, accumulate);
+}
 
-// s[64 x FWD_TILE_N] of this warp's warpgroup = Q (its 64 rows) K^T.
-__device__ __forceinline__ void tile_abt_wg(float (*s)[4], const u16* Qs, const u16* Ks, int warp) {
-  const u32 qa = smem_addr(Qs) + (warp >> 2) * 64 * 128, ka = smem_addr(Ks);
-  reg_fence<FWD_TILE_N / 8>(s);
+// d[64 x NB] = A B^T over HEAD_DIM: A is the warpgroup's 64 rows of a swizzled tile of a_rows rows
+// (a_row0 its first), B a swizzled tile of NB rows.
+template <int NB>
+__device__ __forceinline__ void wg_abt(float (*d)[4], const u16* A, int a_rows, int a_row0, const u16* Bm) {
+  const u32 aa = smem_addr(A) + a_row0 * 128, ba = smem_addr(Bm);
+  reg_fence<NB / 8>(d);
   wg_fence();
 #pragma unroll
   for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
     const u32 col = (kk & 3) * 32;  // bytes into the 128-byte rows of panel kk / 4
-    wgmma_qk(s, sw_desc(qa + (kk >> 2) * FWD_TILE_M * 128 + col, 16), sw_desc(ka + (kk >> 2) * FWD_TILE_N * 128 + col, 16),
-             kk > 0);
+    wgmma_ss<NB>(d, sw_desc(aa + (kk >> 2) * a_rows * 128 + col, 16), sw_desc(ba + (kk >> 2) * NB * 128 + col, 16),
+                 kk > 0);
   }
   wg_commit();
   wg_wait_all();
-  reg_fence<FWD_TILE_N / 8>(s);
+  reg_fence<NB / 8>(d);
 }
 
-// o[64 x HEAD_DIM] += P (registers, rounded to T) V; V's panels are FWD_TILE_N * 128 bytes apart.
-__device__ __forceinline__ void tile_pb_wg(float (*o)[4], const u32 (*pk)[2], const u16* Vs) {
-  const u32 va = smem_addr(Vs);
-  reg_fence<HEAD_DIM / 8>(o);
+// d[64 x HEAD_DIM] += P B where P [64 x KB] is in registers (pk[n][r]: rows g / g + 8 of column
+// block n, rounded to T) and B a swizzled tile of KB rows (its panels KB * 128 bytes apart).
+template <int KB>
+__device__ __forceinline__ void wg_pb(float (*d)[4], const u32 (*pk)[2], const u16* Bm) {
+  const u32 ba = smem_addr(Bm);
+  reg_fence<HEAD_DIM / 8>(d);
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < FWD_TILE_N / 16; ++kk) {
+  for (int kk = 0; kk < KB / 16; ++kk) {
     const u32 a[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-    wgmma_pv(o, a, sw_desc(va + kk * 16 * 128, FWD_TILE_N * 128));
+    wgmma_rs(d, a, sw_desc(ba + kk * 16 * 128, KB * 128));
   }
   wg_commit();
   wg_wait_all();
-  reg_fence<HEAD_DIM / 8>(o);
+  reg_fence<HEAD_DIM / 8>(d);
 }
-#define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_sw_async(dst, src, row0, total, rows)
-#define FWD_SMEM_FENCE() fence_async_smem()
+
+// pk = p rounded to T, in wg_pb's A layout.
+template <int NB>
+__device__ __forceinline__ void pack_rows(u32 (*pk)[2], const float (*p)[4]) {
+#pragma unroll
+  for (int n = 0; n < NB / 8; ++n) {
+    pk[n][0] = pack2(p[n][0], p[n][1]);
+    pk[n][1] = pack2(p[n][2], p[n][3]);
+  }
+}
+#define SMEM_PROXY_FENCE() fence_async_smem()
 #else
-#define FWD_SMEM_ALIGN 16
+#define SMEM_PROXY_FENCE()
+#endif
+
+#if FWD_WGMMA
+#define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_sw_async(dst, src, row0, total, rows, FWD_THREADS)
+#else
 #define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async(dst, src, row0, total, rows, FWD_THREADS)
-#define FWD_SMEM_FENCE()
 #endif
 
 __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
@@ -475,8 +504,7 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
 #if FWD_WGMMA
-  // The host adds FWD_SMEM_ALIGN bytes so the tiles can start on the swizzle's 1024-byte period.
-  u16* Qs = smem + ((FWD_SMEM_ALIGN - (smem_addr(smem) & (FWD_SMEM_ALIGN - 1))) & (FWD_SMEM_ALIGN - 1)) / 2;
+  u16* Qs = wg_smem_base(smem);
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;
   u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
 #else
@@ -524,13 +552,13 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
     FWD_LOAD_TILE(Vs, vg, c0, P.S, FWD_TILE_N);
     cp_async_commit();
     cp_async_wait<1>();  // K(c0) landed (this thread's part)
-    FWD_SMEM_FENCE();
+    SMEM_PROXY_FENCE();
     __syncthreads();
     {
       float s[FWD_MT][FWD_TILE_N / 8][4];
       u32 pk[FWD_MT][FWD_TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
 #if FWD_WGMMA
-      tile_abt_wg(s[0], Qs, Ks, warp);
+      wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Ks);
 #else
       tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Ks, lane);
 #endif
@@ -588,10 +616,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       if (more) FWD_LOAD_TILE(Ks, kg, c_next, P.S, FWD_TILE_N);
       cp_async_commit();
       cp_async_wait<1>();  // V(c0) landed
-      FWD_SMEM_FENCE();
+      SMEM_PROXY_FENCE();
       __syncthreads();
 #if FWD_WGMMA
-      tile_pb_wg(o[0], pk[0], Vs);
+      wg_pb<FWD_TILE_N>(o[0], pk[0], Vs);
 #else
       tile_pb_mt(o, pk, Vs, lane);
 #endif
@@ -621,6 +649,28 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
 #endif  // KILN_BUILD_FWD
 
 #if KILN_BUILD_BWD
+// The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
+// tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
+#if BWD_WGMMA
+#if TILE_M != 64
+#error "the wgmma backward's tiles are one warpgroup's 64 rows"
+#endif
+#define BWD_TILE_ELEMS(rows) ((rows) * HEAD_DIM)
+#define BWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_sw_async(dst, src, row0, total, rows, NTHREADS)
+#define BWD_ABT(acc, A, Bm, ldsm) wg_abt<64>(acc, A, 64, 0, Bm)
+#define BWD_PB(acc, p, Bm, ldsm)   \
+  {                                \
+    u32 pk_[64 / 8][2];            \
+    pack_rows<64>(pk_, p);         \
+    wg_pb<64>(acc, pk_, Bm);       \
+  }
+#else
+#define BWD_TILE_ELEMS(rows) ((rows) * LD)
+#define BWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async(dst, src, row0, total, rows)
+#define BWD_ABT(acc, A, Bm, ldsm) tile_abt<ldsm>(acc, A, warp * 16, Bm, lane)
+#define BWD_PB(acc, p, Bm, ldsm) tile_pb<ldsm>(acc, p, Bm, lane)
+#endif
+
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexParams P) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const i64 row = (i64)blockIdx.x * NWARPS + warp;
@@ -680,17 +730,27 @@ __device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], c
 
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
+#if BWD_WGMMA
+  u16* Qs = wg_smem_base(smem);
+#else
   u16* Qs = smem;
-  u16* dOs = Qs + TILE_M * LD;
-  u16* Ks = dOs + TILE_M * LD;
-  u16* Vs = Ks + TILE_N * LD;
+#endif
+  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
+  u16* Ks = dOs + BWD_TILE_ELEMS(TILE_M);
+  u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+#if BWD_WGMMA
+  // Q and dO land with V(c0)'s group below.
+  BWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+  BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+#else
   load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
   load_tile(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+#endif
   const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
   const bool rows_in = r0 + TILE_M <= P.L;
   float lse[2], delta[2];
@@ -708,32 +768,35 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   i64 c0, c_next;
   bool partial, p_next;
   bool more = walk.next(c0, partial);
-  if (more) load_tile_async(Vs, vg, c0, P.S, TILE_N);
+  if (more) BWD_LOAD_TILE(Vs, vg, c0, P.S, TILE_N);
   cp_async_commit();
-  if (more) load_tile_async(Ks, kg, c0, P.S, TILE_N);
+  if (more) BWD_LOAD_TILE(Ks, kg, c0, P.S, TILE_N);
   cp_async_commit();
   // Pipeline per tile (groups in flight at the top: V(c0), K(c0)): dP = dO V^T first, then V(next)
   // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP.
   while (more) {
     float s[TILE_N / 8][4], dp[TILE_N / 8][4];
     cp_async_wait<1>();  // V(c0) landed
+    SMEM_PROXY_FENCE();
     __syncthreads();
-    tile_abt<LDSM_B_Q>(dp, dOs, warp * 16, Vs, lane);
+    BWD_ABT(dp, dOs, Vs, LDSM_B_Q);
     cp_async_wait<0>();  // K(c0) landed
+    SMEM_PROXY_FENCE();
     __syncthreads();     // and everyone is done with Vs
     more = walk.next(c_next, p_next);
-    if (more) load_tile_async(Vs, vg, c_next, P.S, TILE_N);
+    if (more) BWD_LOAD_TILE(Vs, vg, c_next, P.S, TILE_N);
     cp_async_commit();
-    tile_abt<LDSM_B_Q>(s, Qs, warp * 16, Ks, lane);
+    BWD_ABT(s, Qs, Ks, LDSM_B_Q);
     if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
-    tile_pb<LDSM_B_Q>(dq, s, Ks, lane);  // dQ += dS K
-    __syncthreads();                     // everyone is done with Ks
-    if (more) load_tile_async(Ks, kg, c_next, P.S, TILE_N);
+    BWD_PB(dq, s, Ks, LDSM_B_Q);  // dQ += dS K
+    __syncthreads();              // everyone is done with Ks
+    if (more) BWD_LOAD_TILE(Ks, kg, c_next, P.S, TILE_N);
     cp_async_commit();
     c0 = c_next;
     partial = p_next;
   }
+  cp_async_wait<0>();  // nothing in flight when the CTA ends (Q and dO with an empty list)
   const float sc = (float)P.scale;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -777,11 +840,15 @@ __device__ __forceinline__ void load_rows(float* lse_s, float* delta_s, const Fl
 
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
+#if BWD_WGMMA
+  u16* Ks = wg_smem_base(smem);
+#else
   u16* Ks = smem;
-  u16* Vs = Ks + TILE_N * LD;
-  u16* Qs = Vs + TILE_N * LD;
-  u16* dOs = Qs + TILE_M * LD;
-  float* lse_s = (float*)(dOs + TILE_M * LD);
+#endif
+  u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
+  u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
+  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
+  float* lse_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M));
   float* delta_s = lse_s + TILE_M;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Units [u_begin, u_end) in order: one unit per CTA, or a fixed slot of units with captured grads.
@@ -793,8 +860,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
     const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
     const i64 c0 = tile * TILE_N, jblk = c0 / P.KB;
     __syncthreads();
+#if BWD_WGMMA
+    // K and V land with Q(r0)'s group below.
+    BWD_LOAD_TILE(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+    BWD_LOAD_TILE(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+#else
     load_tile(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
     load_tile(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+#endif
     const i64 cols[2] = {c0 + warp * 16 + g, c0 + warp * 16 + g + 8};  // this thread's kv rows
     const bool kv_in = c0 + TILE_N <= P.S;
     float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];
@@ -810,23 +883,25 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
     bool partial, p_n;
     bool more = walk.next(gi, r0, partial);
     const i64 bh0 = more ? b * P.Hq + hk * P.G + gi : 0;
-    if (more) load_tile_async(Qs, (const u16*)P.q + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+    if (more) BWD_LOAD_TILE(Qs, (const u16*)P.q + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
     cp_async_commit();
     if (more) {
-      load_tile_async(dOs, (const u16*)P.dout + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+      BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
       load_rows(lse_s, delta_s, P, bh0, r0);
     }
     cp_async_commit();
     while (more) {
       const i64 h = hk * P.G + gi;
       cp_async_wait<1>();  // Q(r0) landed
+      SMEM_PROXY_FENCE();
       __syncthreads();     // (and K/V, lse, delta stores)
       // Transposed tiles: rows are kv (this warp's 16), columns are q.
       float s[TILE_M / 8][4], dp[TILE_M / 8][4];
-      tile_abt<LDSM_B_KV>(s, Ks, warp * 16, Qs, lane);
+      BWD_ABT(s, Ks, Qs, LDSM_B_KV);
       cp_async_wait<0>();  // dO(r0) landed
+      SMEM_PROXY_FENCE();
       __syncthreads();
-      tile_abt<LDSM_B_KV>(dp, Vs, warp * 16, dOs, lane);
+      BWD_ABT(dp, Vs, dOs, LDSM_B_KV);
       float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
       if (!partial && r0 + TILE_M <= P.L && kv_in)
         dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse_s, delta_s);
@@ -846,23 +921,24 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
         __syncwarp();
       }
 #endif
-      tile_pb<LDSM_B_KV>(dk, dp, Qs, lane);  // dK += dS^T Q
+      BWD_PB(dk, dp, Qs, LDSM_B_KV);  // dK += dS^T Q
       __syncthreads();                        // everyone is done with Qs, lse_s, delta_s
       more = walk.next(gi_n, r0_n, p_n);
       const i64 bh_n = more ? b * P.Hq + hk * P.G + gi_n : 0;
       if (more) {
-        load_tile_async(Qs, (const u16*)P.q + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+        BWD_LOAD_TILE(Qs, (const u16*)P.q + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
         load_rows(lse_s, delta_s, P, bh_n, r0_n);
       }
       cp_async_commit();
-      tile_pb<LDSM_B_KV>(dv, s, dOs, lane);  // dV += P^T dO
-      __syncthreads();                       // everyone is done with dOs
-      if (more) load_tile_async(dOs, (const u16*)P.dout + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+      BWD_PB(dv, s, dOs, LDSM_B_KV);  // dV += P^T dO
+      __syncthreads();                // everyone is done with dOs
+      if (more) BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
       cp_async_commit();
       gi = gi_n;
       r0 = r0_n;
       partial = p_n;
     }
+    cp_async_wait<0>();  // K and V of a tile without q tiles must land before the next unit reuses Ks / Vs
     const float sc = (float)P.scale;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
