@@ -4,7 +4,8 @@
 #   probe: scripts/device/wgmma_probe (the two wgmma products against a host reference, on sources
 #          generated on the dev machine into .device/wgmma_probe/);
 #   tests: the CUDA flex tests with the defaults (wgmma on sm_90), then with mma.sync forced;
-#   rows:  the flex rows with the defaults (and with mma.sync forced when ROWS_MMA is set);
+#   rows:  the flex rows with the defaults (and with mma.sync forced when ROWS_MMA is set, and
+#          with each wgmma forward tile in WG_TILES);
 #   ops:   the CUDA test_ops tests and the memory-bound table;
 #   train: train_bench.py (kiln, eager, torch.compile; TRAIN_TIMEOUT).
 set -uo pipefail
@@ -41,7 +42,14 @@ for part in ${PARTS:-probe tests rows}; do
         timeout 20 "$d/probe" 2>&1 | head -16
       done ;;
     tests) run_tests wgmma wgmma; run_tests mma mma ;;
-    rows) run_rows wgmma wgmma; [ -z "${ROWS_MMA:-}" ] || run_rows mma mma ;;
+    rows) run_rows wgmma wgmma; [ -z "${ROWS_MMA:-}" ] || run_rows mma mma
+      for tile in ${WG_TILES:-}; do  # other wgmma forward tiles, KILN_FLEX_FWD_TILE=MxNx1
+        for row in "${rows[@]}"; do
+          name=${row%%|*}; args=${row#*|}
+          KILN_FLEX_FWD_TILE=$tile timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_${name}_$tile.jsonl" 2>&1
+          echo "  tile $tile $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_$tile.jsonl" | cut -c1-110)"
+        done
+      done ;;
     ops)
       echo "== test_ops CUDA tests"
       timeout 120 build-gpu/tests/test_ops --gtest_filter='*Cuda*' > "$OUT/test_ops_cuda.log" 2>&1
