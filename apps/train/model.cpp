@@ -149,7 +149,10 @@ Tensor GPT::hidden(const Tensor& idx, const flex::BlockMask& mask) {
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& target, const Tensor& doc_ids) {
-  const flex::BlockMask mask = block_mask(doc_ids);
+  return loss(idx, target, block_mask(doc_ids));
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& target, const flex::BlockMask& mask) {
   const Tensor h = hidden(idx, mask);
   Phase ph("lce");
   F::LinearCrossEntropyOptions o;

@@ -59,6 +59,8 @@ class GPT : public nn::Module {
   Tensor hidden(const Tensor& idx, const flex::BlockMask& mask);
   // Mean cross-entropy over non-ignored targets (fused projection + loss; logits never built).
   Tensor loss(const Tensor& idx, const Tensor& target, const Tensor& doc_ids);
+  // The same with the batch's block mask built beforehand (block_mask(doc_ids)).
+  Tensor loss(const Tensor& idx, const Tensor& target, const flex::BlockMask& mask);
   // Logits of the last position of a single sequence: idx [1, T] -> [V]
   Tensor last_logits(const Tensor& idx);
 

@@ -65,8 +65,25 @@ struct Placement {
   bool autocast = false;  // bf16 autocast around the forward
 };
 
+// A micro-batch with its block mask (built on the host from the doc ids) and the loader position
+// before it (what a checkpoint saves while it waits).
+struct PreparedBatch {
+  Batch batch;
+  flex::BlockMask mask;
+  int64_t epoch = 0, cursor = 0;
+};
+
+PreparedBatch prepare_batch(Loader& loader, const GPT& model, int64_t batch_size) {
+  PreparedBatch p;
+  p.epoch = loader.epoch();
+  p.cursor = loader.cursor();
+  p.batch = loader.next(batch_size);
+  p.mask = model.block_mask(p.batch.doc_ids);
+  return p;
+}
+
 // The loss of one batch on the model's device (doc ids stay on the host: the block mask is built there).
-Tensor batch_loss(GPT& model, const Batch& b, const Placement& pl) {
+Tensor batch_loss(GPT& model, const Batch& b, const flex::BlockMask& mask, const Placement& pl) {
   Tensor input = b.input, target = b.target;
   if (pl.device.is_cuda()) {
     Phase ph("data");
@@ -75,7 +92,7 @@ Tensor batch_loss(GPT& model, const Batch& b, const Placement& pl) {
   }
   std::optional<AutocastGuard> ac;
   if (pl.autocast) ac.emplace(pl.device.type, kBFloat16);
-  return model.loss(input, target, b.doc_ids);
+  return model.loss(input, target, mask);
 }
 
 double evaluate(GPT& model, const Loader& loader, const std::vector<int64_t>& windows, int64_t batch,
@@ -89,7 +106,7 @@ double evaluate(GPT& model, const Loader& loader, const std::vector<int64_t>& wi
                                  windows.begin() + static_cast<std::ptrdiff_t>(std::min(windows.size(), i + static_cast<size_t>(batch))));
     const Batch b = loader.window_batch(w);
     if (b.tokens == 0) continue;
-    sum += batch_loss(model, b, pl).item() * static_cast<double>(b.tokens);
+    sum += batch_loss(model, b, model.block_mask(b.doc_ids), pl).item() * static_cast<double>(b.tokens);
     tokens += b.tokens;
   }
   model.train();
@@ -351,28 +368,34 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     reset_peak_memory_stats(pl.device);
     timer = std::make_unique<PhaseTimer>(pl.device);
   }
+  // On CUDA the next step's first micro-batch and its block mask are prepared while the device
+  // still runs this step's optimizer (the host work would otherwise leave the GPU idle), and the
+  // losses are read after the optimizer is queued: one wait per step.
+  std::optional<PreparedBatch> ahead;
   while (step < end) {
     const bool timed = bench && step >= cfg.bench_warmup;
     if (timed) PhaseTimer::set_active(timer.get());
     const double t0 = now_s();
     const double lr = optim::warmup_cosine_lr(step, std::min(cfg.warmup_steps, total_steps), total_steps, cfg.lr, cfg.min_lr);
     opt.set_lr(lr);
-    double loss_sum = 0;
+    std::vector<Tensor> micro_losses;
     int64_t tokens = 0;
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
-      const Batch b = loader.next(cfg.batch_size);
+      PreparedBatch pb = ahead ? std::move(*ahead) : prepare_batch(loader, model, cfg.batch_size);
+      ahead.reset();
+      const Batch& b = pb.batch;
       if (cfg.golden_dump && step < 10) {
         const std::string k = "step" + std::to_string(step) + ".micro" + std::to_string(micro) + ".";
         golden_batches.insert(k + "input", b.input);
         golden_batches.insert(k + "target", b.target);
         golden_batches.insert(k + "doc_ids", b.doc_ids);
       }
-      const Tensor loss = batch_loss(model, b, pl);
+      const Tensor loss = batch_loss(model, b, pb.mask, pl);
       {
         Phase ph("backward");  // outside autocast, as PyTorch recommends
         (cfg.grad_accum > 1 ? loss / static_cast<double>(cfg.grad_accum) : loss).backward();
       }
-      loss_sum += loss.item();
+      micro_losses.push_back(loss.detach());
       tokens += b.input.numel();
     }
     Tensor grad_norm_t;
@@ -382,7 +405,10 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
       opt.step();
       opt.zero_grad();
     }
-    const double grad_norm = grad_norm_t.item();  // waits for the step on CUDA
+    if (pl.device.is_cuda() && step + 1 < end) ahead = prepare_batch(loader, model, cfg.batch_size);
+    double loss_sum = 0;
+    for (const Tensor& l : micro_losses) loss_sum += l.item();  // waits for the step on CUDA
+    const double grad_norm = grad_norm_t.item();
     ++step;
     if (timed) {
       PhaseTimer::set_active(nullptr);
@@ -416,8 +442,8 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     if ((cfg.eval_every > 0 && step % cfg.eval_every == 0) || step == cfg.steps) log_eval(step);
     if ((cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) || step == end) {
       state.step = step;
-      state.data_epoch = loader.epoch();
-      state.data_cursor = loader.cursor();
+      state.data_epoch = ahead ? ahead->epoch : loader.epoch();  // a prepared batch is not consumed yet
+      state.data_cursor = ahead ? ahead->cursor : loader.cursor();
       state.rng = capture_rng(pl.device);
       const std::string dir = save_checkpoint(cfg.run_dir, model, opt, opt_names, tok, state);
       metrics << std::flush;
