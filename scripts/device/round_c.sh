@@ -10,7 +10,7 @@
 #   train: train_bench.py (kiln, eager, torch.compile; TRAIN_TIMEOUT).
 set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}
-BUILD_TARGETS=${BUILD_TARGETS:-"kiln_cli test_flex"} bash scripts/device/gpu_round.sh none || exit 1
+[ -n "${SKIP_BUILD:-}" ] || BUILD_TARGETS=${BUILD_TARGETS:-"kiln_cli test_flex"} bash scripts/device/gpu_round.sh none || exit 1  # round_d.sh: prebuilt
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export KILN_CACHE_DIR=/tmp/kiln-cache-c
 rows=(
