@@ -128,20 +128,6 @@ __global__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ g, T* __
   }
 }
 
-// Block-wide reduction with one barrier: each warp's partial goes to `slots` (a [32] shared array
-// that only this call site uses), then every thread merges them in the same order, so all see
-// the same value. Safe in a row loop as long as another barrier separates two uses of `slots`
-// (the kernels below alternate two call sites, each with its own array).
-template <typename Op>
-__device__ __forceinline__ typename Op::Acc block_allreduce_once(typename Op::Acc a, typename Op::Acc* slots) {
-  a = warp_reduce<Op>(a);
-  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = a;
-  __syncthreads();
-  a = slots[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) a = Op::merge(a, slots[w]);
-  return a;
-}
-
 constexpr int kRegThreads = 256;
 constexpr int kRegMaxVectors = 8;  // per thread: rows up to 2048 vectors (8192 fp32, 16384 bf16)
 
@@ -153,7 +139,6 @@ __global__ void __launch_bounds__(kRegThreads) fwd_rows_reg(const T* __restrict_
   using A = dacc_t<T>;
   using P = Pack<T, VEC>;
   const int64_t nv = n / VEC;
-  __shared__ A max_slots[32], sum_slots[32];  // the two reductions' slots: 2 barriers a row, not 6
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const P* xr = reinterpret_cast<const P*>(x + row * n);
     P* yr = reinterpret_cast<P*>(y + row * n);
@@ -171,7 +156,7 @@ __global__ void __launch_bounds__(kRegThreads) fwd_rows_reg(const T* __restrict_
         }
       }
     }
-    mx = block_allreduce_once<ExtremeOp<A, true>>(mx, max_slots);
+    mx = block_allreduce<ExtremeOp<A, true>>(mx);
     A sum = 0;
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -183,7 +168,7 @@ __global__ void __launch_bounds__(kRegThreads) fwd_rows_reg(const T* __restrict_
           if (!is_log) v[r][e] = ex;
         }
       }
-    sum = block_allreduce_once<SumOp<A>>(sum, sum_slots);
+    sum = block_allreduce<SumOp<A>>(sum);
     const A c = is_log ? mx + d_log(sum) : A(1) / sum;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
