@@ -190,9 +190,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   pick_kernel_config(cfg, p, device.index);
   const std::string source = generate_source(p.score, p.mask, cfg);
   const int64_t ld = p.E + 8;
-  // wgmma's tiles are unpadded, start on a 1024-byte boundary (the kernel aligns them) and the
-  // forward double-buffers K and V.
-  st->fwd_smem = cfg.fwd_wgmma ? (cfg.fwd_tile_m + 4 * cfg.fwd_tile_n) * p.E * 2 + 1024
+  // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
+  st->fwd_smem = cfg.fwd_wgmma ? (cfg.fwd_tile_m + 2 * cfg.fwd_tile_n) * p.E * 2 + 1024
                                : (cfg.fwd_tile_m + 2 * cfg.fwd_tile_n) * ld * 2;
   st->fwd_threads = cfg.fwd_threads();
   st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);

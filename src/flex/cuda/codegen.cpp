@@ -336,7 +336,6 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << generate_mod_functions(score, mask);
   if (cfg.fwd_wgmma || cfg.bwd_wgmma) os << wgmma_wrappers(cfg);
   os << kernel_template();
-  if (cfg.fwd_wgmma) os << fwd_wgmma_template();
   return os.str();
 }
 

@@ -70,7 +70,6 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
 
 // The kernel templates (kernel_source.cpp).
 const char* kernel_template();
-const char* fwd_wgmma_template();  // kernel_source_wgmma.cpp: the wgmma forward (after kernel_template)
 const char* params_struct_source();
 
 }  // namespace kiln::flex::cuda

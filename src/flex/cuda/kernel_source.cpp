@@ -326,6 +326,7 @@ __device__ __forceinline__ u64 sw_desc(u32 addr, u32 leading_bytes) {
 }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
@@ -340,21 +341,10 @@ __device__ __forceinline__ void wgmma_ss(float (*d)[4], u64 a, u64 b, int accumu
   else wgmma_ss_n128(d, a, b, accumulate);
 }
 
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void reg_fence_u32(u32 (*d)[2]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i][0]), "+r"(d[i][1])::"memory");
-}
-
-// Issues d[64 x NB] = A B^T over HEAD_DIM as one wgmma group: A is the warpgroup's 64 rows of a
-// swizzled tile of a_rows rows (a_row0 its first), B a swizzled tile of NB rows. d is not to be
-// touched until a wg_wait covers the group (then reg_fence it).
+// d[64 x NB] = A B^T over HEAD_DIM: A is the warpgroup's 64 rows of a swizzled tile of a_rows rows
+// (a_row0 its first), B a swizzled tile of NB rows.
 template <int NB>
-__device__ __forceinline__ void wg_abt_issue(float (*d)[4], const u16* A, int a_rows, int a_row0, const u16* Bm) {
+__device__ __forceinline__ void wg_abt(float (*d)[4], const u16* A, int a_rows, int a_row0, const u16* Bm) {
   const u32 aa = smem_addr(A) + a_row0 * 128, ba = smem_addr(Bm);
   reg_fence<NB / 8>(d);
   wg_fence();
@@ -365,19 +355,14 @@ __device__ __forceinline__ void wg_abt_issue(float (*d)[4], const u16* A, int a_
                  kk > 0);
   }
   wg_commit();
-}
-template <int NB>
-__device__ __forceinline__ void wg_abt(float (*d)[4], const u16* A, int a_rows, int a_row0, const u16* Bm) {
-  wg_abt_issue<NB>(d, A, a_rows, a_row0, Bm);
-  wg_wait<0>();
+  wg_wait_all();
   reg_fence<NB / 8>(d);
 }
 
-// Issues d[64 x HEAD_DIM] += P B as one wgmma group, P [64 x KB] in registers (pk[n][r]: rows g /
-// g + 8 of column block n, rounded to T), B a swizzled tile of KB rows (panels KB * 128 bytes
-// apart). Neither d nor pk is to be touched until a wg_wait covers the group.
+// d[64 x HEAD_DIM] += P B where P [64 x KB] is in registers (pk[n][r]: rows g / g + 8 of column
+// block n, rounded to T) and B a swizzled tile of KB rows (its panels KB * 128 bytes apart).
 template <int KB>
-__device__ __forceinline__ void wg_pb_issue(float (*d)[4], const u32 (*pk)[2], const u16* Bm) {
+__device__ __forceinline__ void wg_pb(float (*d)[4], const u32 (*pk)[2], const u16* Bm) {
   const u32 ba = smem_addr(Bm);
   reg_fence<HEAD_DIM / 8>(d);
   wg_fence();
@@ -387,11 +372,7 @@ __device__ __forceinline__ void wg_pb_issue(float (*d)[4], const u32 (*pk)[2], c
     wgmma_rs(d, a, sw_desc(ba + kk * 16 * 128, KB * 128));
   }
   wg_commit();
-}
-template <int KB>
-__device__ __forceinline__ void wg_pb(float (*d)[4], const u32 (*pk)[2], const u16* Bm) {
-  wg_pb_issue<KB>(d, pk, Bm);
-  wg_wait<0>();
+  wg_wait_all();
   reg_fence<HEAD_DIM / 8>(d);
 }
 
@@ -409,6 +390,11 @@ __device__ __forceinline__ void pack_rows(u32 (*pk)[2], const float (*p)[4]) {
 #define SMEM_PROXY_FENCE()
 #endif
 
+#if FWD_WGMMA
+#define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_sw_async(dst, src, row0, total, rows, FWD_THREADS)
+#else
+#define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async(dst, src, row0, total, rows, FWD_THREADS)
+#endif
 
 __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
   return (P.mB == 1 ? 0 : b) * P.mH + (P.mH == 1 ? 0 : h);
@@ -515,105 +501,31 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 }
 
 #if KILN_BUILD_FWD
-// One online-softmax step for this thread's two rows (row_base, row_base + 8) of a 16-row block:
-// s holds the raw scores of kv columns c0.. (n * 8 + 2t + {0, 1}); it becomes p = exp(x - m_new)
-// (x the scaled, modified, masked score), m and l (per-thread partial sums) move on, and alpha
-// is the factor for the output accumulated so far.
-__device__ __forceinline__ void softmax_step(const FlexParams& P, float (*s)[4], float* m, float* l, float* alpha,
-                                             i64 b, i64 h, i64 row_base, i64 c0, bool partial, bool rows_in, int t) {
-  const float scale = (float)P.scale;
-  // Interior tiles of full blocks need neither the bounds test nor the mask: the same arithmetic
-  // as mod_score on the kept elements, so the same bits.
-  const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
-  float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-  for (int n = 0; n < FWD_TILE_N / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const i64 q = row_base + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
-      float x;
-      if (interior) {
-        x = s[n][e] * scale;
-#if HAS_SCORE
-        x = score_mod(x, b, h, q, kv, P);
-#endif
-      } else {
-        bool keep;
-        x = mod_score(P, s[n][e], b, h, q, kv, partial, &keep);
-      }
-      s[n][e] = x;
-      mx[e >> 1] = fmaxf(mx[e >> 1], x);
-    }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = fmaxf(m[r], mx[r]);
-    const float m_use = m_new == NEG_INF ? 0.f : m_new;  // nothing attended yet: p = 0 below
-    alpha[r] = m[r] == NEG_INF ? 0.f : exp2f((m[r] - m_new) * LOG2E);
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < FWD_TILE_N / 8; ++n)
-#pragma unroll
-      for (int e = 2 * r; e < 2 * r + 2; ++e) {
-        s[n][e] = exp2f((s[n][e] - m_use) * LOG2E);
-        sum += s[n][e];
-      }
-    l[r] = l[r] * alpha[r] + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
-    m[r] = m_new;
-  }
-}
-
-// o (this thread's two rows of a 16-row block) / l into out, and lse (natural log) for rows < L.
-__device__ __forceinline__ void store_rows(const FlexParams& P, const float (*o)[4], const float* m, const float* l,
-                                           i64 bh, i64 row_base, int t) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float lr = l[r];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-    const i64 row = row_base + 8 * r;
-    if (row >= P.L) continue;
-    const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
-    u16* og = (u16*)P.out + (bh * P.L + row) * HEAD_DIM;
-#pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(og + n * 8 + 2 * t) = pack2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? m[r] + logf(lr) : NEG_INF;
-  }
-}
-
-// The forward's q tile of this CTA: heaviest (last) tiles first, since causal rows at the end list
-// the most blocks.
-struct FwdTile {
-  i64 bh, b, h, hk, r0;
-  __device__ __forceinline__ explicit FwdTile(const FlexParams& P) {
-    const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M;
-    const i64 tile = q_tiles - 1 - (i64)blockIdx.x % q_tiles;
-    bh = (i64)blockIdx.x / q_tiles;
-    b = bh / P.Hq;
-    h = bh % P.Hq;
-    hk = h / P.G;
-    r0 = tile * FWD_TILE_M;
-  }
-  __device__ __forceinline__ TileWalk walk(const FlexParams& P) const {
-    const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
-    return TileWalk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S,
-                    FWD_TILE_N);
-  }
-};
-
-#if !FWD_WGMMA
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
+#if FWD_WGMMA
+  u16* Qs = wg_smem_base(smem);
+  u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;
+  u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
+#else
   u16* Qs = smem;
   u16* Ks = Qs + FWD_TILE_M * LD;
   u16* Vs = Ks + FWD_TILE_N * LD;
+#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const FwdTile ft(P);
-  const u16* kg = (const u16*)P.k + (ft.b * P.Hkv + ft.hk) * P.S * HEAD_DIM;
-  const u16* vg = (const u16*)P.v + (ft.b * P.Hkv + ft.hk) * P.S * HEAD_DIM;
-  load_tile(Qs, (const u16*)P.q + ft.bh * P.L * HEAD_DIM, ft.r0, P.L, FWD_TILE_M, FWD_THREADS);
-  const bool rows_in = ft.r0 + FWD_TILE_M <= P.L;
+  // Heaviest (last) q tiles first: causal rows at the end list the most blocks.
+  const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M;
+  const i64 tile = q_tiles - 1 - (i64)blockIdx.x % q_tiles, bh = (i64)blockIdx.x / q_tiles;
+  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * FWD_TILE_M;
+  const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+#if FWD_WGMMA
+  FWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M);  // lands with the first K tile
+#else
+  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M, FWD_THREADS);
+#endif
+  const float scale = (float)P.scale;
+  const bool rows_in = r0 + FWD_TILE_M <= P.L;
 
   float o[FWD_MT][HEAD_DIM / 8][4];
 #pragma unroll
@@ -623,54 +535,116 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   float m[FWD_MT][2], l[FWD_MT][2];
 #pragma unroll
   for (int mt = 0; mt < FWD_MT; ++mt) m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
-  // Global row of this thread's row 0 (g; row 1 is g + 8) in m16 block mt.
-  const i64 row_base = ft.r0 + warp * 16 * FWD_MT + g;
+  // Global row of this thread's row r (0: g, 1: g + 8) in m16 block mt.
+  const i64 row_base = r0 + warp * 16 * FWD_MT + g;
+#define FWD_ROW(mt, r) (row_base + (mt) * 16 + 8 * (r))
 
-  TileWalk walk = ft.walk(P);
+  const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
   i64 c0, c_next;
   bool partial, p_next;
   bool more = walk.next(c0, partial);
-  if (more) load_tile_async(Ks, kg, c0, P.S, FWD_TILE_N, FWD_THREADS);
+  if (more) FWD_LOAD_TILE(Ks, kg, c0, P.S, FWD_TILE_N);
   cp_async_commit();
   // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
   while (more) {
     __syncthreads();  // everyone is done with Vs (previous PV)
-    load_tile_async(Vs, vg, c0, P.S, FWD_TILE_N, FWD_THREADS);
+    FWD_LOAD_TILE(Vs, vg, c0, P.S, FWD_TILE_N);
     cp_async_commit();
     cp_async_wait<1>();  // K(c0) landed (this thread's part)
+    SMEM_PROXY_FENCE();
     __syncthreads();
     {
       float s[FWD_MT][FWD_TILE_N / 8][4];
       u32 pk[FWD_MT][FWD_TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
+#if FWD_WGMMA
+      wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Ks);
+#else
       tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Ks, lane);
+#endif
+      // Interior tiles of full blocks need neither the bounds test nor the mask: the same
+      // arithmetic as mod_score on the kept elements, so the same bits.
+      const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
 #pragma unroll
       for (int mt = 0; mt < FWD_MT; ++mt) {
-        float alpha[2];
-        softmax_step(P, s[mt], m[mt], l[mt], alpha, ft.b, ft.h, row_base + mt * 16, c0, partial, rows_in, t);
+        float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int n = 0; n < FWD_TILE_N / 8; ++n)
 #pragma unroll
-          for (int r = 0; r < 2; ++r) pk[mt][n][r] = pack2(s[mt][n][2 * r], s[mt][n][2 * r + 1]);
+          for (int e = 0; e < 4; ++e) {
+            float x;
+            if (interior) {
+              x = s[mt][n][e] * scale;
+#if HAS_SCORE
+              x = score_mod(x, b, h, FWD_ROW(mt, e >> 1), c0 + n * 8 + 2 * t + (e & 1), P);
+#endif
+            } else {
+              bool keep;
+              x = mod_score(P, s[mt][n][e], b, h, FWD_ROW(mt, e >> 1), c0 + n * 8 + 2 * t + (e & 1), partial, &keep);
+            }
+            s[mt][n][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+          }
 #pragma unroll
-        for (int n = 0; n < HEAD_DIM / 8; ++n)
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          const float m_new = fmaxf(m[mt][r], mx[r]);
+          const float m_use = m_new == NEG_INF ? 0.f : m_new;  // nothing attended yet: p = 0 below
+          const float alpha = m[mt][r] == NEG_INF ? 0.f : exp2f((m[mt][r] - m_new) * LOG2E);
+          float sum = 0.f;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[mt][n][e] *= alpha[e >> 1];
+          for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+              s[mt][n][e] = exp2f((s[mt][n][e] - m_use) * LOG2E);
+              sum += s[mt][n][e];
+            }
+#pragma unroll
+          for (int n = 0; n < FWD_TILE_N / 8; ++n) pk[mt][n][r] = pack2(s[mt][n][2 * r], s[mt][n][2 * r + 1]);
+          l[mt][r] = l[mt][r] * alpha + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
+          m[mt][r] = m_new;
+#pragma unroll
+          for (int n = 0; n < HEAD_DIM / 8; ++n) {
+            o[mt][n][2 * r] *= alpha;
+            o[mt][n][2 * r + 1] *= alpha;
+          }
+        }
       }
       __syncthreads();  // everyone is done with Ks
       more = walk.next(c_next, p_next);
-      if (more) load_tile_async(Ks, kg, c_next, P.S, FWD_TILE_N, FWD_THREADS);
+      if (more) FWD_LOAD_TILE(Ks, kg, c_next, P.S, FWD_TILE_N);
       cp_async_commit();
       cp_async_wait<1>();  // V(c0) landed
+      SMEM_PROXY_FENCE();
       __syncthreads();
+#if FWD_WGMMA
+      wg_pb<FWD_TILE_N>(o[0], pk[0], Vs);
+#else
       tile_pb_mt(o, pk, Vs, lane);
+#endif
       c0 = c_next;
       partial = p_next;
     }
   }
 #pragma unroll
-  for (int mt = 0; mt < FWD_MT; ++mt) store_rows(P, o[mt], m[mt], l[mt], ft.bh, row_base + mt * 16, t);
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const i64 row = FWD_ROW(mt, r);
+      if (row >= P.L) continue;
+      const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
+      u16* og = (u16*)P.out + (bh * P.L + row) * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n)
+        *(u32*)(og + n * 8 + 2 * t) = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+      if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? m[mt][r] + logf(lr) : NEG_INF;
+    }
+#undef FWD_ROW
 }
-#endif  // !FWD_WGMMA
 
 #endif  // KILN_BUILD_FWD
 
