@@ -286,6 +286,52 @@ TEST(FlexAttentionCuda, ScoreModsAndLearnedBiasGradient) {
              {bias});
 }
 
+// Sets an environment variable for a scope (restores or removes it afterwards).
+struct ScopedEnv {
+  std::string name, old;
+  bool had = false;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* o = std::getenv(n)) {
+      old = o;
+      had = true;
+    }
+    setenv(n, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
+// On sm_90 the kernels default to wgmma; the mma.sync kernels (every other GPU) forced here, and
+// the other way round elsewhere (wgmma is only taken on sm_90, so there the default runs twice).
+TEST(FlexAttentionCuda, MmaSyncKernelsMatchReference) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(18);
+  const ScopedEnv fwd("KILN_FLEX_FWD_MMA", "mma"), bwd("KILN_FLEX_BWD_MMA", "mma");
+  GpuCase c;
+  const MaskMod causal = causal_mask();
+  const Tensor slopes = rand({c.Hq}, kFloat64);
+  const std::vector<double> sl = slopes.to_vector();
+  check_cuda(c, kBFloat16, &causal, kCausal, alibi(slopes),
+             [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + sl[h] * static_cast<double>(kv - q); });
+  c.E = 128;
+  c.L = c.S = 200;
+  check_cuda(c, kFloat16, &causal, kCausal, ScoreMod(), nullptr);
+}
+
+TEST(FlexAttentionCuda, MmaSelectionRejectsUnknownValues) {
+  KILN_REQUIRE_CUDA();
+  const ScopedEnv fwd("KILN_FLEX_FWD_MMA", "tensor");
+  const Tensor q = randn({1, 2, 64, 64}, kBFloat16).to(kGpu);
+  try {
+    flex_attention(q, q, q, FlexOptions());
+    ADD_FAILURE() << "KILN_FLEX_FWD_MMA=tensor was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_FLEX_FWD_MMA must be wgmma or mma"), std::string::npos) << e.what();
+  }
+}
+
 TEST(FlexAttentionCuda, GqaRaggedLengthsE128) {
   KILN_REQUIRE_CUDA();
   manual_seed(14);
