@@ -68,8 +68,13 @@ std::string generate_mod_functions(const detail::Program* score, const detail::P
 // The mod functions with a one-line kernel calling them: a fast NVRTC check of the codegen alone.
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask);
 
-// The kernel templates (kernel_source.cpp).
-const char* kernel_template();
+// The kernel templates: prelude, wgmma helpers (kernel_source_wgmma.cpp), forward, backward
+// kernels (kernel_source_bwd.cpp), concatenated once by kernel_template() (kernel_source.cpp).
+const std::string& kernel_template();
 const char* params_struct_source();
+const char* kernel_prelude();
+const char* wgmma_helpers_source();
+const char* kernel_forward();
+const char* backward_kernels_source();
 
 }  // namespace kiln::flex::cuda

@@ -1,0 +1,321 @@
+// The FlexAttention backward kernels as source text (the last part of kernel_template(),
+// kernel_source.cpp): delta preprocessing, dQ per q tile, dK/dV per kv tile over the group's q
+// heads, and the fixed-order reduction of captured-tensor gradient slots. No atomics.
+#include "flex/cuda/codegen.h"
+
+namespace kiln::flex::cuda {
+
+const char* backward_kernels_source() {
+  return R"kiln_src(#if KILN_BUILD_BWD
+// The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
+// tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
+#if BWD_WGMMA
+#if TILE_M != 64
+#error "the wgmma backward's tiles are one warpgroup's 64 rows"
+#endif
+#define BWD_SMEM_BASE(smem) wg_smem_base(smem)
+#define BWD_TILE_ELEMS(rows) ((rows) * HEAD_DIM)
+#define BWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_sw_async(dst, src, row0, total, rows, NTHREADS)
+#define BWD_ABT(acc, A, Bm, ldsm) wg_abt<64>(acc, A, 64, 0, Bm)
+#define BWD_PB(acc, p, Bm, ldsm)   \
+  {                                \
+    u32 pk_[64 / 8][2];            \
+    pack_rows<64>(pk_, p);         \
+    wg_pb<64>(acc, pk_, Bm);       \
+  }
+#else
+#define BWD_SMEM_BASE(smem) (smem)
+#define BWD_TILE_ELEMS(rows) ((rows) * LD)
+#define BWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async(dst, src, row0, total, rows)
+#define BWD_ABT(acc, A, Bm, ldsm) tile_abt<ldsm>(acc, A, warp * 16, Bm, lane)
+#define BWD_PB(acc, p, Bm, ldsm) tile_pb<ldsm>(acc, p, Bm, lane)
+#endif
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexParams P) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const i64 row = (i64)blockIdx.x * NWARPS + warp;
+  if (row >= P.B * P.Hq * P.L) return;
+  const u16* dout = (const u16*)P.dout + row * HEAD_DIM;
+  const u16* out = (const u16*)P.out + row * HEAD_DIM;
+  float s = 0.f;
+  for (int e = lane; e < HEAD_DIM; e += 32) s += to_f(dout[e]) * to_f(out[e]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) P.delta[row] = s - (P.dlse ? P.dlse[row] : 0.f);
+}
+
+// P and dS of one element from its raw score q.k and dP = dO.v (both before scaling). kInterior:
+// an element of a full block inside both lengths, which needs neither the bounds test nor the mask
+// (the same arithmetic as mod_score on kept elements, so the same bits).
+template <bool kInterior>
+__device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i64 b, i64 h, i64 q, i64 kv,
+                                     bool partial, float lse, float delta, float* p_out, float* ds_post_out,
+                                     float* ds_out) {
+  bool keep = true;
+  float y;
+  if (kInterior) {
+    y = raw * (float)P.scale;
+#if HAS_SCORE
+    y = score_mod(y, b, h, q, kv, P);
+#endif
+  } else {
+    y = mod_score(P, raw, b, h, q, kv, partial, &keep);
+  }
+  const float p = (!keep || lse == NEG_INF) ? 0.f : exp2f((y - lse) * LOG2E);
+  float ds = p * (dp - delta);
+  *ds_post_out = ds;  // d loss / d modified score
+#if HAS_SCORE
+  if (kInterior || (q < P.L && kv < P.S)) ds = score_grad(raw * (float)P.scale, b, h, q, kv, ds, P, (double*)0);
+  else ds = 0.f;
+#endif
+  *p_out = p;
+  *ds_out = ds;
+}
+
+// dQ's tile: s (raw scores) becomes dS, from dp, row by row (rows[r], columns c0..).
+template <bool kInterior>
+__device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
+                                           const i64* rows, i64 c0, int t, bool partial, const float* lse,
+                                           const float* delta) {
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p, ds_post, ds;
+      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse[e >> 1],
+                      delta[e >> 1], &p, &ds_post, &ds);
+      s[n][e] = ds;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
+  extern __shared__ __align__(16) u16 smem[];
+  u16* Qs = BWD_SMEM_BASE(smem);
+  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
+  u16* Ks = dOs + BWD_TILE_ELEMS(TILE_M);
+  u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
+  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
+  const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+#if BWD_WGMMA
+  // Q and dO land with V(c0)'s group below.
+  BWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+  BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+#else
+  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+  load_tile(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+#endif
+  const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+  const bool rows_in = r0 + TILE_M <= P.L;
+  float lse[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lse[r] = rows[r] < P.L ? P.lse[bh * P.L + rows[r]] : NEG_INF;
+    delta[r] = rows[r] < P.L ? P.delta[bh * P.L + rows[r]] : 0.f;
+  }
+  float dq[HEAD_DIM / 8][4];
+#pragma unroll
+  for (int n = 0; n < HEAD_DIM / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+
+  const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  i64 c0, c_next;
+  bool partial, p_next;
+  bool more = walk.next(c0, partial);
+  if (more) BWD_LOAD_TILE(Vs, vg, c0, P.S, TILE_N);
+  cp_async_commit();
+  if (more) BWD_LOAD_TILE(Ks, kg, c0, P.S, TILE_N);
+  cp_async_commit();
+  // Pipeline per tile (groups in flight at the top: V(c0), K(c0)): dP = dO V^T first, then V(next)
+  // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP.
+  while (more) {
+    float s[TILE_N / 8][4], dp[TILE_N / 8][4];
+    cp_async_wait<1>();  // V(c0) landed
+    SMEM_PROXY_FENCE();
+    __syncthreads();
+    BWD_ABT(dp, dOs, Vs, LDSM_B_Q);
+    cp_async_wait<0>();  // K(c0) landed
+    SMEM_PROXY_FENCE();
+    __syncthreads();     // and everyone is done with Vs
+    more = walk.next(c_next, p_next);
+    if (more) BWD_LOAD_TILE(Vs, vg, c_next, P.S, TILE_N);
+    cp_async_commit();
+    BWD_ABT(s, Qs, Ks, LDSM_B_Q);
+    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
+    else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
+    BWD_PB(dq, s, Ks, LDSM_B_Q);  // dQ += dS K
+    __syncthreads();              // everyone is done with Ks
+    if (more) BWD_LOAD_TILE(Ks, kg, c_next, P.S, TILE_N);
+    cp_async_commit();
+    c0 = c_next;
+    partial = p_next;
+  }
+  cp_async_wait<0>();  // nothing in flight when the CTA ends (Q and dO with an empty list)
+  const float sc = (float)P.scale;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= P.L) continue;
+    u16* dg = (u16*)P.dq + (bh * P.L + rows[r]) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
+  }
+}
+
+// dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s (raw scores) becomes P and dp
+// becomes dS; with captured-tensor gradients raw keeps the raw scores and dpost d loss / d score.
+template <bool kInterior>
+__device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], float (*raw)[4],
+                                               float (*dpost)[4], i64 b, i64 h, i64 r0, const i64* cols, int t,
+                                               bool partial, const float* lse_s, const float* delta_s) {
+#pragma unroll
+  for (int n = 0; n < TILE_M / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qc = n * 8 + 2 * t + (e & 1);
+      float p, ds_post, ds;
+      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse_s[qc], delta_s[qc], &p,
+                      &ds_post, &ds);
+#if HAS_CAP_GRAD
+      raw[n][e] = s[n][e];
+      dpost[n][e] = ds_post;
+#endif
+      s[n][e] = p;
+      dp[n][e] = ds;
+    }
+}
+
+// lse and delta of q rows r0.. of (b, h) into smem (plain stores: visible after the next __syncthreads).
+__device__ __forceinline__ void load_rows(float* lse_s, float* delta_s, const FlexParams& P, i64 bh, i64 r0) {
+  for (int r = threadIdx.x; r < TILE_M; r += NTHREADS) {
+    lse_s[r] = r0 + r < P.L ? P.lse[bh * P.L + r0 + r] : NEG_INF;
+    delta_s[r] = r0 + r < P.L ? P.delta[bh * P.L + r0 + r] : 0.f;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexParams P) {
+  extern __shared__ __align__(16) u16 smem[];
+  u16* Ks = BWD_SMEM_BASE(smem);
+  u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
+  u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
+  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
+  float* lse_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M));
+  float* delta_s = lse_s + TILE_M;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // Units [u_begin, u_end) in order: one unit per CTA, or a fixed slot of units with captured grads.
+  const i64 u_begin = (i64)blockIdx.x * P.units / gridDim.x, u_end = ((i64)blockIdx.x + 1) * P.units / gridDim.x;
+#if HAS_CAP_GRAD
+  double* slot = P.slots + ((i64)blockIdx.x * NWARPS + warp) * P.grad_numel;
+#endif
+  for (i64 u = u_begin; u < u_end; ++u) {
+    const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
+    const i64 c0 = tile * TILE_N, jblk = c0 / P.KB;
+    __syncthreads();
+#if BWD_WGMMA
+    // K and V land with Q(r0)'s group below.
+    BWD_LOAD_TILE(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+    BWD_LOAD_TILE(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+#else
+    load_tile(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+    load_tile(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+#endif
+    const i64 cols[2] = {c0 + warp * 16 + g, c0 + warp * 16 + g + 8};  // this thread's kv rows
+    const bool kv_in = c0 + TILE_N <= P.S;
+    float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
+      dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
+    }
+    // Pipeline per q tile (groups in flight at the top: Q(r0), dO(r0)): S = K Q^T while dO lands;
+    // Q(next) loads during dV += P^T dO, dO(next) during the next S.
+    GroupWalk walk(P, b, hk, jblk);
+    i64 gi, r0, gi_n, r0_n;
+    bool partial, p_n;
+    bool more = walk.next(gi, r0, partial);
+    const i64 bh0 = more ? b * P.Hq + hk * P.G + gi : 0;
+    if (more) BWD_LOAD_TILE(Qs, (const u16*)P.q + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+    cp_async_commit();
+    if (more) {
+      BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
+      load_rows(lse_s, delta_s, P, bh0, r0);
+    }
+    cp_async_commit();
+    while (more) {
+      const i64 h = hk * P.G + gi;
+      cp_async_wait<1>();  // Q(r0) landed
+      SMEM_PROXY_FENCE();
+      __syncthreads();     // (and K/V, lse, delta stores)
+      // Transposed tiles: rows are kv (this warp's 16), columns are q.
+      float s[TILE_M / 8][4], dp[TILE_M / 8][4];
+      BWD_ABT(s, Ks, Qs, LDSM_B_KV);
+      cp_async_wait<0>();  // dO(r0) landed
+      SMEM_PROXY_FENCE();
+      __syncthreads();
+      BWD_ABT(dp, Vs, dOs, LDSM_B_KV);
+      float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
+      if (!partial && r0 + TILE_M <= P.L && kv_in)
+        dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse_s, delta_s);
+      else
+        dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse_s, delta_s);
+#if HAS_CAP_GRAD
+      // Captured-tensor gradients: the lanes take turns adding into the warp's slot (a fixed
+      // order, no atomics); each lane walks its elements in a fixed order.
+      for (int turn = 0; turn < 32; ++turn) {
+        if (lane == turn) {
+          for (int n = 0; n < TILE_M / 8; ++n)
+            for (int e = 0; e < 4; ++e) {
+              const i64 qi = r0 + n * 8 + 2 * t + (e & 1), kv = cols[e >> 1];
+              if (qi < P.L && kv < P.S) score_grad(raw[n][e] * (float)P.scale, b, h, qi, kv, dpost[n][e], P, slot);
+            }
+        }
+        __syncwarp();
+      }
+#endif
+      BWD_PB(dk, dp, Qs, LDSM_B_KV);  // dK += dS^T Q
+      __syncthreads();                        // everyone is done with Qs, lse_s, delta_s
+      more = walk.next(gi_n, r0_n, p_n);
+      const i64 bh_n = more ? b * P.Hq + hk * P.G + gi_n : 0;
+      if (more) {
+        BWD_LOAD_TILE(Qs, (const u16*)P.q + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+        load_rows(lse_s, delta_s, P, bh_n, r0_n);
+      }
+      cp_async_commit();
+      BWD_PB(dv, s, dOs, LDSM_B_KV);  // dV += P^T dO
+      __syncthreads();                // everyone is done with dOs
+      if (more) BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
+      cp_async_commit();
+      gi = gi_n;
+      r0 = r0_n;
+      partial = p_n;
+    }
+    cp_async_wait<0>();  // K and V of a tile without q tiles must land before the next unit reuses Ks / Vs
+    const float sc = (float)P.scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (cols[r] >= P.S) continue;
+      u16* dkg = (u16*)P.dk + (bhk * P.S + cols[r]) * HEAD_DIM;
+      u16* dvg = (u16*)P.dv + (bhk * P.S + cols[r]) * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n) {
+        *(u32*)(dkg + n * 8 + 2 * t) = pack2(dk[n][2 * r] * sc, dk[n][2 * r + 1] * sc);
+        *(u32*)(dvg + n * 8 + 2 * t) = pack2(dv[n][2 * r], dv[n][2 * r + 1]);
+      }
+    }
+  }
+}
+
+// capgrad[x] = sum over slots (slot-major, then warp) of slots[.][x]: a fixed order.
+extern "C" __global__ void flex_capgrad_reduce(const FlexParams P) {
+  const i64 x = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (x >= P.grad_numel) return;
+  double s = 0.0;
+  for (i64 k = 0; k < P.nslots * NWARPS; ++k) s += P.slots[k * P.grad_numel + x];
+  P.capgrad[x] = s;
+}
+#endif  // KILN_BUILD_BWD
+)kiln_src";
+}
+
+}  // namespace kiln::flex::cuda

@@ -1,0 +1,112 @@
+// The wgmma (sm_90a) helpers of the FlexAttention kernels as source text, pasted between the
+// prelude and the forward kernel by kernel_template() (kernel_source.cpp): the swizzled tile
+// layout and its loads, shared-memory matrix descriptors, fences, and the two products
+// (wg_abt: A B^T from descriptors; wg_pb: P B with P in registers and B transposed).
+#include "flex/cuda/codegen.h"
+
+namespace kiln::flex::cuda {
+
+const char* wgmma_helpers_source() {
+  return R"kiln_src(#if FWD_WGMMA || BWD_WGMMA
+// wgmma (sm_90a). Tiles in shared memory are 64-column panels of 128-byte rows whose 16-byte
+// chunk c of row r sits at chunk c ^ (r % 8): the 128-byte swizzle wgmma reads without bank
+// conflicts. Each panel starts on a 1024-byte boundary (the swizzle's period). As the first
+// operand a tile is K-major (rows along the reduction); as the second of P V-like products it is
+// read N-major (transposed). A warpgroup (4 warps) owns 64 rows, warp w rows 16 (w % 4)...,
+// and its accumulators have the mma.sync m16n8 C-fragment layout per 8 columns.
+#define WG_SMEM_ALIGN 1024
+__device__ __forceinline__ u32 sw_offset(int r, int col8, int rows) {
+  return (u32)((col8 >> 3) * rows * 128 + r * 128 + (((col8 & 7) ^ (r & 7)) << 4));
+}
+// load_tile_async into the swizzled panel layout (rows past `total` zero-filled).
+__device__ __forceinline__ void load_tile_sw_async(u16* dst, const u16* src, i64 row0, i64 total, int rows,
+                                                   int nthreads) {
+  const int chunks = HEAD_DIM / 8;
+  const u32 base = smem_addr(dst);
+  for (int c = threadIdx.x; c < rows * chunks; c += nthreads) {
+    const int r = c / chunks, col8 = c % chunks;
+    const bool in = row0 + r < total;
+    const u16* g = in ? src + (row0 + r) * HEAD_DIM + col8 * 8 : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(base + sw_offset(r, col8, rows)), "l"(g),
+                 "r"(in ? 16 : 0)
+                 : "memory");
+  }
+}
+// The first WG_SMEM_ALIGN-aligned element of the dynamic shared memory (the host adds the slack).
+__device__ __forceinline__ u16* wg_smem_base(u16* smem) {
+  return smem + ((WG_SMEM_ALIGN - (smem_addr(smem) & (WG_SMEM_ALIGN - 1))) & (WG_SMEM_ALIGN - 1)) / 2;
+}
+// Shared-memory matrix descriptor: start address, leading / stride byte offsets (8-row groups are
+// 1024 bytes apart in every tile here), 128-byte swizzle.
+__device__ __forceinline__ u64 sw_desc(u32 addr, u32 leading_bytes) {
+  return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)(leading_bytes >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (*d)[4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (*d)[4], u64 a, u64 b, int accumulate) {
+  if constexpr (N == 64) wgmma_ss_n64(d, a, b, accumulate);
+  else wgmma_ss_n128(d, a, b, accumulate);
+}
+
+// d[64 x NB] = A B^T over HEAD_DIM: A is the warpgroup's 64 rows of a swizzled tile of a_rows rows
+// (a_row0 its first), B a swizzled tile of NB rows.
+template <int NB>
+__device__ __forceinline__ void wg_abt(float (*d)[4], const u16* A, int a_rows, int a_row0, const u16* Bm) {
+  const u32 aa = smem_addr(A) + a_row0 * 128, ba = smem_addr(Bm);
+  reg_fence<NB / 8>(d);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+    const u32 col = (kk & 3) * 32;  // bytes into the 128-byte rows of panel kk / 4
+    wgmma_ss<NB>(d, sw_desc(aa + (kk >> 2) * a_rows * 128 + col, 16), sw_desc(ba + (kk >> 2) * NB * 128 + col, 16),
+                 kk > 0);
+  }
+  wg_commit();
+  wg_wait_all();
+  reg_fence<NB / 8>(d);
+}
+
+// d[64 x HEAD_DIM] += P B where P [64 x KB] is in registers (pk[n][r]: rows g / g + 8 of column
+// block n, rounded to T) and B a swizzled tile of KB rows (its panels KB * 128 bytes apart).
+template <int KB>
+__device__ __forceinline__ void wg_pb(float (*d)[4], const u32 (*pk)[2], const u16* Bm) {
+  const u32 ba = smem_addr(Bm);
+  reg_fence<HEAD_DIM / 8>(d);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < KB / 16; ++kk) {
+    const u32 a[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+    wgmma_rs(d, a, sw_desc(ba + kk * 16 * 128, KB * 128));
+  }
+  wg_commit();
+  wg_wait_all();
+  reg_fence<HEAD_DIM / 8>(d);
+}
+
+// pk = p rounded to T, in wg_pb's A layout.
+template <int NB>
+__device__ __forceinline__ void pack_rows(u32 (*pk)[2], const float (*p)[4]) {
+#pragma unroll
+  for (int n = 0; n < NB / 8; ++n) {
+    pk[n][0] = pack2(p[n][0], p[n][1]);
+    pk[n][1] = pack2(p[n][2], p[n][3]);
+  }
+}
+#define SMEM_PROXY_FENCE() fence_async_smem()
+#else
+#define SMEM_PROXY_FENCE()
+#endif
+)kiln_src";
+}
+
+}  // namespace kiln::flex::cuda
