@@ -98,6 +98,8 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--heads", c.heads, "attention heads");
   sub->add_option("--seq-len", c.seq_len, "tokens per sequence");
   sub->add_option("--sliding-window", c.sliding_window, "attention window in tokens (0: full causal)");
+  sub->add_option("--mask-block", c.mask_block,
+                  "FlexAttention BlockMask block size in tokens (0: 128 from 512 tokens, else 64; CUDA kernels need multiples of 64)");
   sub->add_option("--steps", c.steps, "optimizer steps");
   sub->add_option("--batch-size", c.batch_size, "sequences per micro-batch");
   sub->add_option("--grad-accum", c.grad_accum, "micro-batches per optimizer step");

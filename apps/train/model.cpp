@@ -131,7 +131,8 @@ flex::BlockMask GPT::block_mask(const Tensor& doc_ids_in) const {
   std::vector<flex::MaskMod> mods{flex::causal_mask(), same_doc};
   if (c_.sliding_window > 0) mods.push_back(flex::sliding_window_mask(c_.sliding_window));
   // 64-token blocks: at T = 256 a 128 block would leave the causal mask no empty blocks to skip.
-  return flex::create_block_mask(flex::and_masks(mods), B, 1, T, T, T >= 512 ? 128 : 64);
+  const int64_t block = c_.mask_block > 0 ? c_.mask_block : T >= 512 ? 128 : 64;
+  return flex::create_block_mask(flex::and_masks(mods), B, 1, T, T, block);
 }
 
 Tensor GPT::hidden(const Tensor& idx, const flex::BlockMask& mask) {

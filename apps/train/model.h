@@ -23,6 +23,9 @@ struct ModelConfig {
   int64_t mlp_hidden = 0;      // 0: 8/3 dim rounded up to a multiple of 32
   int64_t seq_len = 128;
   int64_t sliding_window = 0;  // 0: none
+  // BlockMask block size in tokens (0: 128 from 512 tokens, else 64). Run-time only: not saved
+  // with checkpoints; CUDA runs its kernels on multiples of 64 (others take the CPU kernels).
+  int64_t mask_block = 0;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   double dropout = 0.0;        // on the embedding and the residual branches (training mode only)

@@ -195,6 +195,8 @@ ModelConfig resolve_model(const TrainConfig& cfg) {
   if (cfg.heads > 0) c.n_heads = cfg.heads;
   if (cfg.seq_len > 0) c.seq_len = cfg.seq_len;
   if (cfg.sliding_window > 0) c.sliding_window = cfg.sliding_window;
+  KILN_CHECK(cfg.mask_block >= 0, "train", "--mask-block must be positive (or 0 for automatic), got ", cfg.mask_block);
+  c.mask_block = cfg.mask_block;
   c.dropout = cfg.dropout;
   return c;
 }

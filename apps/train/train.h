@@ -20,6 +20,7 @@ struct TrainConfig {
   std::string preset = "tiny";
   // Model overrides (0: the preset's value).
   int64_t vocab_size = 0, dim = 0, layers = 0, heads = 0, seq_len = 0, sliding_window = 0;
+  int64_t mask_block = 0;  // BlockMask block size (0: ModelConfig's automatic choice)
   std::string data;             // file or folder; empty: the Python standard library
   int64_t max_data_bytes = 0;   // 0: all
   int64_t tokenizer_sample_bytes = 1 << 20;  // BPE is trained on this many bytes of the train split

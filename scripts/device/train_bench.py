@@ -53,6 +53,7 @@ def run_kiln(args, m, device):
            # default (5e-3, meant for the tiny CPU model) made the 125M losses climb.
            "--lr", "3e-4", "--min-lr", "3e-5", "--warmup-steps", str(min(30, args.warmup + args.steps))]
     cmd += ["--threads", "0"]  # all cores: on CUDA the host builds each step's BlockMask
+    cmd += args.kiln_args.split()
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
     try:
@@ -194,6 +195,7 @@ def report(results):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kiln", default="build/kiln")
+    ap.add_argument("--kiln-args", default="", help="extra arguments for kiln train (e.g. '--mask-block 64')")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (torch.compile compiles here)")

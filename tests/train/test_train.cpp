@@ -178,6 +178,31 @@ TEST(Train, ResumeReproducesLossesBitForBit) {
   fs::remove_all(data);
 }
 
+// The BlockMask block size only splits the same attention differently: the losses agree to
+// float rounding (the online softmax groups its sums per block), and a negative size is refused.
+TEST(Train, MaskBlockSizeKeepsTheLosses) {
+  const std::string data = make_corpus("mask_block", 4);
+  std::ostringstream sink;
+  TrainConfig base = micro_config(data, data + "_auto");
+  const TrainResult a = kiln::train::train(base, sink);
+  TrainConfig small = micro_config(data, data + "_16");
+  small.mask_block = 16;
+  const TrainResult b = kiln::train::train(small, sink);
+  ASSERT_EQ(a.train_losses.size(), b.train_losses.size());
+  for (size_t i = 0; i < a.train_losses.size(); ++i)
+    EXPECT_NEAR(a.train_losses[i], b.train_losses[i], 1e-5 * std::abs(a.train_losses[i])) << "step " << i + 1;
+  TrainConfig bad = micro_config(data, data + "_bad");
+  bad.mask_block = -64;
+  try {
+    kiln::train::train(bad, sink);
+    ADD_FAILURE() << "a negative mask block was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--mask-block must be positive"), std::string::npos) << e.what();
+  }
+  for (const char* s : {"_auto", "_16", "_bad"}) fs::remove_all(data + s);
+  fs::remove_all(data);
+}
+
 // The child half of the kill test: trains when KILN_TRAIN_CHILD_RUN is set (see below).
 TEST(TrainChild, Run) {
   const char* run = std::getenv("KILN_TRAIN_CHILD_RUN");
