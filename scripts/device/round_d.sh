@@ -4,18 +4,21 @@
 # kernels compile at run time anyway), stripped and carried as .device/bin.tar.xz:
 #   for f in build/kiln build/tests/test_{flex,ops} build/bench/bench_memory_bound; do
 #     strip -o .device/bin/$(basename $f) $f; done; (cd .device && tar cJf bin.tar.xz bin && rm -rf bin)
-# carry [".device"]. PARTS from: tests rows ops train (as in round_c.sh).
+# carry [".device"]. PARTS from: tests rows ops train (as in round_c.sh). BIN_TAR picks another
+# tarball (default .device/bin.tar.xz; e.g. a branch's build for an A/B in the same call).
 set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}
 mkdir -p "$OUT" /opt/deps /tmp/kiln-bin build-gpu/tests build-gpu/bench
 for f in .device/debs/*.deb; do dpkg -x "$f" /opt/deps; done
-tar xJf .device/bin.tar.xz -C /tmp/kiln-bin
+rm -rf /tmp/kiln-bin/bin
+tar xJf "${BIN_TAR:-.device/bin.tar.xz}" -C /tmp/kiln-bin
 cudart=$(dirname "$(find /usr/local /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:$cudart:${LD_LIBRARY_PATH:-}
 B=/tmp/kiln-bin/bin
 # round_c.sh's paths
 ln -sf $B/kiln build-gpu/kiln; ln -sf $B/test_flex build-gpu/tests/test_flex; ln -sf $B/test_ops build-gpu/tests/test_ops
 ln -sf $B/bench_memory_bound build-gpu/bench/bench_memory_bound
+[ -x $B/test_train ] && ln -sf $B/test_train build-gpu/tests/test_train
 echo "commit $(cat .device/commit 2>/dev/null)  $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 build-gpu/kiln --help > /dev/null 2>&1 || { echo "prebuilt kiln does not run:"; build-gpu/kiln --help 2>&1 | head -5; exit 1; }
 SKIP_BUILD=1 bash scripts/device/round_c.sh
