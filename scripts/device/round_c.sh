@@ -7,7 +7,8 @@
 #   rows:  the flex rows with the defaults (and with mma.sync forced when ROWS_MMA is set, and
 #          with each wgmma forward tile in WG_TILES);
 #   ops:   the CUDA test_ops tests and the memory-bound table;
-#   train: train_bench.py (kiln, eager, torch.compile; TRAIN_TIMEOUT).
+#   train: train_bench.py (kiln, eager, torch.compile; TRAIN_FRAMEWORKS, TRAIN_TIMEOUT, and
+#          TRAIN_ARGS for kiln train, e.g. TRAIN_ARGS="--mask-block 64").
 set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}
 [ -n "${SKIP_BUILD:-}" ] || BUILD_TARGETS=${BUILD_TARGETS:-"kiln_cli test_flex"} bash scripts/device/gpu_round.sh none || exit 1  # round_d.sh: prebuilt
@@ -59,7 +60,7 @@ for part in ${PARTS:-probe tests rows}; do
     train)
       echo "== train 125M"
       timeout ${TRAIN_TIMEOUT:-220} python3 scripts/device/train_bench.py --kiln build-gpu/kiln --frameworks ${TRAIN_FRAMEWORKS:-kiln,eager,compile} \
-        --steps 6 --warmup 2 --timeout 70 --out "$OUT/train_bench.json" > "$OUT/train.txt" 2>&1
+        --steps 6 --warmup 2 --timeout 70 --out "$OUT/train_bench.json" ${TRAIN_ARGS:+--kiln-args "$TRAIN_ARGS"} > "$OUT/train.txt" 2>&1
       sed -n '/^framework/,$p' "$OUT/train.txt" | head -40 ;;
   esac
 done
