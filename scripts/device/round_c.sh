@@ -60,7 +60,7 @@ for part in ${PARTS:-probe tests rows}; do
     train)
       echo "== train 125M"
       timeout ${TRAIN_TIMEOUT:-220} python3 scripts/device/train_bench.py --kiln build-gpu/kiln --frameworks ${TRAIN_FRAMEWORKS:-kiln,eager,compile} \
-        --steps 6 --warmup 2 --timeout 70 --out "$OUT/train_bench.json" ${TRAIN_ARGS:+--kiln-args "$TRAIN_ARGS"} > "$OUT/train.txt" 2>&1
+        --steps 6 --warmup 2 --timeout 70 --out "$OUT/train_bench.json" ${TRAIN_ARGS:+--kiln-args="$TRAIN_ARGS"} > "$OUT/train.txt" 2>&1
       sed -n '/^framework/,$p' "$OUT/train.txt" | head -40 ;;
   esac
 done
