@@ -320,6 +320,16 @@ TEST(FlexAttentionCuda, MmaSyncKernelsMatchReference) {
   check_cuda(c, kFloat16, &causal, kCausal, ScoreMod(), nullptr);
 }
 
+// The forward's phase counters (a measurement tool) leave the results alone.
+TEST(FlexAttentionCuda, ForwardProfileKeepsResults) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(19);
+  const ScopedEnv prof("KILN_FLEX_FWD_PROFILE", "1");
+  GpuCase c;
+  const MaskMod causal = causal_mask();
+  check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
+}
+
 TEST(FlexAttentionCuda, MmaSelectionRejectsUnknownValues) {
   KILN_REQUIRE_CUDA();
   const ScopedEnv fwd("KILN_FLEX_FWD_MMA", "tensor");

@@ -37,6 +37,7 @@ struct State {
   int64_t fwd_q_tiles = 0;
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
+  bool fwd_profile = false;    // KILN_FLEX_FWD_PROFILE: print the forward's phase cycles
 };
 
 namespace {
@@ -73,6 +74,17 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   cfg.fwd_tile_m = m;
   cfg.fwd_tile_n = n;
   cfg.fwd_mt = mt;
+}
+
+// KILN_FLEX_FWD_PROFILE: the forward's phase cycles (thread 0 of each CTA, summed), one stderr line.
+void print_forward_profile(const Tensor& counters) {
+  const std::vector<double> c = counters.to(kCPU).to(kFloat64).to_vector();
+  const char* names[] = {"prologue", "wait K", "S=QK^T", "softmax", "wait V", "PV", "epilogue"};
+  double total = 0;
+  for (int i = 0; i < 7; ++i) total += c[i];
+  std::fprintf(stderr, "flex fwd profile (%.3g cycles):", total);
+  for (int i = 0; i < 7; ++i) std::fprintf(stderr, " %s %.1f%%", names[i], total > 0 ? 100.0 * c[i] / total : 0.0);
+  std::fprintf(stderr, "\n");
 }
 
 // The device copy of a captured tensor's prepared values (fp32 for floats, int64 otherwise), from
@@ -188,6 +200,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.bf16 = dtype == kBFloat16;
   cfg.head_dim = static_cast<int>(p.E);
   pick_kernel_config(cfg, p, device.index);
+  cfg.fwd_profile = st->fwd_profile = std::getenv("KILN_FLEX_FWD_PROFILE") != nullptr;
   const std::string source = generate_source(p.score, p.mask, cfg);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
@@ -211,7 +224,13 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   P.out = out.data_ptr();
   P.lse = lse.data_ptr<float>();
   P.err = err.data_ptr<int32_t>();
+  Tensor prof;
+  if (st.fwd_profile) {
+    prof = zeros({8}, TensorOptions().dtype(kInt64).device(st.device));
+    P.slots = static_cast<double*>(prof.data_ptr());  // the forward's counters (see FWD_PROFILE)
+  }
   launch(st.kernels->fwd, st.p.B * st.p.Hq * st.fwd_q_tiles, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
+  if (st.fwd_profile) print_forward_profile(prof);
   return read_error(st, err);
 }
 

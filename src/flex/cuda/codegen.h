@@ -55,6 +55,8 @@ struct KernelConfig {
   bool fwd_wgmma = false;
   // The backward's products by wgmma (sm_90a only; its 64 x 64 tiles are one warpgroup's).
   bool bwd_wgmma = false;
+  // Per-phase cycle counters in the forward (KILN_FLEX_FWD_PROFILE; a measurement tool).
+  bool fwd_profile = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 

@@ -414,7 +414,34 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 }
 
 #if KILN_BUILD_FWD
+// KILN_FLEX_FWD_PROFILE (a measurement tool): per-phase clock64 cycles of each CTA's thread 0,
+// added with atomics into the FWD_PROFILE_SLOTS counters at P.slots (unused by the forward
+// otherwise). Phases: prologue, wait K, S = QK^T, softmax, wait V, PV, epilogue.
+#ifndef FWD_PROFILE
+#define FWD_PROFILE 0
+#endif
+#define FWD_PROFILE_SLOTS 7
+#if FWD_PROFILE
+#define PROF_DECL                                      \
+  unsigned long long prof_[FWD_PROFILE_SLOTS] = {0}; \
+  unsigned long long prof_t_ = clock64();
+#define PROF_MARK(i)                              \
+  {                                               \
+    const unsigned long long now_ = clock64();    \
+    prof_[i] += now_ - prof_t_;                   \
+    prof_t_ = now_;                               \
+  }
+#define PROF_FLUSH()                                                                                        \
+  if (threadIdx.x == 0)                                                                                     \
+    for (int i_ = 0; i_ < FWD_PROFILE_SLOTS; ++i_) atomicAdd((unsigned long long*)P.slots + i_, prof_[i_]);
+#else
+#define PROF_DECL
+#define PROF_MARK(i)
+#define PROF_FLUSH()
+#endif
+
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
+  PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
 #if FWD_WGMMA
   u16* Qs = wg_smem_base(smem);
@@ -459,6 +486,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   bool more = walk.next(c0, partial);
   if (more) FWD_LOAD_TILE(Ks, kg, c0, P.S, FWD_TILE_N);
   cp_async_commit();
+  PROF_MARK(0);
   // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
   while (more) {
     __syncthreads();  // everyone is done with Vs (previous PV)
@@ -467,6 +495,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
     cp_async_wait<1>();  // K(c0) landed (this thread's part)
     SMEM_PROXY_FENCE();
     __syncthreads();
+    PROF_MARK(1);
     {
       float s[FWD_MT][FWD_TILE_N / 8][4];
       u32 pk[FWD_MT][FWD_TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
@@ -475,6 +504,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
 #else
       tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Ks, lane);
 #endif
+      PROF_MARK(2);
       // Interior tiles of full blocks need neither the bounds test nor the mask: the same
       // arithmetic as mod_score on the kept elements, so the same bits.
       const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
@@ -524,6 +554,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
           }
         }
       }
+      PROF_MARK(3);
       __syncthreads();  // everyone is done with Ks
       more = walk.next(c_next, p_next);
       if (more) FWD_LOAD_TILE(Ks, kg, c_next, P.S, FWD_TILE_N);
@@ -531,11 +562,13 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       cp_async_wait<1>();  // V(c0) landed
       SMEM_PROXY_FENCE();
       __syncthreads();
+      PROF_MARK(4);
 #if FWD_WGMMA
       wg_pb<FWD_TILE_N>(o[0], pk[0], Vs);
 #else
       tile_pb_mt(o, pk, Vs, lane);
 #endif
+      PROF_MARK(5);
       c0 = c_next;
       partial = p_next;
     }
@@ -557,6 +590,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? m[mt][r] + logf(lr) : NEG_INF;
     }
 #undef FWD_ROW
+  PROF_MARK(6);
+  PROF_FLUSH();
 }
 
 #endif  // KILN_BUILD_FWD
