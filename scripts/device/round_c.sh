@@ -5,7 +5,8 @@
 #          generated on the dev machine into .device/wgmma_probe/);
 #   tests: the CUDA flex tests with the defaults (wgmma on sm_90), then with mma.sync forced;
 #   rows:  the flex rows with the defaults (and with mma.sync forced when ROWS_MMA is set, and
-#          with each wgmma forward tile in WG_TILES), then each row's forward phase profile;
+#          with each wgmma forward tile in WG_TILES, and with each VAR=VALUE of ENV_ROWS), then
+#          each row's forward phase profile;
 #   ops:   the CUDA test_ops tests and the memory-bound table;
 #   train: train_bench.py (kiln, eager, torch.compile; TRAIN_FRAMEWORKS, TRAIN_TIMEOUT, and
 #          TRAIN_ARGS for kiln train, e.g. TRAIN_ARGS="--mask-block 64").
@@ -44,6 +45,13 @@ for part in ${PARTS:-probe tests rows}; do
       done ;;
     tests) run_tests wgmma wgmma; run_tests mma mma ;;
     rows) run_rows wgmma wgmma; [ -z "${ROWS_MMA:-}" ] || run_rows mma mma
+      for setting in ${ENV_ROWS:-}; do  # A/B of kernel switches, e.g. ENV_ROWS="KILN_FLEX_FWD_KBUF=2"
+        for row in "${rows[@]}"; do
+          name=${row%%|*}; args=${row#*|}
+          env "$setting" timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" 2>&1
+          echo "  $setting $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" | cut -c1-110)"
+        done
+      done
       for row in "${rows[@]}"; do  # the forward's phase split (KILN_FLEX_FWD_PROFILE, thread 0 of each CTA)
         name=${row%%|*}; args=${row#*|}
         echo "  profile $name: $(KILN_FLEX_FWD_PROFILE=1 timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 3 2>&1 | grep 'flex fwd profile' | head -1)"

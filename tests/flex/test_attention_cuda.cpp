@@ -330,6 +330,20 @@ TEST(FlexAttentionCuda, ForwardProfileKeepsResults) {
   check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
 }
 
+// KILN_FLEX_FWD_KBUF=2 (the next K tile a whole step ahead, in a second buffer), with both products.
+TEST(FlexAttentionCuda, ForwardWithTwoKBuffersMatchesReference) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(20);
+  const ScopedEnv kbuf("KILN_FLEX_FWD_KBUF", "2");
+  GpuCase c;
+  const MaskMod causal = causal_mask(), window = sliding_window_mask(100);
+  check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
+  check_cuda(c, kBFloat16, &window, [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 100; },
+             ScoreMod(), nullptr);
+  const ScopedEnv mma("KILN_FLEX_FWD_MMA", "mma");
+  check_cuda(c, kFloat16, &causal, kCausal, ScoreMod(), nullptr);
+}
+
 TEST(FlexAttentionCuda, MmaSelectionRejectsUnknownValues) {
   KILN_REQUIRE_CUDA();
   const ScopedEnv fwd("KILN_FLEX_FWD_MMA", "tensor");

@@ -201,11 +201,17 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.head_dim = static_cast<int>(p.E);
   pick_kernel_config(cfg, p, device.index);
   cfg.fwd_profile = st->fwd_profile = std::getenv("KILN_FLEX_FWD_PROFILE") != nullptr;
+  if (const char* kbuf = std::getenv("KILN_FLEX_FWD_KBUF")) {  // for measurements
+    KILN_CHECK(!std::strcmp(kbuf, "1") || !std::strcmp(kbuf, "2"), kOp, "KILN_FLEX_FWD_KBUF must be 1 or 2, got '",
+               kbuf, "'");
+    cfg.fwd_kbuf = kbuf[0] - '0';
+  }
   const std::string source = generate_source(p.score, p.mask, cfg);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
-  st->fwd_smem = cfg.fwd_wgmma ? (cfg.fwd_tile_m + 2 * cfg.fwd_tile_n) * p.E * 2 + 1024
-                               : (cfg.fwd_tile_m + 2 * cfg.fwd_tile_n) * ld * 2;
+  const int64_t fwd_kv_tiles = 1 + cfg.fwd_kbuf;  // V and 1 or 2 K buffers
+  st->fwd_smem = cfg.fwd_wgmma ? (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
+                               : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;
   st->fwd_threads = cfg.fwd_threads();
   st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
   st->bwd_smem = cfg.bwd_wgmma ? (2 * kTileM + 2 * kTileN) * p.E * 2 + 2 * kTileM * 4 + 1024

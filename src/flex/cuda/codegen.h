@@ -57,6 +57,8 @@ struct KernelConfig {
   bool bwd_wgmma = false;
   // Per-phase cycle counters in the forward (KILN_FLEX_FWD_PROFILE; a measurement tool).
   bool fwd_profile = false;
+  // K buffers of the forward: 2 loads the next K tile a whole step ahead (KILN_FLEX_FWD_KBUF=2).
+  int fwd_kbuf = 1;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 

@@ -420,6 +420,9 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 #ifndef FWD_PROFILE
 #define FWD_PROFILE 0
 #endif
+#ifndef FWD_KBUF
+#define FWD_KBUF 1  // K tiles in shared memory: 2 loads the next K a whole step ahead
+#endif
 #define FWD_PROFILE_SLOTS 7
 #if FWD_PROFILE
 #define PROF_DECL                                      \
@@ -447,11 +450,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   u16* Qs = wg_smem_base(smem);
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;
   u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
+  u16* Ks2 = Vs + FWD_TILE_N * HEAD_DIM;  // FWD_KBUF 2: the second K buffer
 #else
   u16* Qs = smem;
   u16* Ks = Qs + FWD_TILE_M * LD;
   u16* Vs = Ks + FWD_TILE_N * LD;
+  u16* Ks2 = Vs + FWD_TILE_N * LD;
 #endif
+  u16* Kcur = Ks;  // K of the current tile (FWD_KBUF 2 alternates Ks and Ks2)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Heaviest (last) q tiles first: causal rows at the end list the most blocks.
   const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M;
@@ -487,10 +493,16 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   if (more) FWD_LOAD_TILE(Ks, kg, c0, P.S, FWD_TILE_N);
   cp_async_commit();
   PROF_MARK(0);
-  // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
+  // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV (FWD_KBUF 1)
+  // or, into the other K buffer, with V(c0) a whole step ahead (FWD_KBUF 2).
   while (more) {
     __syncthreads();  // everyone is done with Vs (previous PV)
     FWD_LOAD_TILE(Vs, vg, c0, P.S, FWD_TILE_N);
+#if FWD_KBUF == 2
+    u16* Knext = Kcur == Ks ? Ks2 : Ks;  // S(previous) read it: done (the barrier above)
+    const bool more_next = walk.next(c_next, p_next);
+    if (more_next) FWD_LOAD_TILE(Knext, kg, c_next, P.S, FWD_TILE_N);
+#endif
     cp_async_commit();
     cp_async_wait<1>();  // K(c0) landed (this thread's part)
     SMEM_PROXY_FENCE();
@@ -500,9 +512,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       float s[FWD_MT][FWD_TILE_N / 8][4];
       u32 pk[FWD_MT][FWD_TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
 #if FWD_WGMMA
-      wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Ks);
+      wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kcur);
 #else
-      tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Ks, lane);
+      tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Kcur, lane);
 #endif
       PROF_MARK(2);
       // Interior tiles of full blocks need neither the bounds test nor the mask: the same
@@ -555,11 +567,15 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
         }
       }
       PROF_MARK(3);
+#if FWD_KBUF == 2
+      cp_async_wait<0>();  // V(c0) and K(next) landed
+#else
       __syncthreads();  // everyone is done with Ks
       more = walk.next(c_next, p_next);
       if (more) FWD_LOAD_TILE(Ks, kg, c_next, P.S, FWD_TILE_N);
       cp_async_commit();
       cp_async_wait<1>();  // V(c0) landed
+#endif
       SMEM_PROXY_FENCE();
       __syncthreads();
       PROF_MARK(4);
@@ -569,6 +585,10 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       tile_pb_mt(o, pk, Vs, lane);
 #endif
       PROF_MARK(5);
+#if FWD_KBUF == 2
+      Kcur = Knext;
+      more = more_next;
+#endif
       c0 = c_next;
       partial = p_next;
     }
