@@ -241,6 +241,8 @@ def flex_rows(args):
                 dict(B=1, H=2, S=256, D=32, mask="causal", score="alibi", sdpa=None),
                 dict(B=1, H=2, S=256, D=32, mask="causal", score="softcap", cap=30.0, sdpa=None)]
         return tiny[:3] if args.quick else tiny
+    if getattr(args, "rows", None):  # a subset, e.g. "0,3,4", to fit one device call
+        return [FLEX_ROWS[int(i)] for i in args.rows.split(",")]
     return [FLEX_ROWS[0], FLEX_ROWS[3], FLEX_ROWS[5]] if args.quick else FLEX_ROWS
 
 
@@ -425,6 +427,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=["lce", "flex"], help="run one family only")
     p.add_argument("--quick", action="store_true", help="fewer shapes and iterations")
+    p.add_argument("--rows", help="FlexAttention rows on CUDA by index into FLEX_ROWS, e.g. 0,3,4")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a tiny smoke run)")
     p.add_argument("--out", help="JSON path (default $OUT/compare_torch.json, else ./compare_torch.json)")
     p.add_argument("--warmup", type=int, default=None)
