@@ -52,9 +52,9 @@ for part in ${PARTS:-probe tests rows}; do
           echo "  $setting $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" | cut -c1-110)"
         done
       done
-      for row in "${rows[@]}"; do  # the forward's phase split (KILN_FLEX_FWD_PROFILE, thread 0 of each CTA)
+      for row in "${rows[@]}"; do  # the forward's phase split (KILN_FLEX_PROFILE, thread 0 of each CTA)
         name=${row%%|*}; args=${row#*|}
-        echo "  profile $name: $(KILN_FLEX_FWD_PROFILE=1 timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 3 2>&1 | grep 'flex fwd profile' | head -1)"
+        echo "  profile $name: $(KILN_FLEX_PROFILE=1 timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 3 2>&1 | grep -E 'flex (fwd|bwd dq|bwd dkdv) profile' | head -3 | sed 's/^/    /')"
       done
       for tile in ${WG_TILES:-}; do  # other wgmma forward tiles, KILN_FLEX_FWD_TILE=MxNx1
         for row in "${rows[@]}"; do

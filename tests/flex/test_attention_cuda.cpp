@@ -126,6 +126,17 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[flex_attention] the wgmma forward takes"), std::string::npos) << e.what();
   }
+  // The measurement switches: phase counters in every kernel, the forward's second K buffer.
+  {
+    detail::Program mp = detail::compile(masks[0].expr);
+    cuda::KernelConfig cfg;
+    cfg.profile = true;
+    cfg.fwd_kbuf = 2;
+    cfg.fwd_wgmma = cfg.bwd_wgmma = true;
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(nullptr, &mp, cfg), "sm_90a"));
+    cfg.fwd_wgmma = cfg.bwd_wgmma = false;
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(nullptr, &mp, cfg), "sm_80"));
+  }
   // The forward and backward halves load_kernels compiles separately (here for sm_80).
   const std::string plain = source_for(nullptr, nullptr, true, 64);
   EXPECT_NO_THROW(cuda::compile_cubin("#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n" + plain, "sm_80"));
@@ -324,7 +335,7 @@ TEST(FlexAttentionCuda, MmaSyncKernelsMatchReference) {
 TEST(FlexAttentionCuda, ForwardProfileKeepsResults) {
   KILN_REQUIRE_CUDA();
   manual_seed(19);
-  const ScopedEnv prof("KILN_FLEX_FWD_PROFILE", "1");
+  const ScopedEnv prof("KILN_FLEX_PROFILE", "1");
   GpuCase c;
   const MaskMod causal = causal_mask();
   check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);

@@ -37,7 +37,7 @@ struct State {
   int64_t fwd_q_tiles = 0;
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
-  bool fwd_profile = false;    // KILN_FLEX_FWD_PROFILE: print the forward's phase cycles
+  bool profile = false;        // KILN_FLEX_PROFILE: print the kernels' phase cycles
 };
 
 namespace {
@@ -76,16 +76,19 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   cfg.fwd_mt = mt;
 }
 
-// KILN_FLEX_FWD_PROFILE: the forward's phase cycles (thread 0 of each CTA, summed), one stderr line.
-void print_forward_profile(const Tensor& counters) {
-  const std::vector<double> c = counters.to(kCPU).to(kFloat64).to_vector();
-  const char* names[] = {"prologue", "wait K", "S=QK^T", "softmax", "wait V", "PV", "epilogue"};
+// KILN_FLEX_PROFILE: one kernel's phase cycles (thread 0 of each CTA, summed) as one stderr line;
+// names ends with nullptr, counters at `base` of the kProfileSlots.
+void print_profile(const char* kernel, const std::vector<double>& c, int base, const char* const* names) {
   double total = 0;
-  for (int i = 0; i < 7; ++i) total += c[i];
-  std::fprintf(stderr, "flex fwd profile (%.3g cycles):", total);
-  for (int i = 0; i < 7; ++i) std::fprintf(stderr, " %s %.1f%%", names[i], total > 0 ? 100.0 * c[i] / total : 0.0);
+  for (int i = 0; names[i]; ++i) total += c[base + i];
+  std::fprintf(stderr, "flex %s profile (%.3g cycles):", kernel, total);
+  for (int i = 0; names[i]; ++i) std::fprintf(stderr, " %s %.1f%%", names[i], total > 0 ? 100.0 * c[base + i] / total : 0.0);
   std::fprintf(stderr, "\n");
 }
+
+Tensor profile_counters(Device device) { return zeros({kProfileSlots}, TensorOptions().dtype(kInt64).device(device)); }
+
+std::vector<double> read_counters(const Tensor& counters) { return counters.to(kCPU).to(kFloat64).to_vector(); }
 
 // The device copy of a captured tensor's prepared values (fp32 for floats, int64 otherwise), from
 // a small cache keyed by the tensor's identity and version: a mod reused every step uploads once.
@@ -200,7 +203,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.bf16 = dtype == kBFloat16;
   cfg.head_dim = static_cast<int>(p.E);
   pick_kernel_config(cfg, p, device.index);
-  cfg.fwd_profile = st->fwd_profile = std::getenv("KILN_FLEX_FWD_PROFILE") != nullptr;
+  cfg.profile = st->profile = std::getenv("KILN_FLEX_PROFILE") != nullptr;
   if (const char* kbuf = std::getenv("KILN_FLEX_FWD_KBUF")) {  // for measurements
     KILN_CHECK(!std::strcmp(kbuf, "1") || !std::strcmp(kbuf, "2"), kOp, "KILN_FLEX_FWD_KBUF must be 1 or 2, got '",
                kbuf, "'");
@@ -231,12 +234,15 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   P.lse = lse.data_ptr<float>();
   P.err = err.data_ptr<int32_t>();
   Tensor prof;
-  if (st.fwd_profile) {
-    prof = zeros({8}, TensorOptions().dtype(kInt64).device(st.device));
-    P.slots = static_cast<double*>(prof.data_ptr());  // the forward's counters (see FWD_PROFILE)
+  if (st.profile) {
+    prof = profile_counters(st.device);
+    P.prof = static_cast<unsigned long long*>(prof.data_ptr());
   }
   launch(st.kernels->fwd, st.p.B * st.p.Hq * st.fwd_q_tiles, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
-  if (st.fwd_profile) print_forward_profile(prof);
+  if (st.profile) {
+    static const char* const names[] = {"prologue", "wait K", "S=QK^T", "softmax", "wait V", "PV", "epilogue", nullptr};
+    print_profile("fwd", read_counters(prof), 0, names);
+  }
   return read_error(st, err);
 }
 
@@ -264,6 +270,11 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   P.dv = dv.data_ptr();
   P.err = err.data_ptr<int32_t>();
 
+  Tensor prof;
+  if (st.profile) {
+    prof = profile_counters(st.device);
+    P.prof = static_cast<unsigned long long*>(prof.data_ptr());
+  }
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);
   launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_smem, stream, &P);
@@ -283,6 +294,15 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     grid = P.nslots;
   }
   launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_smem, stream, &P);
+  if (st.profile) {
+    static const char* const dq_phases[] = {"prologue", "wait V", "dP=dO V^T", "wait K",
+                                            "S=QK^T",   "dS",     "dQ+=dS K",  "epilogue", nullptr};
+    static const char* const dkdv_phases[] = {"prologue",    "wait Q",     "S^T=K Q^T",         "wait dO", "dP^T",
+                                              "P, dS",       "dK+=dS^T Q", "dV+=P^T dO, loads", nullptr};
+    const std::vector<double> c = read_counters(prof);
+    print_profile("bwd dq", c, 8, dq_phases);
+    print_profile("bwd dkdv", c, 16, dkdv_phases);
+  }
   if (cap) {
     launch(st.kernels->capgrad_reduce, ceil_div(st.grad_numel, 256), 256, 0, stream, &P);
     const Tensor host = capgrad.to(kCPU);

@@ -325,7 +325,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define FWD_MT " << cfg.fwd_mt << "\n";
   os << "#define FWD_WGMMA " << (cfg.fwd_wgmma ? 1 : 0) << "\n";
   os << "#define BWD_WGMMA " << (cfg.bwd_wgmma ? 1 : 0) << "\n";
-  if (cfg.fwd_profile) os << "#define FWD_PROFILE 1\n";
+  if (cfg.profile) os << "#define FLEX_PROFILE 1\n";
   if (cfg.fwd_kbuf == 2) os << "#define FWD_KBUF 2\n";
   os << "#define NTHREADS " << kThreads << "\n";
   os << "#define NWARPS " << kWarps << "\n";

@@ -16,6 +16,8 @@ constexpr int kTileM = 64;      // q rows per CTA (4 warps x 16)
 constexpr int kTileN = 64;      // kv columns per step (BlockMask blocks must be multiples of both)
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
+// KILN_FLEX_PROFILE counters: the forward's at 0.., dQ's at 8.., dK/dV's at 16.. (8 each).
+constexpr int kProfileSlots = 24;
 
 // The kernels' argument block. Every field is 8 bytes (pointers, int64, double), so the host and
 // the generated device struct (same field list, in kernel_source.cpp) have one layout; the device
@@ -33,6 +35,7 @@ struct FlexParams {
   int32_t* err;
   double* slots;    // [nslots][kWarps][grad_numel] per-warp captured-gradient slots
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
+  unsigned long long* prof;  // KILN_FLEX_PROFILE: per-phase cycle counters (kProfileSlots), else null
   int64_t B, Hq, Hkv, L, S, G;
   int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -55,8 +58,8 @@ struct KernelConfig {
   bool fwd_wgmma = false;
   // The backward's products by wgmma (sm_90a only; its 64 x 64 tiles are one warpgroup's).
   bool bwd_wgmma = false;
-  // Per-phase cycle counters in the forward (KILN_FLEX_FWD_PROFILE; a measurement tool).
-  bool fwd_profile = false;
+  // Per-phase cycle counters in the kernels (KILN_FLEX_PROFILE; a measurement tool).
+  bool profile = false;
   // K buffers of the forward: 2 loads the next K tile a whole step ahead (KILN_FLEX_FWD_KBUF=2).
   int fwd_kbuf = 1;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }

@@ -46,6 +46,7 @@ struct FlexParams {
   int* err;
   double* slots;
   double* capgrad;
+  unsigned long long* prof;
   i64 B, Hq, Hkv, L, S, G;
   i64 QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   i64 q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -413,20 +414,19 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
   return k ? x : NEG_INF;
 }
 
-#if KILN_BUILD_FWD
-// KILN_FLEX_FWD_PROFILE (a measurement tool): per-phase clock64 cycles of each CTA's thread 0,
-// added with atomics into the FWD_PROFILE_SLOTS counters at P.slots (unused by the forward
-// otherwise). Phases: prologue, wait K, S = QK^T, softmax, wait V, PV, epilogue.
-#ifndef FWD_PROFILE
-#define FWD_PROFILE 0
+// KILN_FLEX_PROFILE (a measurement tool): per-phase clock64 cycles of each CTA's thread 0, added
+// with atomics into 8 counters per kernel at P.prof + base. Forward phases: prologue, wait K,
+// S = QK^T, softmax, wait V, PV, epilogue.
+#ifndef FLEX_PROFILE
+#define FLEX_PROFILE 0
 #endif
 #ifndef FWD_KBUF
 #define FWD_KBUF 1  // K tiles in shared memory: 2 loads the next K a whole step ahead
 #endif
-#define FWD_PROFILE_SLOTS 7
-#if FWD_PROFILE
-#define PROF_DECL                                      \
-  unsigned long long prof_[FWD_PROFILE_SLOTS] = {0}; \
+#define PROFILE_SLOTS 8
+#if FLEX_PROFILE
+#define PROF_DECL                                  \
+  unsigned long long prof_[PROFILE_SLOTS] = {0}; \
   unsigned long long prof_t_ = clock64();
 #define PROF_MARK(i)                              \
   {                                               \
@@ -434,15 +434,16 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
     prof_[i] += now_ - prof_t_;                   \
     prof_t_ = now_;                               \
   }
-#define PROF_FLUSH()                                                                                        \
-  if (threadIdx.x == 0)                                                                                     \
-    for (int i_ = 0; i_ < FWD_PROFILE_SLOTS; ++i_) atomicAdd((unsigned long long*)P.slots + i_, prof_[i_]);
+#define PROF_FLUSH(base) \
+  if (threadIdx.x == 0)  \
+    for (int i_ = 0; i_ < PROFILE_SLOTS; ++i_) atomicAdd(P.prof + (base) + i_, prof_[i_]);
 #else
 #define PROF_DECL
 #define PROF_MARK(i)
-#define PROF_FLUSH()
+#define PROF_FLUSH(base)
 #endif
 
+#if KILN_BUILD_FWD
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -611,7 +612,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
     }
 #undef FWD_ROW
   PROF_MARK(6);
-  PROF_FLUSH();
+  PROF_FLUSH(0);
 }
 
 #endif  // KILN_BUILD_FWD

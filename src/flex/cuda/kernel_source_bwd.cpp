@@ -89,6 +89,7 @@ __device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], c
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
+  PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = BWD_SMEM_BASE(smem);
   u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
@@ -128,6 +129,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   cp_async_commit();
   if (more) BWD_LOAD_TILE(Ks, kg, c0, P.S, TILE_N);
   cp_async_commit();
+  PROF_MARK(0);
   // Pipeline per tile (groups in flight at the top: V(c0), K(c0)): dP = dO V^T first, then V(next)
   // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP.
   while (more) {
@@ -135,20 +137,26 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
     cp_async_wait<1>();  // V(c0) landed
     SMEM_PROXY_FENCE();
     __syncthreads();
+    PROF_MARK(1);
     BWD_ABT(dp, dOs, Vs, LDSM_B_Q);
+    PROF_MARK(2);
     cp_async_wait<0>();  // K(c0) landed
     SMEM_PROXY_FENCE();
     __syncthreads();     // and everyone is done with Vs
     more = walk.next(c_next, p_next);
     if (more) BWD_LOAD_TILE(Vs, vg, c_next, P.S, TILE_N);
     cp_async_commit();
+    PROF_MARK(3);
     BWD_ABT(s, Qs, Ks, LDSM_B_Q);
+    PROF_MARK(4);
     if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
+    PROF_MARK(5);
     BWD_PB(dq, s, Ks, LDSM_B_Q);  // dQ += dS K
     __syncthreads();              // everyone is done with Ks
     if (more) BWD_LOAD_TILE(Ks, kg, c_next, P.S, TILE_N);
     cp_async_commit();
+    PROF_MARK(6);
     c0 = c_next;
     partial = p_next;
   }
@@ -161,6 +169,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
   }
+  PROF_MARK(7);
+  PROF_FLUSH(8);
 }
 
 // dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s (raw scores) becomes P and dp
@@ -195,6 +205,7 @@ __device__ __forceinline__ void load_rows(float* lse_s, float* delta_s, const Fl
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexParams P) {
+  PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Ks = BWD_SMEM_BASE(smem);
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
@@ -242,18 +253,23 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       load_rows(lse_s, delta_s, P, bh0, r0);
     }
     cp_async_commit();
+    PROF_MARK(0);
     while (more) {
       const i64 h = hk * P.G + gi;
       cp_async_wait<1>();  // Q(r0) landed
       SMEM_PROXY_FENCE();
       __syncthreads();     // (and K/V, lse, delta stores)
+      PROF_MARK(1);
       // Transposed tiles: rows are kv (this warp's 16), columns are q.
       float s[TILE_M / 8][4], dp[TILE_M / 8][4];
       BWD_ABT(s, Ks, Qs, LDSM_B_KV);
+      PROF_MARK(2);
       cp_async_wait<0>();  // dO(r0) landed
       SMEM_PROXY_FENCE();
       __syncthreads();
+      PROF_MARK(3);
       BWD_ABT(dp, Vs, dOs, LDSM_B_KV);
+      PROF_MARK(4);
       float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
       if (!partial && r0 + TILE_M <= P.L && kv_in)
         dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse_s, delta_s);
@@ -273,7 +289,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
         __syncwarp();
       }
 #endif
+      PROF_MARK(5);
       BWD_PB(dk, dp, Qs, LDSM_B_KV);  // dK += dS^T Q
+      PROF_MARK(6);
       __syncthreads();                        // everyone is done with Qs, lse_s, delta_s
       more = walk.next(gi_n, r0_n, p_n);
       const i64 bh_n = more ? b * P.Hq + hk * P.G + gi_n : 0;
@@ -286,6 +304,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       __syncthreads();                // everyone is done with dOs
       if (more) BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
       cp_async_commit();
+      PROF_MARK(7);
       gi = gi_n;
       r0 = r0_n;
       partial = p_n;
@@ -304,6 +323,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       }
     }
   }
+  PROF_FLUSH(16);
 }
 
 // capgrad[x] = sum over slots (slot-major, then warp) of slots[.][x]: a fixed order.
