@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # round_c.sh's parts without the ~200 s build, for a nearly spent device budget: kiln, test_flex,
-# test_ops and bench_memory_bound built on the dev machine (CUDA 13.0, sm_90a cubins; the flex
-# kernels compile at run time anyway), stripped and carried as .device/bin.tar.xz:
-#   for f in build/kiln build/tests/test_{flex,ops} build/bench/bench_memory_bound; do
+# test_ops, test_train and bench_memory_bound built on the dev machine (CUDA 13.0, sm_90a cubins;
+# the flex kernels compile at run time anyway), stripped and carried as .device/bin.tar.xz:
+#   mkdir -p .device/bin; for f in build/kiln build/tests/test_{flex,ops,train} build/bench/bench_memory_bound; do
 #     strip -o .device/bin/$(basename $f) $f; done; (cd .device && tar cJf bin.tar.xz bin && rm -rf bin)
 # carry [".device"]. PARTS from: tests rows ops train (as in round_c.sh). BIN_TAR picks another
 # tarball (default .device/bin.tar.xz; e.g. a branch's build for an A/B in the same call).
