@@ -131,7 +131,7 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     detail::Program mp = detail::compile(masks[0].expr);
     cuda::KernelConfig cfg;
     cfg.profile = true;
-    cfg.fwd_kbuf = 2;
+    cfg.fwd_kbuf = cfg.bwd_kbuf = 2;
     cfg.fwd_wgmma = cfg.bwd_wgmma = true;
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(nullptr, &mp, cfg), "sm_90a"));
     cfg.fwd_wgmma = cfg.bwd_wgmma = false;
@@ -341,17 +341,18 @@ TEST(FlexAttentionCuda, ForwardProfileKeepsResults) {
   check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
 }
 
-// KILN_FLEX_FWD_KBUF=2 (the next K tile a whole step ahead, in a second buffer), with both products.
-TEST(FlexAttentionCuda, ForwardWithTwoKBuffersMatchesReference) {
+// KILN_FLEX_FWD_KBUF=2 and KILN_FLEX_BWD_KBUF=2 (the next K tile a step earlier, in a second
+// buffer, in the forward and the dQ kernel), with both products.
+TEST(FlexAttentionCuda, TwoKBuffersMatchReference) {
   KILN_REQUIRE_CUDA();
   manual_seed(20);
-  const ScopedEnv kbuf("KILN_FLEX_FWD_KBUF", "2");
+  const ScopedEnv kbuf("KILN_FLEX_FWD_KBUF", "2"), bkbuf("KILN_FLEX_BWD_KBUF", "2");
   GpuCase c;
   const MaskMod causal = causal_mask(), window = sliding_window_mask(100);
   check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
   check_cuda(c, kBFloat16, &window, [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 100; },
              ScoreMod(), nullptr);
-  const ScopedEnv mma("KILN_FLEX_FWD_MMA", "mma");
+  const ScopedEnv mma("KILN_FLEX_FWD_MMA", "mma"), bmma("KILN_FLEX_BWD_MMA", "mma");
   check_cuda(c, kFloat16, &causal, kCausal, ScoreMod(), nullptr);
 }
 

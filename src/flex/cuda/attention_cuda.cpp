@@ -76,6 +76,14 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   cfg.fwd_mt = mt;
 }
 
+// KILN_FLEX_<FWD|BWD>_KBUF (for measurements): 1 (default) or 2 K buffers.
+int k_buffers(const char* var) {
+  const char* v = std::getenv(var);
+  if (!v) return 1;
+  KILN_CHECK(!std::strcmp(v, "1") || !std::strcmp(v, "2"), kOp, var, " must be 1 or 2, got '", v, "'");
+  return v[0] - '0';
+}
+
 // KILN_FLEX_PROFILE: one kernel's phase cycles (thread 0 of each CTA, summed) as one stderr line;
 // names ends with nullptr, counters at `base` of the kProfileSlots.
 void print_profile(const char* kernel, const std::vector<double>& c, int base, const char* const* names) {
@@ -204,11 +212,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.head_dim = static_cast<int>(p.E);
   pick_kernel_config(cfg, p, device.index);
   cfg.profile = st->profile = std::getenv("KILN_FLEX_PROFILE") != nullptr;
-  if (const char* kbuf = std::getenv("KILN_FLEX_FWD_KBUF")) {  // for measurements
-    KILN_CHECK(!std::strcmp(kbuf, "1") || !std::strcmp(kbuf, "2"), kOp, "KILN_FLEX_FWD_KBUF must be 1 or 2, got '",
-               kbuf, "'");
-    cfg.fwd_kbuf = kbuf[0] - '0';
-  }
+  cfg.fwd_kbuf = k_buffers("KILN_FLEX_FWD_KBUF");
+  cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
   const std::string source = generate_source(p.score, p.mask, cfg);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
@@ -217,8 +222,9 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
                                : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;
   st->fwd_threads = cfg.fwd_threads();
   st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
-  st->bwd_smem = cfg.bwd_wgmma ? (2 * kTileM + 2 * kTileN) * p.E * 2 + 2 * kTileM * 4 + 1024
-                               : (2 * kTileM + 2 * kTileN) * ld * 2 + 2 * kTileM * 4;
+  const int64_t bwd_kv_tiles = 1 + cfg.bwd_kbuf;  // dQ's V and 1 or 2 K buffers (dK/dV uses 2 tiles)
+  st->bwd_smem = cfg.bwd_wgmma ? (2 * kTileM + bwd_kv_tiles * kTileN) * p.E * 2 + 2 * kTileM * 4 + 1024
+                               : (2 * kTileM + bwd_kv_tiles * kTileN) * ld * 2 + 2 * kTileM * 4;
   st->kernels = &load_kernels(source, device.index, st->fwd_smem, st->bwd_smem);
   return st;
 }

@@ -327,6 +327,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define BWD_WGMMA " << (cfg.bwd_wgmma ? 1 : 0) << "\n";
   if (cfg.profile) os << "#define FLEX_PROFILE 1\n";
   if (cfg.fwd_kbuf == 2) os << "#define FWD_KBUF 2\n";
+  if (cfg.bwd_kbuf == 2) os << "#define BWD_KBUF 2\n";
   os << "#define NTHREADS " << kThreads << "\n";
   os << "#define NWARPS " << kWarps << "\n";
   os << "#define HAS_SCORE " << (score ? 1 : 0) << "\n";

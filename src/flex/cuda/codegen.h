@@ -62,6 +62,8 @@ struct KernelConfig {
   bool profile = false;
   // K buffers of the forward: 2 loads the next K tile a whole step ahead (KILN_FLEX_FWD_KBUF=2).
   int fwd_kbuf = 1;
+  // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
+  int bwd_kbuf = 1;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 

@@ -7,6 +7,9 @@ namespace kiln::flex::cuda {
 
 const char* backward_kernels_source() {
   return R"kiln_src(#if KILN_BUILD_BWD
+#ifndef BWD_KBUF
+#define BWD_KBUF 1  // K tiles of the dQ kernel: 2 loads the next K with the next V, a step earlier
+#endif
 // The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
 // tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
 #if BWD_WGMMA
@@ -95,6 +98,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
   u16* Ks = dOs + BWD_TILE_ELEMS(TILE_M);
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
+  u16* Ks2 = Vs + BWD_TILE_ELEMS(TILE_N);  // BWD_KBUF 2: the second K buffer
+  u16* Kcur = Ks;                          // K of the current tile
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
@@ -131,31 +136,51 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   cp_async_commit();
   PROF_MARK(0);
   // Pipeline per tile (groups in flight at the top: V(c0), K(c0)): dP = dO V^T first, then V(next)
-  // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP.
+  // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP (BWD_KBUF 1)
+  // or, into the other K buffer, with V(next) (BWD_KBUF 2).
   while (more) {
     float s[TILE_N / 8][4], dp[TILE_N / 8][4];
+#if BWD_KBUF == 2
+    cp_async_wait<0>();  // V(c0) and K(c0) landed
+#else
     cp_async_wait<1>();  // V(c0) landed
+#endif
     SMEM_PROXY_FENCE();
     __syncthreads();
     PROF_MARK(1);
     BWD_ABT(dp, dOs, Vs, LDSM_B_Q);
     PROF_MARK(2);
+#if BWD_KBUF == 2
+    __syncthreads();  // everyone is done with Vs and with the other K buffer (the previous tile's)
+    u16* Knext = Kcur == Ks ? Ks2 : Ks;
+    more = walk.next(c_next, p_next);
+    if (more) {
+      BWD_LOAD_TILE(Vs, vg, c_next, P.S, TILE_N);
+      BWD_LOAD_TILE(Knext, kg, c_next, P.S, TILE_N);
+    }
+    cp_async_commit();
+#else
     cp_async_wait<0>();  // K(c0) landed
     SMEM_PROXY_FENCE();
     __syncthreads();     // and everyone is done with Vs
     more = walk.next(c_next, p_next);
     if (more) BWD_LOAD_TILE(Vs, vg, c_next, P.S, TILE_N);
     cp_async_commit();
+#endif
     PROF_MARK(3);
-    BWD_ABT(s, Qs, Ks, LDSM_B_Q);
+    BWD_ABT(s, Qs, Kcur, LDSM_B_Q);
     PROF_MARK(4);
     if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
     PROF_MARK(5);
-    BWD_PB(dq, s, Ks, LDSM_B_Q);  // dQ += dS K
-    __syncthreads();              // everyone is done with Ks
+    BWD_PB(dq, s, Kcur, LDSM_B_Q);  // dQ += dS K
+#if BWD_KBUF == 2
+    Kcur = Knext;
+#else
+    __syncthreads();  // everyone is done with Ks
     if (more) BWD_LOAD_TILE(Ks, kg, c_next, P.S, TILE_N);
     cp_async_commit();
+#endif
     PROF_MARK(6);
     c0 = c_next;
     partial = p_next;
