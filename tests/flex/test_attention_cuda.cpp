@@ -31,24 +31,30 @@ using testing::ScoreFn;
 
 #ifdef KILN_WITH_CUDA
 
+// Sets an environment variable for a scope (restores or removes it afterwards).
+struct ScopedEnv {
+  std::string name, old;
+  bool had = false;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* o = std::getenv(n)) {
+      old = o;
+      had = true;
+    }
+    setenv(n, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
 // A fresh cache directory for one test (removed at the end).
 struct TempCacheDir {
-  std::string path;
-  std::string old;
-  bool had_old = false;
-  TempCacheDir() {
-    path = (std::filesystem::temp_directory_path() / ("kiln_flex_cache_" + std::to_string(getpid()) + "_" +
-                                                      std::to_string(std::rand())))
-               .string();
-    if (const char* o = std::getenv("KILN_CACHE_DIR")) {
-      old = o;
-      had_old = true;
-    }
-    setenv("KILN_CACHE_DIR", path.c_str(), 1);
-  }
+  std::string path = (std::filesystem::temp_directory_path() /
+                      ("kiln_flex_cache_" + std::to_string(getpid()) + "_" + std::to_string(std::rand())))
+                         .string();
+  ScopedEnv env{"KILN_CACHE_DIR", path.c_str()};
   ~TempCacheDir() {
-    if (had_old) setenv("KILN_CACHE_DIR", old.c_str(), 1);
-    else unsetenv("KILN_CACHE_DIR");
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
   }
@@ -296,23 +302,6 @@ TEST(FlexAttentionCuda, ScoreModsAndLearnedBiasGradient) {
              [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * (c.L + c.S) + q - kv + off]; },
              {bias});
 }
-
-// Sets an environment variable for a scope (restores or removes it afterwards).
-struct ScopedEnv {
-  std::string name, old;
-  bool had = false;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* o = std::getenv(n)) {
-      old = o;
-      had = true;
-    }
-    setenv(n, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had) setenv(name.c_str(), old.c_str(), 1);
-    else unsetenv(name.c_str());
-  }
-};
 
 // On sm_90 the kernels default to wgmma; the mma.sync kernels (every other GPU) forced here, and
 // the other way round elsewhere (wgmma is only taken on sm_90, so there the default runs twice).

@@ -132,8 +132,8 @@ TEST(SoftmaxCuda, MatchesCpu) {
     for (bool log : {false, true}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + (log ? " log_softmax" : " softmax"));
       // Rows for each CUDA path: warp per row (64, 33), registers with 1-8 vectors a thread
-      // (1000, 999, 4096, 4097, 8192; 3001 rows: more than the resident blocks, so blocks walk
-      // rows and prefetch), a block per row re-reading (20000).
+      // (1000, 999, 4096, 4097, 8192, 3000 = 375 vectors; 3001 rows of 1024: many blocks), a
+      // block per row re-reading (20000).
       const Shape shapes[] = {{8, 64},   {5, 1000},  {3, 4097},    {2, 3, 999}, {4, 6, 33},
                               {64, 8192}, {7, 4096}, {3001, 1024}, {3, 20000}, {9, 3000}};
       for (const Shape& s : shapes)

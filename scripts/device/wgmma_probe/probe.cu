@@ -19,9 +19,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) probe(const u16* q, co
   u16* Qs = wg_smem_base(smem);
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;
   u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
-  load_tile_sw_async(Qs, q, 0, FWD_TILE_M, FWD_TILE_M, FWD_THREADS);
-  load_tile_sw_async(Ks, k, 0, FWD_TILE_N, FWD_TILE_N, FWD_THREADS);
-  load_tile_sw_async(Vs, v, 0, FWD_TILE_N, FWD_TILE_N, FWD_THREADS);
+  load_tile_async<true>(Qs, q, 0, FWD_TILE_M, FWD_TILE_M, FWD_THREADS);
+  load_tile_async<true>(Ks, k, 0, FWD_TILE_N, FWD_TILE_N, FWD_THREADS);
+  load_tile_async<true>(Vs, v, 0, FWD_TILE_N, FWD_TILE_N, FWD_THREADS);
   cp_async_commit();
   cp_async_wait<0>();
   fence_async_smem();

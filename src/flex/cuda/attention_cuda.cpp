@@ -44,12 +44,18 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A measurement switch from the environment: its value (one of `a`, `b`), or nullptr when unset.
+const char* env_switch(const char* var, const char* a, const char* b) {
+  const char* v = std::getenv(var);
+  KILN_CHECK(!v || !std::strcmp(v, a) || !std::strcmp(v, b), kOp, var, " must be ", a, " or ", b, ", got '",
+             v ? v : "", "'");
+  return v;
+}
+
 // Whether kernels use wgmma: on sm_90 unless KILN_FLEX_<part>_MMA=mma (part FWD or BWD).
 bool use_wgmma(const char* var, int major) {
-  const char* mma = std::getenv(var);
-  KILN_CHECK(!mma || !std::strcmp(mma, "wgmma") || !std::strcmp(mma, "mma"), kOp, var, " must be wgmma or mma, got '",
-             mma ? mma : "", "'");
-  return major == 9 && !(mma && !std::strcmp(mma, "mma"));
+  const char* v = env_switch(var, "wgmma", "mma");
+  return major == 9 && !(v && !std::strcmp(v, "mma"));
 }
 
 // The kernels' products and the forward's tile. sm_90: wgmma, forward tiles 128 x 128 at E = 128
@@ -78,10 +84,8 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
 
 // KILN_FLEX_<FWD|BWD>_KBUF (for measurements): 1 (default) or 2 K buffers.
 int k_buffers(const char* var) {
-  const char* v = std::getenv(var);
-  if (!v) return 1;
-  KILN_CHECK(!std::strcmp(v, "1") || !std::strcmp(v, "2"), kOp, var, " must be 1 or 2, got '", v, "'");
-  return v[0] - '0';
+  const char* v = env_switch(var, "1", "2");
+  return v ? v[0] - '0' : 1;
 }
 
 // KILN_FLEX_PROFILE: one kernel's phase cycles (thread 0 of each CTA, summed) as one stderr line;
@@ -94,7 +98,13 @@ void print_profile(const char* kernel, const std::vector<double>& c, int base, c
   std::fprintf(stderr, "\n");
 }
 
-Tensor profile_counters(Device device) { return zeros({kProfileSlots}, TensorOptions().dtype(kInt64).device(device)); }
+// The kernels' phase counters for one call when profiling (P.prof points at them), else undefined.
+Tensor attach_profile_counters(const State& st, FlexParams& P) {
+  if (!st.profile) return Tensor();
+  Tensor counters = zeros({kProfileSlots}, TensorOptions().dtype(kInt64).device(st.device));
+  P.prof = static_cast<unsigned long long*>(counters.data_ptr());
+  return counters;
+}
 
 std::vector<double> read_counters(const Tensor& counters) { return counters.to(kCPU).to(kFloat64).to_vector(); }
 
@@ -239,11 +249,7 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   P.out = out.data_ptr();
   P.lse = lse.data_ptr<float>();
   P.err = err.data_ptr<int32_t>();
-  Tensor prof;
-  if (st.profile) {
-    prof = profile_counters(st.device);
-    P.prof = static_cast<unsigned long long*>(prof.data_ptr());
-  }
+  const Tensor prof = attach_profile_counters(st, P);
   launch(st.kernels->fwd, st.p.B * st.p.Hq * st.fwd_q_tiles, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
   if (st.profile) {
     static const char* const names[] = {"prologue", "wait K", "S=QK^T", "softmax", "wait V", "PV", "epilogue", nullptr};
@@ -276,11 +282,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   P.dv = dv.data_ptr();
   P.err = err.data_ptr<int32_t>();
 
-  Tensor prof;
-  if (st.profile) {
-    prof = profile_counters(st.device);
-    P.prof = static_cast<unsigned long long*>(prof.data_ptr());
-  }
+  const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);
   launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_smem, stream, &P);

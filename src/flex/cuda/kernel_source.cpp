@@ -138,18 +138,28 @@ __device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i6
   }
 }
 
+// Byte offset of 16-byte chunk col8 of row r in wgmma's swizzled tile of `rows` rows: 64-column
+// panels of 128-byte rows, chunk c of row r stored at chunk c ^ (r % 8) (kernel_source_wgmma.cpp).
+__device__ __forceinline__ u32 sw_offset(int r, int col8, int rows) {
+  return (u32)((col8 >> 3) * rows * 128 + r * 128 + (((col8 & 7) ^ (r & 7)) << 4));
+}
+
 // load_tile by cp.async (16 bytes a thread, L2 only; rows past `total` zero-filled by a source
-// size of 0). The caller commits the group and waits for it before a __syncthreads.
+// size of 0) into the padded layout or, kSwizzled, wgmma's swizzled one. The caller commits the
+// group and waits for it before a __syncthreads.
+template <bool kSwizzled = false>
 __device__ __forceinline__ void load_tile_async(u16* dst, const u16* src, i64 row0, i64 total, int rows,
                                                 int nthreads = NTHREADS) {
   const int chunks = HEAD_DIM / 8;
+  const u32 base = smem_addr(dst);
   for (int c = threadIdx.x; c < rows * chunks; c += nthreads) {
     const int r = c / chunks, col = (c % chunks) * 8;
     const bool in = row0 + r < total;
     const u16* g = in ? src + (row0 + r) * HEAD_DIM + col : src;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst + r * LD + col)), "l"(g),
-                 "r"(in ? 16 : 0)
-                 : "memory");
+    u32 to;
+    if constexpr (kSwizzled) to = base + sw_offset(r, col / 8, rows);
+    else to = smem_addr(dst + r * LD + col);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(to), "l"(g), "r"(in ? 16 : 0) : "memory");
   }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -304,11 +314,8 @@ __device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const 
 // Block walks, the modified score and the forward kernel (after the wgmma helpers).
 const char* kernel_forward() {
   return R"kiln_src(
-#if FWD_WGMMA
-#define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_sw_async(dst, src, row0, total, rows, FWD_THREADS)
-#else
-#define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async(dst, src, row0, total, rows, FWD_THREADS)
-#endif
+#define FWD_LOAD_TILE(dst, src, row0, total, rows) \
+  load_tile_async<(FWD_WGMMA != 0)>(dst, src, row0, total, rows, FWD_THREADS)
 
 __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
   return (P.mB == 1 ? 0 : b) * P.mH + (P.mH == 1 ? 0 : h);

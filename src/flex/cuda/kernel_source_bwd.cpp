@@ -18,7 +18,10 @@ const char* backward_kernels_source() {
 #endif
 #define BWD_SMEM_BASE(smem) wg_smem_base(smem)
 #define BWD_TILE_ELEMS(rows) ((rows) * HEAD_DIM)
-#define BWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_sw_async(dst, src, row0, total, rows, NTHREADS)
+#define BWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async<true>(dst, src, row0, total, rows)
+// Tiles that stay for the whole tile walk (Q and dO in dQ, K and V in dK/dV): by cp.async, landing
+// with the walk's first group (mma.sync: plain loads, visible after the first barrier).
+#define BWD_LOAD_RESIDENT(dst, src, row0, total, rows) BWD_LOAD_TILE(dst, src, row0, total, rows)
 #define BWD_ABT(acc, A, Bm, ldsm) wg_abt<64>(acc, A, 64, 0, Bm)
 #define BWD_PB(acc, p, Bm, ldsm)   \
   {                                \
@@ -30,6 +33,7 @@ const char* backward_kernels_source() {
 #define BWD_SMEM_BASE(smem) (smem)
 #define BWD_TILE_ELEMS(rows) ((rows) * LD)
 #define BWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async(dst, src, row0, total, rows)
+#define BWD_LOAD_RESIDENT(dst, src, row0, total, rows) load_tile(dst, src, row0, total, rows)
 #define BWD_ABT(acc, A, Bm, ldsm) tile_abt<ldsm>(acc, A, warp * 16, Bm, lane)
 #define BWD_PB(acc, p, Bm, ldsm) tile_pb<ldsm>(acc, p, Bm, lane)
 #endif
@@ -105,14 +109,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
-#if BWD_WGMMA
-  // Q and dO land with V(c0)'s group below.
-  BWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
-  BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
-#else
-  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
-  load_tile(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
-#endif
+  BWD_LOAD_RESIDENT(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);  // with V(c0)'s group
+  BWD_LOAD_RESIDENT(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
   const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
   const bool rows_in = r0 + TILE_M <= P.L;
   float lse[2], delta[2];
@@ -248,14 +246,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
     const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
     const i64 c0 = tile * TILE_N, jblk = c0 / P.KB;
     __syncthreads();
-#if BWD_WGMMA
-    // K and V land with Q(r0)'s group below.
-    BWD_LOAD_TILE(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
-    BWD_LOAD_TILE(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
-#else
-    load_tile(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
-    load_tile(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
-#endif
+    BWD_LOAD_RESIDENT(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);  // with Q(r0)'s group
+    BWD_LOAD_RESIDENT(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
     const i64 cols[2] = {c0 + warp * 16 + g, c0 + warp * 16 + g + 8};  // this thread's kv rows
     const bool kv_in = c0 + TILE_N <= P.S;
     float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];

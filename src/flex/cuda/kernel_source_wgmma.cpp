@@ -14,24 +14,8 @@ const char* wgmma_helpers_source() {
 // operand a tile is K-major (rows along the reduction); as the second of P V-like products it is
 // read N-major (transposed). A warpgroup (4 warps) owns 64 rows, warp w rows 16 (w % 4)...,
 // and its accumulators have the mma.sync m16n8 C-fragment layout per 8 columns.
+// (sw_offset and load_tile_async<true> for this layout are in the prelude.)
 #define WG_SMEM_ALIGN 1024
-__device__ __forceinline__ u32 sw_offset(int r, int col8, int rows) {
-  return (u32)((col8 >> 3) * rows * 128 + r * 128 + (((col8 & 7) ^ (r & 7)) << 4));
-}
-// load_tile_async into the swizzled panel layout (rows past `total` zero-filled).
-__device__ __forceinline__ void load_tile_sw_async(u16* dst, const u16* src, i64 row0, i64 total, int rows,
-                                                   int nthreads) {
-  const int chunks = HEAD_DIM / 8;
-  const u32 base = smem_addr(dst);
-  for (int c = threadIdx.x; c < rows * chunks; c += nthreads) {
-    const int r = c / chunks, col8 = c % chunks;
-    const bool in = row0 + r < total;
-    const u16* g = in ? src + (row0 + r) * HEAD_DIM + col8 * 8 : src;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(base + sw_offset(r, col8, rows)), "l"(g),
-                 "r"(in ? 16 : 0)
-                 : "memory");
-  }
-}
 // The first WG_SMEM_ALIGN-aligned element of the dynamic shared memory (the host adds the slack).
 __device__ __forceinline__ u16* wg_smem_base(u16* smem) {
   return smem + ((WG_SMEM_ALIGN - (smem_addr(smem) & (WG_SMEM_ALIGN - 1))) & (WG_SMEM_ALIGN - 1)) / 2;
