@@ -10,7 +10,8 @@
 // Defaults: cpu, f32 (bf16 on cuda), 1 x 4 x 4096 x 64, sliding:256. CUDA times come from CUDA
 // events around each call (the first call, which compiles or loads the kernels, is a warm-up).
 // With --json it prints one object per line:
-//   {"variant": "flex" | "flex_all_blocks" | "dense", "fwd_ms": ..., "fwd_bwd_ms": ..., "peak_extra_bytes": ...}
+//   {"variant": "flex" | "flex_all_blocks" | "dense", "fwd_ms": ..., "fwd_bwd_ms": ..., "peak_extra_bytes": ...,
+//    "fwd_host_ms": ...} (fwd_host_ms: the forward call's host time, without waiting for the device)
 //   {"variant": "dense", "omitted": "<why>"}
 //   {"variant": "first_call", "of": "<variant>", "fwd_bwd_ms": ...}  (the warm-up: kernel compile or cache load)
 //   {"variant": "block_mask", "create_ms": ..., "sparsity": (percent of blocks skipped), "bytes": ..., "seq": ...}
@@ -182,13 +183,14 @@ Tensor dense_bias(const MaskMod& m, int64_t L, int64_t S, DType dtype, const Dev
   return from_blob(bias.data(), {1, 1, L, S}, kFloat32).to(dev, dtype);
 }
 
-void line(bool json, const char* variant, double fwd, double fwd_bwd, int64_t peak) {
+void line(bool json, const char* variant, double fwd, double fwd_bwd, int64_t peak, double host) {
   if (json)
-    std::printf("{\"variant\": \"%s\", \"fwd_ms\": %.3f, \"fwd_bwd_ms\": %.3f, \"peak_extra_bytes\": %lld}\n", variant,
-                fwd, fwd_bwd, static_cast<long long>(peak));
+    std::printf("{\"variant\": \"%s\", \"fwd_ms\": %.3f, \"fwd_bwd_ms\": %.3f, \"peak_extra_bytes\": %lld, "
+                "\"fwd_host_ms\": %.3f}\n",
+                variant, fwd, fwd_bwd, static_cast<long long>(peak), host);
   else
-    std::printf("%-16s fwd %10.3f ms   fwd+bwd %10.3f ms   peak extra %8.1f MiB\n", variant, fwd, fwd_bwd,
-                static_cast<double>(peak) / (1 << 20));
+    std::printf("%-16s fwd %10.3f ms   fwd+bwd %10.3f ms   peak extra %8.1f MiB   host part of fwd %.3f ms\n", variant,
+                fwd, fwd_bwd, static_cast<double>(peak) / (1 << 20), host);
   std::fflush(stdout);
 }
 
@@ -218,7 +220,19 @@ void run(const Args& a, const char* variant, const Device& dev, const Tensor& q,
     Tensor out = attn(q, k, v);
     autograd::grad({out}, {q, k, v}, {g});
   }, reps);
-  line(a.json, variant, fwd, fwd_bwd, max_memory_allocated(dev) - base);
+  // The host's share of a forward: the call's wall time without waiting for the device (CUDA
+  // launches return at once), which fwd_ms includes whenever the device outruns the host.
+  std::vector<double> host = {fwd};  // the CPU: all of it
+  for (int r = 0; dev.is_cuda() && r < reps; ++r) {
+    NoGradGuard ng;
+    const double h0 = now_ms();
+    attn(q, k, v);
+    host.push_back(now_ms() - h0);
+    cuda::synchronize(dev.index);
+  }
+  std::sort(host.begin() + (dev.is_cuda() ? 1 : 0), host.end());
+  const double host_ms = dev.is_cuda() ? host[1 + (host.size() - 1) / 2] : fwd;
+  line(a.json, variant, fwd, fwd_bwd, max_memory_allocated(dev) - base, host_ms);
 }
 
 void block_mask_line(const Args& a, const MaskMod& m, int64_t seq, int reps) {

@@ -268,7 +268,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   const TensorOptions dev = TensorOptions().device(st.device);
   const Tensor err = zeros({1}, dev.dtype(kInt32));
   const Tensor dout = dout_in.defined() ? dout_in : zeros(out.sizes(), out.options());
-  const Tensor delta = empty({p.B * p.Hq * p.L}, dev.dtype(kFloat32));
+  const Tensor delta = empty({2, p.B * p.Hq * p.L}, dev.dtype(kFloat32));  // delta, then lse2
   P.q = q.data_ptr();
   P.k = k.data_ptr();
   P.v = v.data_ptr();
@@ -277,6 +277,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   P.dout = dout.data_ptr();
   P.dlse = dlse.defined() ? dlse.data_ptr<float>() : nullptr;
   P.delta = delta.data_ptr<float>();
+  P.lse2 = P.delta + p.B * p.Hq * p.L;
   P.dq = dq.data_ptr();
   P.dk = dk.data_ptr();
   P.dv = dv.data_ptr();

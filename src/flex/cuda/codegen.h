@@ -29,6 +29,7 @@ struct FlexParams {
   const void* dout;
   const float* dlse;
   float* delta;
+  float* lse2;  // backward: lse * log2(e) per row (+inf for fully masked rows), from flex_bwd_pre
   void *dq, *dk, *dv;
   const int32_t *kv_num, *kv_idx, *fkv_num, *fkv_idx;
   const int32_t *q_num, *q_idx, *fq_num, *fq_idx;

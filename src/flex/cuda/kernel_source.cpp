@@ -40,6 +40,7 @@ struct FlexParams {
   const void* dout;
   const float* dlse;
   float* delta;
+  float* lse2;
   void *dq, *dk, *dv;
   const int *kv_num, *kv_idx, *fkv_num, *fkv_idx;
   const int *q_num, *q_idx, *fq_num, *fq_idx;
@@ -88,7 +89,15 @@ const char* kernel_prelude() {
 #error "the transposed dK/dV tiles assume square 64 x 64 tiles"
 #endif
 #define NEG_INF __uint_as_float(0xff800000u)
+#define POS_INF __uint_as_float(0x7f800000u)
 #define LOG2E 1.4426950408889634f
+// 2^x on the SFU alone (ex2.approx.ftz: results below 2^-126 flush to 0). exp2f adds a range
+// test and two predicated multiplies per call, a third of the softmax's instructions.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 #if KILN_BF16
 __device__ __forceinline__ float to_f(u16 x) { return __uint_as_float(((u32)x) << 16); }
@@ -402,20 +411,21 @@ struct GroupWalk {
   }
 };
 
-// The modified score of one element and whether it is kept (in bounds, and mask true on partial blocks).
+// The modified score of one element and whether it is kept (in bounds, and mask true on partial
+// blocks). Branch-free: the mods see the element clamped into the lengths (an element of the same
+// tile, so no new index errors) and the bounds and mask are and-ed in, so a tile's elements
+// compile to selects rather than a branch each.
 __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv, bool partial,
                                            bool* keep) {
-  if (q >= P.L || kv >= P.S) {
-    *keep = false;
-    return NEG_INF;
-  }
+  const bool in = q < P.L && kv < P.S;
+  const i64 qc = q < P.L ? q : P.L - 1, kvc = kv < P.S ? kv : P.S - 1;
   float x = raw * (float)P.scale;
 #if HAS_SCORE
-  x = score_mod(x, b, h, q, kv, P);
+  x = score_mod(x, b, h, qc, kvc, P);
 #endif
-  bool k = true;
+  bool k = in;
 #if HAS_MASK
-  if (partial) k = mask_mod(b, h, q, kv, P);
+  k = k & (!partial | (bool)mask_mod(b, h, qc, kvc, P));
 #endif
   *keep = k;
   return k ? x : NEG_INF;
@@ -451,6 +461,31 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 #endif
 
 #if KILN_BUILD_FWD
+// The forward's tile of raw scores s becomes modified, masked scores (-inf where not kept).
+// kInterior: every element is kept (an interior tile of a full block), no tests.
+template <bool kInterior>
+__device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], i64 b, i64 h,
+                                           i64 row_base, i64 c0, int t, bool partial) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
+        if (kInterior) {
+          float x = s[mt][n][e] * (float)P.scale;
+#if HAS_SCORE
+          x = score_mod(x, b, h, q, kv, P);
+#endif
+          s[mt][n][e] = x;
+        } else {
+          bool keep;
+          s[mt][n][e] = mod_score(P, s[mt][n][e], b, h, q, kv, partial, &keep);
+        }
+      }
+}
+
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -478,7 +513,6 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
 #else
   load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M, FWD_THREADS);
 #endif
-  const float scale = (float)P.scale;
   const bool rows_in = r0 + FWD_TILE_M <= P.L;
 
   float o[FWD_MT][HEAD_DIM / 8][4];
@@ -526,51 +560,49 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
 #endif
       PROF_MARK(2);
       // Interior tiles of full blocks need neither the bounds test nor the mask: the same
-      // arithmetic as mod_score on the kept elements, so the same bits.
-      const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
+      // arithmetic as mod_score on the kept elements, so the same bits. The test is per tile,
+      // outside the element loops (per element it compiled to a branch each).
+      if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
+      else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
 #pragma unroll
       for (int mt = 0; mt < FWD_MT; ++mt) {
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int n = 0; n < FWD_TILE_N / 8; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float x;
-            if (interior) {
-              x = s[mt][n][e] * scale;
-#if HAS_SCORE
-              x = score_mod(x, b, h, FWD_ROW(mt, e >> 1), c0 + n * 8 + 2 * t + (e & 1), P);
-#endif
-            } else {
-              bool keep;
-              x = mod_score(P, s[mt][n][e], b, h, FWD_ROW(mt, e >> 1), c0 + n * 8 + 2 * t + (e & 1), partial, &keep);
-            }
-            s[mt][n][e] = x;
-            mx[e >> 1] = fmaxf(mx[e >> 1], x);
-          }
+          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][n][e]);
+        float alpha[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
           mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
           const float m_new = fmaxf(m[mt][r], mx[r]);
-          const float m_use = m_new == NEG_INF ? 0.f : m_new;  // nothing attended yet: p = 0 below
-          const float alpha = m[mt][r] == NEG_INF ? 0.f : exp2f((m[mt][r] - m_new) * LOG2E);
+          // p = 2^(x log2e - m log2e): one FFMA and the SFU per element. Nothing attended yet
+          // (m_new = -inf): p = 0 from x = -inf with m taken as 0.
+          const float m_log2 = (m_new == NEG_INF ? 0.f : m_new) * LOG2E;
+          alpha[r] = m[mt][r] == NEG_INF ? 0.f : fast_exp2(fmaf(m[mt][r], LOG2E, -m_log2));
           float sum = 0.f;
 #pragma unroll
           for (int n = 0; n < FWD_TILE_N / 8; ++n)
 #pragma unroll
             for (int e = 2 * r; e < 2 * r + 2; ++e) {
-              s[mt][n][e] = exp2f((s[mt][n][e] - m_use) * LOG2E);
+              s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], LOG2E, -m_log2));
               sum += s[mt][n][e];
             }
 #pragma unroll
           for (int n = 0; n < FWD_TILE_N / 8; ++n) pk[mt][n][r] = pack2(s[mt][n][2 * r], s[mt][n][2 * r + 1]);
-          l[mt][r] = l[mt][r] * alpha + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
+          l[mt][r] = l[mt][r] * alpha[r] + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
           m[mt][r] = m_new;
+        }
+        // The output's rescale only when a row of the warp's max moved (alpha != 1): late in a
+        // row the max rarely moves, and the rescale is as many multiplies as the exponentials.
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
           for (int n = 0; n < HEAD_DIM / 8; ++n) {
-            o[mt][n][2 * r] *= alpha;
-            o[mt][n][2 * r + 1] *= alpha;
+            o[mt][n][0] *= alpha[0];
+            o[mt][n][1] *= alpha[0];
+            o[mt][n][2] *= alpha[1];
+            o[mt][n][3] *= alpha[1];
           }
         }
       }

@@ -48,15 +48,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexPa
   for (int e = lane; e < HEAD_DIM; e += 32) s += to_f(dout[e]) * to_f(out[e]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (lane == 0) P.delta[row] = s - (P.dlse ? P.dlse[row] : 0.f);
+  if (lane == 0) {
+    P.delta[row] = s - (P.dlse ? P.dlse[row] : 0.f);
+    const float lse = P.lse[row];
+    P.lse2[row] = lse == NEG_INF ? POS_INF : lse * LOG2E;  // fully masked rows: p = 2^(y - inf) = 0
+  }
 }
 
-// P and dS of one element from its raw score q.k and dP = dO.v (both before scaling). kInterior:
+// P and dS of one element from its raw score q.k and dP = dO.v (both before scaling), with lse2 =
+// lse log2(e) of its row (+inf when the row is fully masked: p = 0). kInterior:
 // an element of a full block inside both lengths, which needs neither the bounds test nor the mask
 // (the same arithmetic as mod_score on kept elements, so the same bits).
 template <bool kInterior>
 __device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i64 b, i64 h, i64 q, i64 kv,
-                                     bool partial, float lse, float delta, float* p_out, float* ds_post_out,
+                                     bool partial, float lse2, float delta, float* p_out, float* ds_post_out,
                                      float* ds_out) {
   bool keep = true;
   float y;
@@ -68,7 +73,7 @@ __device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i
   } else {
     y = mod_score(P, raw, b, h, q, kv, partial, &keep);
   }
-  const float p = (!keep || lse == NEG_INF) ? 0.f : exp2f((y - lse) * LOG2E);
+  const float p = fast_exp2(fmaf(y, LOG2E, -lse2));  // y = -inf where not kept: p = 0
   float ds = p * (dp - delta);
   *ds_post_out = ds;  // d loss / d modified score
 #if HAS_SCORE
@@ -82,14 +87,14 @@ __device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i
 // dQ's tile: s (raw scores) becomes dS, from dp, row by row (rows[r], columns c0..).
 template <bool kInterior>
 __device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
-                                           const i64* rows, i64 c0, int t, bool partial, const float* lse,
+                                           const i64* rows, i64 c0, int t, bool partial, const float* lse2,
                                            const float* delta) {
 #pragma unroll
   for (int n = 0; n < TILE_N / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float p, ds_post, ds;
-      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse[e >> 1],
+      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse2[e >> 1],
                       delta[e >> 1], &p, &ds_post, &ds);
       s[n][e] = ds;
     }
@@ -113,10 +118,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   BWD_LOAD_RESIDENT(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
   const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
   const bool rows_in = r0 + TILE_M <= P.L;
-  float lse[2], delta[2];
+  float lse2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    lse[r] = rows[r] < P.L ? P.lse[bh * P.L + rows[r]] : NEG_INF;
+    lse2[r] = rows[r] < P.L ? P.lse2[bh * P.L + rows[r]] : POS_INF;
     delta[r] = rows[r] < P.L ? P.delta[bh * P.L + rows[r]] : 0.f;
   }
   float dq[HEAD_DIM / 8][4];
@@ -168,8 +173,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
     PROF_MARK(3);
     BWD_ABT(s, Qs, Kcur, LDSM_B_Q);
     PROF_MARK(4);
-    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
-    else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse, delta);
+    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+    else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
     PROF_MARK(5);
     BWD_PB(dq, s, Kcur, LDSM_B_Q);  // dQ += dS K
 #if BWD_KBUF == 2
@@ -201,14 +206,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
 template <bool kInterior>
 __device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], float (*raw)[4],
                                                float (*dpost)[4], i64 b, i64 h, i64 r0, const i64* cols, int t,
-                                               bool partial, const float* lse_s, const float* delta_s) {
+                                               bool partial, const float* lse2_s, const float* delta_s) {
 #pragma unroll
   for (int n = 0; n < TILE_M / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int qc = n * 8 + 2 * t + (e & 1);
       float p, ds_post, ds;
-      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse_s[qc], delta_s[qc], &p,
+      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse2_s[qc], delta_s[qc], &p,
                       &ds_post, &ds);
 #if HAS_CAP_GRAD
       raw[n][e] = s[n][e];
@@ -219,11 +224,17 @@ __device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4
     }
 }
 
-// lse and delta of q rows r0.. of (b, h) into smem (plain stores: visible after the next __syncthreads).
-__device__ __forceinline__ void load_rows(float* lse_s, float* delta_s, const FlexParams& P, i64 bh, i64 r0) {
-  for (int r = threadIdx.x; r < TILE_M; r += NTHREADS) {
-    lse_s[r] = r0 + r < P.L ? P.lse[bh * P.L + r0 + r] : NEG_INF;
-    delta_s[r] = r0 + r < P.L ? P.delta[bh * P.L + r0 + r] : 0.f;
+// lse2 and delta of q rows r0.. of (b, h) into smem (lse2_s, then delta_s right after it) by
+// cp.async in the caller's group: no thread waits for them here (a plain load stalled each q
+// tile of dK/dV for a global round trip). Rows past L read 0: their elements are out of bounds,
+// so y = -inf and p = 0 whatever lse2 is.
+__device__ __forceinline__ void load_rows(float* lse2_s, const FlexParams& P, i64 bh, i64 r0) {
+  for (int i = threadIdx.x; i < 2 * TILE_M; i += NTHREADS) {
+    const int r = i % TILE_M;
+    const bool in = r0 + r < P.L;
+    const float* src = (i < TILE_M ? P.lse2 : P.delta) + (in ? bh * P.L + r0 + r : 0);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(lse2_s + i)), "l"(src), "r"(in ? 4 : 0)
+                 : "memory");
   }
 }
 
@@ -234,8 +245,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
   u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
   u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
-  float* lse_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M));
-  float* delta_s = lse_s + TILE_M;
+  float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M));
+  float* delta_s = lse2_s + TILE_M;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Units [u_begin, u_end) in order: one unit per CTA, or a fixed slot of units with captured grads.
   const i64 u_begin = (i64)blockIdx.x * P.units / gridDim.x, u_end = ((i64)blockIdx.x + 1) * P.units / gridDim.x;
@@ -267,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
     cp_async_commit();
     if (more) {
       BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh0 * P.L * HEAD_DIM, r0, P.L, TILE_M);
-      load_rows(lse_s, delta_s, P, bh0, r0);
+      load_rows(lse2_s, P, bh0, r0);
     }
     cp_async_commit();
     PROF_MARK(0);
@@ -275,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       const i64 h = hk * P.G + gi;
       cp_async_wait<1>();  // Q(r0) landed
       SMEM_PROXY_FENCE();
-      __syncthreads();     // (and K/V, lse, delta stores)
+      __syncthreads();     // (and K/V; lse2 and delta land with Q)
       PROF_MARK(1);
       // Transposed tiles: rows are kv (this warp's 16), columns are q.
       float s[TILE_M / 8][4], dp[TILE_M / 8][4];
@@ -289,9 +300,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       PROF_MARK(4);
       float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
       if (!partial && r0 + TILE_M <= P.L && kv_in)
-        dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse_s, delta_s);
+        dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s);
       else
-        dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse_s, delta_s);
+        dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s);
 #if HAS_CAP_GRAD
       // Captured-tensor gradients: the lanes take turns adding into the warp's slot (a fixed
       // order, no atomics); each lane walks its elements in a fixed order.
@@ -309,12 +320,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       PROF_MARK(5);
       BWD_PB(dk, dp, Qs, LDSM_B_KV);  // dK += dS^T Q
       PROF_MARK(6);
-      __syncthreads();                        // everyone is done with Qs, lse_s, delta_s
+      __syncthreads();                        // everyone is done with Qs, lse2_s, delta_s
       more = walk.next(gi_n, r0_n, p_n);
       const i64 bh_n = more ? b * P.Hq + hk * P.G + gi_n : 0;
       if (more) {
         BWD_LOAD_TILE(Qs, (const u16*)P.q + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
-        load_rows(lse_s, delta_s, P, bh_n, r0_n);
+        load_rows(lse2_s, P, bh_n, r0_n);
       }
       cp_async_commit();
       BWD_PB(dv, s, dOs, LDSM_B_KV);  // dV += P^T dO
