@@ -30,7 +30,7 @@ run_rows() {  # $1 fwd mma, $2 bwd mma
   for row in "${rows[@]}"; do
     name=${row%%|*}; args=${row#*|}
     KILN_FLEX_FWD_MMA=$1 KILN_FLEX_BWD_MMA=$2 timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_${name}_$1_$2.jsonl" 2>&1
-    echo "  fwd $1 bwd $2 $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_$1_$2.jsonl" | cut -c1-110)"
+    echo "  fwd $1 bwd $2 $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_$1_$2.jsonl" | cut -c1-150)"
   done
 }
 for part in ${PARTS:-probe tests rows}; do
@@ -49,7 +49,7 @@ for part in ${PARTS:-probe tests rows}; do
         for row in "${rows[@]}"; do
           name=${row%%|*}; args=${row#*|}
           env "$setting" timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" 2>&1
-          echo "  $setting $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" | cut -c1-110)"
+          echo "  $setting $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" | cut -c1-150)"
         done
       done
       for row in "${rows[@]}"; do  # the forward's phase split (KILN_FLEX_PROFILE, thread 0 of each CTA)
@@ -60,7 +60,7 @@ for part in ${PARTS:-probe tests rows}; do
         for row in "${rows[@]}"; do
           name=${row%%|*}; args=${row#*|}
           KILN_FLEX_FWD_TILE=$tile timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_${name}_$tile.jsonl" 2>&1
-          echo "  tile $tile $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_$tile.jsonl" | cut -c1-110)"
+          echo "  tile $tile $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_$tile.jsonl" | cut -c1-150)"
         done
       done ;;
     ops)
