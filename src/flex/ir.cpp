@@ -3,6 +3,7 @@
 #include "flex/ir.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <sstream>
 #include <unordered_map>
@@ -320,7 +321,9 @@ bool ScoreMod::is_identity() const { return expr.node()->op == Op::Score; }
 namespace detail {
 
 Program compile(const Expr& e) {
+  static std::atomic<uint64_t> next_id{1};
   Program p;
+  p.id = next_id.fetch_add(1);
   std::unordered_map<const ExprNode*, int32_t> ids;
   std::unordered_map<const CapturedTensor*, int32_t> bufs;
   std::function<int32_t(const ExprNode&)> visit = [&](const ExprNode& n) -> int32_t {

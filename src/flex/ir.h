@@ -57,6 +57,7 @@ struct Program {
   bool reads_tensors = false;
   bool uses_score = false;
   bool any_grad = false;  // some buffer needs a gradient
+  uint64_t id = 0;        // unique per compile() in this process (a cache key that is never reused)
 };
 
 // Compiles `e`; the tensors it reads are copied once (contiguous) into buffers.

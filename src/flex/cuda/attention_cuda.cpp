@@ -153,6 +153,36 @@ bool read_error(const State& st, const Tensor& err) {
   return err.to(kCPU).data_ptr<int32_t>()[0] == 0;  // synchronises: only loads not proven in range pay it
 }
 
+// The kernels of (the mods' compiled programs, cfg) on a device, from a cache in front of
+// generate_source and load_kernels: those two re-generate and hash ~47 KB of source per call
+// (tens of microseconds of host time in every forward). Keyed by the programs' unique ids.
+const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
+                               int64_t bwd_smem) {
+  struct Key {
+    uint64_t score, mask;
+    int device;
+    KernelConfig cfg;
+    int64_t fwd_smem, bwd_smem;
+    bool operator==(const Key& o) const {
+      return score == o.score && mask == o.mask && device == o.device && cfg == o.cfg && fwd_smem == o.fwd_smem &&
+             bwd_smem == o.bwd_smem;
+    }
+  };
+  static std::mutex mutex;
+  static std::deque<std::pair<Key, const FlexKernels*>> cache;
+  const Key key{p.score ? p.score->id : 0, p.mask ? p.mask->id : 0, device, cfg, fwd_smem, bwd_smem};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [k, kernels] : cache)
+      if (k == key) return *kernels;
+  }
+  const FlexKernels& kernels = load_kernels(generate_source(p.score, p.mask, cfg), device, fwd_smem, bwd_smem);
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.emplace_front(key, &kernels);
+  if (cache.size() > 64) cache.pop_back();
+  return kernels;
+}
+
 }  // namespace
 
 void check_supported(const cpu::Problem& p, DType dtype) {
@@ -222,9 +252,9 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.head_dim = static_cast<int>(p.E);
   pick_kernel_config(cfg, p, device.index);
   cfg.profile = st->profile = std::getenv("KILN_FLEX_PROFILE") != nullptr;
+  cfg.index_check = st->check_indices;
   cfg.fwd_kbuf = k_buffers("KILN_FLEX_FWD_KBUF");
   cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
-  const std::string source = generate_source(p.score, p.mask, cfg);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   const int64_t fwd_kv_tiles = 1 + cfg.fwd_kbuf;  // V and 1 or 2 K buffers
@@ -235,7 +265,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   const int64_t bwd_kv_tiles = 1 + cfg.bwd_kbuf;  // dQ's V and 1 or 2 K buffers (dK/dV uses 2 tiles)
   st->bwd_smem = cfg.bwd_wgmma ? (2 * kTileM + bwd_kv_tiles * kTileN) * p.E * 2 + 2 * kTileM * 4 + 1024
                                : (2 * kTileM + bwd_kv_tiles * kTileN) * ld * 2 + 2 * kTileM * 4;
-  st->kernels = &load_kernels(source, device.index, st->fwd_smem, st->bwd_smem);
+  st->kernels = &kernels_for(p, cfg, device.index, st->fwd_smem, st->bwd_smem);
   return st;
 }
 

@@ -63,15 +63,18 @@ void emit_forward(const Program& p, const char* bp, std::ostream& os) {
     const bool is_int = in.kind == Kind::Int;
     if (in.op == Op::Load) {
       // The clamped flat index is its own local (f<k>), reused by score_grad's reverse pass.
+      // Clamped with selects; the error flag's store only under KILN_INDEX_CHECK (loads the host
+      // could not prove in range): a store between loads keeps nvcc from sharing the loads of
+      // one tile's elements (a document mask reads doc[q] once per row, not per element).
       os << "  long long f" << k << " = 0;\n  {\n    bool bad = false;\n    long long x;\n";
       const int32_t idx[3] = {in.a, in.b, in.c};
       for (int d = 0; d < in.nidx; ++d) {
         const std::string sz = std::string("P.") + bp + "size[" + std::to_string(in.buf) + "][" + std::to_string(d) + "]";
         const std::string st = std::string("P.") + bp + "stride[" + std::to_string(in.buf) + "][" + std::to_string(d) + "]";
-        os << "    x = v" << idx[d] << ";\n    if (x < 0 || x >= " << sz << ") { bad = true; x = x < 0 ? 0 : " << sz
-           << " - 1; }\n    f" << k << " += x * " << st << ";\n";
+        os << "    x = v" << idx[d] << ";\n    bad |= x < 0 || x >= " << sz << ";\n    x = x < 0 ? 0 : (x >= " << sz
+           << " ? " << sz << " - 1 : x);\n    f" << k << " += x * " << st << ";\n";
       }
-      os << "    if (bad) *P.err = 1;\n  }\n";
+      os << "#if KILN_INDEX_CHECK\n    if (bad) *P.err = 1;\n#endif\n    (void)bad;\n  }\n";
       const std::string ptr = std::string("P.") + bp + "ptr[" + std::to_string(in.buf) + "]";
       os << "  const " << ctype(in.kind) << " " << v << " = ";
       if (in.kind == Kind::Float) os << "((const float*)" << ptr << ")[f" << k << "];\n";
@@ -249,6 +252,7 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
   std::ostringstream os;
   os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
+  os << "#define KILN_INDEX_CHECK 1\n";
   os << params_struct_source();
   os << generate_mod_functions(score, mask);
   os << "extern \"C\" __global__ void flex_mod_check(const FlexParams P, float* out, double* slot) {\n"
@@ -326,6 +330,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define FWD_WGMMA " << (cfg.fwd_wgmma ? 1 : 0) << "\n";
   os << "#define BWD_WGMMA " << (cfg.bwd_wgmma ? 1 : 0) << "\n";
   if (cfg.profile) os << "#define FLEX_PROFILE 1\n";
+  os << "#define KILN_INDEX_CHECK " << (cfg.index_check ? 1 : 0) << "\n";
   if (cfg.fwd_kbuf == 2) os << "#define FWD_KBUF 2\n";
   if (cfg.bwd_kbuf == 2) os << "#define BWD_KBUF 2\n";
   os << "#define NTHREADS " << kThreads << "\n";

@@ -61,11 +61,15 @@ struct KernelConfig {
   bool bwd_wgmma = false;
   // Per-phase cycle counters in the kernels (KILN_FLEX_PROFILE; a measurement tool).
   bool profile = false;
+  // Captured-tensor loads raise the error flag when out of range (the host could not prove them
+  // in range for the problem's lengths); they are clamped either way.
+  bool index_check = true;
   // K buffers of the forward: 2 loads the next K tile a whole step ahead (KILN_FLEX_FWD_KBUF=2).
   int fwd_kbuf = 1;
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
+  bool operator==(const KernelConfig&) const = default;
 };
 
 // score: null for the identity; mask: null for no mask_mod. Throws kiln::Error naming
