@@ -8,7 +8,7 @@
 #          with each wgmma forward tile in WG_TILES, and with each VAR=VALUE of ENV_ROWS), then
 #          each row's forward phase profile;
 #   ops:   the CUDA test_ops tests and the memory-bound table;
-#   train: train_bench.py (kiln, eager, torch.compile; TRAIN_FRAMEWORKS, TRAIN_TIMEOUT, and
+#   train: train_bench.py (kiln, eager, torch.compile; TRAIN_FRAMEWORKS, TRAIN_TIMEOUT, TRAIN_FW_TIMEOUT (each framework's, 70 s), and
 #          TRAIN_ARGS for kiln train, e.g. TRAIN_ARGS="--mask-block 64").
 set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}
@@ -72,7 +72,7 @@ for part in ${PARTS:-probe tests rows}; do
     train)
       echo "== train 125M"
       timeout ${TRAIN_TIMEOUT:-220} python3 scripts/device/train_bench.py --kiln build-gpu/kiln --frameworks ${TRAIN_FRAMEWORKS:-kiln,eager,compile} \
-        --steps 6 --warmup 2 --timeout 70 --out "$OUT/train_bench.json" ${TRAIN_ARGS:+--kiln-args="$TRAIN_ARGS"} > "$OUT/train.txt" 2>&1
+        --steps 6 --warmup 2 --timeout ${TRAIN_FW_TIMEOUT:-70} --out "$OUT/train_bench.json" ${TRAIN_ARGS:+--kiln-args="$TRAIN_ARGS"} > "$OUT/train.txt" 2>&1
       sed -n '/^framework/,$p' "$OUT/train.txt" | head -40 ;;
   esac
 done
