@@ -153,34 +153,18 @@ bool read_error(const State& st, const Tensor& err) {
   return err.to(kCPU).data_ptr<int32_t>()[0] == 0;  // synchronises: only loads not proven in range pay it
 }
 
-// The kernels of (the mods' compiled programs, cfg) on a device, from a cache in front of
-// generate_source and load_kernels: those two re-generate and hash ~47 KB of source per call
-// (tens of microseconds of host time in every forward). Keyed by the programs' unique ids.
+// The kernels of (the mods' compiled programs, cfg) on a device. generate_source and
+// load_kernels' hash of its ~47 KB cost tens of microseconds of host time per call, so the
+// lookup goes by an id of what determines the source: the programs' unique ids and cfg.
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
-  struct Key {
-    uint64_t score, mask;
-    int device;
-    KernelConfig cfg;
-    int64_t fwd_smem, bwd_smem;
-    bool operator==(const Key& o) const {
-      return score == o.score && mask == o.mask && device == o.device && cfg == o.cfg && fwd_smem == o.fwd_smem &&
-             bwd_smem == o.bwd_smem;
-    }
-  };
-  static std::mutex mutex;
-  static std::deque<std::pair<Key, const FlexKernels*>> cache;
-  const Key key{p.score ? p.score->id : 0, p.mask ? p.mask->id : 0, device, cfg, fwd_smem, bwd_smem};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    for (const auto& [k, kernels] : cache)
-      if (k == key) return *kernels;
-  }
-  const FlexKernels& kernels = load_kernels(generate_source(p.score, p.mask, cfg), device, fwd_smem, bwd_smem);
-  std::lock_guard<std::mutex> lock(mutex);
-  cache.emplace_front(key, &kernels);
-  if (cache.size() > 64) cache.pop_back();
-  return kernels;
+  char id[256];
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d",
+                static_cast<unsigned long long>(p.score ? p.score->id : 0),
+                static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
+                cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
+                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf);
+  return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
 }  // namespace

@@ -47,6 +47,8 @@ struct FlexParams {
   int64_t msize[kMaxBuffers][3], mstride[kMaxBuffers][3];
 };
 
+// What a generated source depends on besides the mods (a field added here joins the kernel
+// cache's id in attention_cuda.cpp's kernels_for).
 struct KernelConfig {
   bool bf16 = true;  // false: fp16
   int head_dim = 128;
@@ -69,7 +71,6 @@ struct KernelConfig {
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
-  bool operator==(const KernelConfig&) const = default;
 };
 
 // score: null for the identity; mask: null for no mask_mod. Throws kiln::Error naming

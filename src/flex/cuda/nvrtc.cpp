@@ -223,8 +223,15 @@ CacheStats cache_stats() {
   return s;
 }
 
+// load_kernels_by_id's map: caller id -> kernels (owned by modules(), or leaked by clear_kernel_cache).
+std::map<std::string, const FlexKernels*>& kernels_by_id() {
+  static std::map<std::string, const FlexKernels*> m;
+  return m;
+}
+
 void clear_kernel_cache() {
   std::lock_guard<std::mutex> lock(g_mutex);
+  kernels_by_id().clear();
   // Modules are deliberately leaked (not unloaded): a kernel may still be queued on a stream.
   for (auto& [key, loaded] : modules()) static_cast<void>(loaded.release());
   modules().clear();
@@ -273,6 +280,24 @@ const FlexKernels& load_kernels(const std::string& source, int device, int64_t f
   const FlexKernels& out = loaded->k;
   modules().emplace(key, std::move(loaded));
   return out;
+}
+
+const FlexKernels& load_kernels_by_id(const std::string& id, const std::function<std::string()>& source, int device,
+                                      int64_t fwd_smem, int64_t bwd_smem) {
+  const std::string key = id + "/" + std::to_string(device) + "/" + std::to_string(fwd_smem) + "/" +
+                          std::to_string(bwd_smem);
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = kernels_by_id().find(key);
+    if (it != kernels_by_id().end()) {
+      ++g_memory_hits;
+      return *it->second;
+    }
+  }
+  const FlexKernels& k = load_kernels(source(), device, fwd_smem, bwd_smem);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  kernels_by_id().emplace(key, &k);
+  return k;
 }
 
 void launch(void* function, int64_t grid, int block, int64_t smem, void* stream, void* params) {

@@ -6,6 +6,7 @@
 // via cudaGetDriverEntryPointByVersion (no link-time libcuda dependency: the library still loads
 // on machines without a driver). No CUDA headers here.
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace kiln::flex::cuda {
@@ -41,6 +42,11 @@ struct FlexKernels {
   void* capgrad_reduce = nullptr;
 };
 const FlexKernels& load_kernels(const std::string& source, int device, int64_t fwd_smem, int64_t bwd_smem);
+// load_kernels behind a cache keyed by `id`, a string the caller derives from whatever determines
+// the source (cheaper than generating and hashing it): source() runs only on a miss. Hits count as
+// memory hits; clear_kernel_cache forgets these too.
+const FlexKernels& load_kernels_by_id(const std::string& id, const std::function<std::string()>& source, int device,
+                                      int64_t fwd_smem, int64_t bwd_smem);
 
 // cuLaunchKernel with one argument (the parameter block) on `stream` (a cudaStream_t).
 void launch(void* function, int64_t grid, int block, int64_t smem, void* stream, void* params);
