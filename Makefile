@@ -36,7 +36,9 @@ test-fuzz: setup
 test: test-cpp test-python test-fuzz
 
 # The main job: a small GPT trained on the CPU on the Python standard library (kiln train --help).
-train: build
+# Builds only the `kiln` command (not the tests and benchmarks) before it runs.
+train: configure
+	cmake --build $(BUILD) -j $(JOBS) --target kiln_cli
 	$(BUILD)/kiln train
 
 bench: build
