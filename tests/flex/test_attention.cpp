@@ -105,6 +105,34 @@ TEST(FlexAttention, ScoreModsMatchReference) {
   }
 }
 
+// Compiled mods are cached by expression while their captured tensors keep their versions: an
+// in-place update of a captured bias (an optimizer step) must reach the next call.
+TEST(FlexAttention, InPlaceChangeOfCapturedTensorIsSeen) {
+  const Case c;
+  Tensor bias = randn({c.Hq, c.L + c.S}, kFloat64);
+  const int64_t off = c.S;
+  const ScoreMod mod = relative_position_bias(bias, off);
+  const MaskMod causal = causal_mask();
+  const MaskFn cf = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv; };
+  auto expect_matches_bias = [&] {
+    const std::vector<double> bv = bias.to_vector();
+    check(c, kFloat64, &causal, cf, mod, [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) {
+      return s + bv[h * (c.L + c.S) + q - kv + off];
+    });
+  };
+  expect_matches_bias();
+  {
+    NoGradGuard ng;
+    add_(bias, randn(bias.sizes(), kFloat64));
+  }
+  expect_matches_bias();
+  {
+    NoGradGuard ng;
+    bias.copy_(randn(bias.sizes(), kFloat64));
+  }
+  expect_matches_bias();
+}
+
 TEST(FlexAttention, RandomCompositionsGqaRaggedLengths) {
   std::mt19937 rng(3);
   for (int trial = 0; trial < 6; ++trial) {
