@@ -303,6 +303,26 @@ TEST(FlexAttentionCuda, ScoreModsAndLearnedBiasGradient) {
              {bias});
 }
 
+// The compiled-mod and kernel caches key on captured tensors' versions: an in-place update of a
+// captured bias (an optimizer step) reaches the next call's device copy and kernels.
+TEST(FlexAttentionCuda, InPlaceChangeOfCapturedTensorIsSeen) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(23);
+  GpuCase c;
+  Tensor bias = randn({c.Hq, c.L + c.S}, kFloat64) * 0.5;
+  const int64_t off = c.S;
+  const ScoreMod mod = relative_position_bias(bias, off);
+  const MaskMod causal = causal_mask();
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<double> bv = bias.to_vector();
+    check_cuda(c, kBFloat16, &causal, kCausal, mod,
+               [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * (c.L + c.S) + q - kv + off]; });
+    NoGradGuard ng;
+    add_(bias, randn(bias.sizes(), kFloat64));
+  }
+}
+
 // On sm_90 the kernels default to wgmma; the mma.sync kernels (every other GPU) forced here, and
 // the other way round elsewhere (wgmma is only taken on sm_90, so there the default runs twice).
 TEST(FlexAttentionCuda, MmaSyncKernelsMatchReference) {
