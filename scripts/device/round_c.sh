@@ -8,6 +8,8 @@
 #          with each wgmma forward tile in WG_TILES, and with each VAR=VALUE of ENV_ROWS), then
 #          each row's forward phase profile;
 #   ops:   the CUDA test_ops tests and the memory-bound table;
+#   compare: python/bench/compare_torch.py beside torch (CMP_ONLY, CMP_ARGS, CMP_TIMEOUT; KILN_PY is
+#          the kiln package's folder, round_d.sh's prebuilt one or build-gpu/python);
 #   train: train_bench.py (kiln, eager, torch.compile; TRAIN_FRAMEWORKS, TRAIN_TIMEOUT, TRAIN_FW_TIMEOUT (each framework's, 70 s), and
 #          TRAIN_ARGS for kiln train, e.g. TRAIN_ARGS="--mask-block 64").
 set -uo pipefail
@@ -69,6 +71,11 @@ for part in ${PARTS:-probe tests rows}; do
       grep -E "^\[  (PASSED|FAILED)|Failure" "$OUT/test_ops_cuda.log" | head -20
       timeout 150 build-gpu/bench/bench_memory_bound cuda > "$OUT/bench_memory_bound.jsonl" 2> "$OUT/bench_memory_bound.err"
       sed -n '/^$/,$p' "$OUT/bench_memory_bound.jsonl" | grep -E "softmax|copy" | head -10 ;;
+    compare)  # torch side by side (compare_torch.py; CMP_ONLY flex|lce, CMP_ARGS e.g. "--rows 0,3,4")
+      echo "== compare_torch --only ${CMP_ONLY:-flex} ${CMP_ARGS:-}"
+      PYTHONPATH=${KILN_PY:-build-gpu/python} timeout ${CMP_TIMEOUT:-300} python3 python/bench/compare_torch.py \
+        --only ${CMP_ONLY:-flex} ${CMP_ARGS:-} --out "$OUT/compare_${CMP_ONLY:-flex}.json" > "$OUT/compare_${CMP_ONLY:-flex}.txt" 2>&1
+      grep -v Warning "$OUT/compare_${CMP_ONLY:-flex}.txt" | grep -v "torch_cbm\|tbm = " | tail -45 ;;
     train)
       echo "== train 125M"
       timeout ${TRAIN_TIMEOUT:-220} python3 scripts/device/train_bench.py --kiln build-gpu/kiln --frameworks ${TRAIN_FRAMEWORKS:-kiln,eager,compile} \
