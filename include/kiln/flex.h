@@ -92,7 +92,9 @@ class Captured {
  private:
   std::shared_ptr<CapturedTensor> data_;
 };
-// Captures `t` (CPU, 1-D to 3-D) by reference: gradients flow back to it.
+// Captures `t` (CPU, 1-D to 3-D) by reference: gradients flow back to it. flex_attention reads
+// its values again when its version() moved (every in-place kiln op bumps it); memory written
+// behind kiln's back (through data_ptr, a from_blob source) needs t.bump_version() first.
 Captured capture(const Tensor& t);
 
 Expr operator+(const Expr& a, const Expr& b);

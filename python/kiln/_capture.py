@@ -117,6 +117,7 @@ def refresh_mirror(mirror, obj):
     import torch
 
     torch.from_dlpack(mirror.detach()).copy_(obj.detach())
+    mirror._bump_version()  # a write kiln did not make: its caches keyed on the version refresh
 
 
 def torch_source(kiln_tensor):

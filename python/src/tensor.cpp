@@ -66,6 +66,10 @@ void bind_tensor(nb::module_& m) {
       .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); },
            "address of the first element")
       .def("is_floating_point", [](const Tensor& t) { return is_floating_point(t.dtype()); })
+      .def_prop_ro("_version", &Tensor::version, "bumped by every in-place write kiln makes to the storage")
+      .def("_bump_version", &Tensor::bump_version,
+           "marks the storage written by someone else (memory shared with torch or NumPy), so kiln's "
+           "caches keyed on the version (compiled flex mods, device copies) refresh")
       .def("__repr__", &Tensor::str)
       .def("__hash__", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.impl()); })
       .def("item", &item, "the value of a one-element tensor as a Python number (synchronises)")

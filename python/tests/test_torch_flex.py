@@ -389,3 +389,33 @@ def test_mirrored_capture_follows_its_source_and_returns_its_grad():
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     for g, r in zip(grads_of(out, (q, k, v, bias)), grads_of(ref, (q, k, v, bias))):
         torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
+
+
+def test_in_place_updates_of_captured_torch_tensors_reach_the_next_call():
+    # kiln caches compiled mods while their captured tensors keep their versions; torch's in-place
+    # writes to memory kiln views (a CPU Parameter) or mirrors bypass kiln's version counter, so
+    # the adapter marks them changed on every call. Two calls with an optimizer-like step between.
+    from kiln.nn.attention.flex_attention import ScoreMod
+
+    bias = torch.nn.Parameter(torch.randn(H, 2 * L - 1, dtype=torch.float64) * 0.5)
+    mod = ScoreMod(lambda s, b, h, qi, kv: s + bias[h, qi - kv + L - 1])
+    bm = create_block_mask(causal_mask(), None, None, L, L, BLOCK_SIZE=16)
+    q, k, v = make((1, H, L, E)), make((1, H, L, E)), make((1, H, L, E))
+    for step in range(3):
+        out = kt.flex_attention(q, k, v, score_mod=mod, block_mask=bm)
+        ref, _ = torch_reference(q, k, v, lambda s, b, h, qi, kv: s + bias[h, qi - kv + L - 1],
+                                 lambda b, h, qi, kv: qi >= kv)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10, msg=f"step {step}")
+        with torch.no_grad():
+            bias.add_(torch.randn_like(bias))
+    # The same through kiln's own API with kiln tensors (the capture still views torch memory).
+    from kiln.nn.attention.flex_attention import flex_attention as kiln_flex
+
+    qk, kk, vk = (kiln.from_dlpack(t.detach()) for t in (q, k, v))
+    for step in range(2):
+        out = torch.from_dlpack(kiln_flex(qk, kk, vk, score_mod=mod, block_mask=bm))
+        ref, _ = torch_reference(q, k, v, lambda s, b, h, qi, kv: s + bias[h, qi - kv + L - 1],
+                                 lambda b, h, qi, kv: qi >= kv)
+        torch.testing.assert_close(out, ref.detach(), rtol=1e-10, atol=1e-10, msg=f"kiln API, step {step}")
+        with torch.no_grad():
+            bias.add_(torch.randn_like(bias))

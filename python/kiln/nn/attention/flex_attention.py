@@ -54,4 +54,23 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     """query [B, Hq, L, E], key [B, Hkv, S, E], value [B, Hkv, S, Ev] -> out [B, Hq, L, Ev]
     (and lse [B, Hq, L], fp32, with return_lse=True). Differentiable in q, k, v and captured float
     tensors of score_mod."""
+    if score_mod is not None:
+        _mark_shared_captures(score_mod)
     return _C.flex_attention(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse)
+
+
+def _mark_shared_captures(score_mod):
+    """Captured tensors that view torch memory may have been written by torch since the last call,
+    unseen by kiln's version counter (which keys its compiled-mod cache): mark them written (a
+    mirror of a CUDA tensor is refreshed from it, as kiln.torch.flex_attention does)."""
+    from ... import _capture
+
+    expr = getattr(score_mod, "expr", None)
+    for kt in (expr.captured_tensors if expr is not None else ()):
+        src = _capture.torch_source(kt)
+        if src is None:
+            continue
+        if kt.data_ptr() != src.data_ptr():
+            _capture.refresh_mirror(kt, src)
+        else:
+            kt._bump_version()
