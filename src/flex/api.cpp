@@ -88,7 +88,7 @@ std::shared_ptr<detail::Program> compiled(const Expr& e) {
   auto prog = std::make_shared<detail::Program>(detail::compile(e));
   for (const detail::Buffer& b : prog->buffers) b.build_pyramid();
   cache.push_front(Entry{e, versions(*prog), prog});
-  if (cache.size() > 32) cache.pop_back();
+  if (cache.size() > 8) cache.pop_back();  // entries keep their captured tensors alive: a few suffice
   return prog;
 }
 
