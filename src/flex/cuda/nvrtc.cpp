@@ -296,6 +296,9 @@ const FlexKernels& load_kernels_by_id(const std::string& id, const std::function
   }
   const FlexKernels& k = load_kernels(source(), device, fwd_smem, bwd_smem);
   std::lock_guard<std::mutex> lock(g_mutex);
+  // Ids are new with every compiled mod (a training step's fresh document mask): keep the map
+  // bounded; a forgotten id costs one generate_source and a module-cache hit.
+  if (kernels_by_id().size() >= 4096) kernels_by_id().clear();
   kernels_by_id().emplace(key, &k);
   return k;
 }
