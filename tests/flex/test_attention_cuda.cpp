@@ -352,15 +352,23 @@ TEST(FlexAttentionCuda, ForwardProfileKeepsResults) {
 
 // KILN_FLEX_FWD_KBUF=2 and KILN_FLEX_BWD_KBUF=2 (the next K tile a step earlier, in a second
 // buffer, in the forward and the dQ kernel), with both products.
+// The second-buffer measurement switches (K in the forward and dQ kernels, Q / dO in dK/dV),
+// learned-bias gradients included (the dK/dV walk differs with two Q / dO buffers).
 TEST(FlexAttentionCuda, TwoKBuffersMatchReference) {
   KILN_REQUIRE_CUDA();
   manual_seed(20);
-  const ScopedEnv kbuf("KILN_FLEX_FWD_KBUF", "2"), bkbuf("KILN_FLEX_BWD_KBUF", "2");
+  const ScopedEnv kbuf("KILN_FLEX_FWD_KBUF", "2"), bkbuf("KILN_FLEX_BWD_KBUF", "2"), qbuf("KILN_FLEX_BWD_QBUF", "2");
   GpuCase c;
   const MaskMod causal = causal_mask(), window = sliding_window_mask(100);
   check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
   check_cuda(c, kBFloat16, &window, [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 100; },
              ScoreMod(), nullptr);
+  const Tensor bias = (randn({c.Hq, c.L + c.S}, kFloat64) * 0.5).detach().requires_grad_();
+  const std::vector<double> bv = bias.to_vector();
+  const int64_t off = c.S;
+  check_cuda(c, kBFloat16, &causal, kCausal, relative_position_bias(bias, off),
+             [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * (c.L + c.S) + q - kv + off]; },
+             {bias});
   const ScopedEnv mma("KILN_FLEX_FWD_MMA", "mma"), bmma("KILN_FLEX_BWD_MMA", "mma");
   check_cuda(c, kFloat16, &causal, kCausal, ScoreMod(), nullptr);
 }

@@ -82,7 +82,7 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   cfg.fwd_mt = mt;
 }
 
-// KILN_FLEX_<FWD|BWD>_KBUF (for measurements): 1 (default) or 2 K buffers.
+// KILN_FLEX_<FWD|BWD>_KBUF / KILN_FLEX_BWD_QBUF (for measurements): 1 (default) or 2 buffers.
 int k_buffers(const char* var) {
   const char* v = env_switch(var, "1", "2");
   return v ? v[0] - '0' : 1;
@@ -159,11 +159,11 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
-                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf);
+                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -239,6 +239,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.index_check = st->check_indices;
   cfg.fwd_kbuf = k_buffers("KILN_FLEX_FWD_KBUF");
   cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
+  cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   const int64_t fwd_kv_tiles = 1 + cfg.fwd_kbuf;  // V and 1 or 2 K buffers
@@ -246,9 +247,11 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
                                : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;
   st->fwd_threads = cfg.fwd_threads();
   st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
-  const int64_t bwd_kv_tiles = 1 + cfg.bwd_kbuf;  // dQ's V and 1 or 2 K buffers (dK/dV uses 2 tiles)
-  st->bwd_smem = cfg.bwd_wgmma ? (2 * kTileM + bwd_kv_tiles * kTileN) * p.E * 2 + 2 * kTileM * 4 + 1024
-                               : (2 * kTileM + bwd_kv_tiles * kTileN) * ld * 2 + 2 * kTileM * 4;
+  // Both backward kernels get the larger of their layouts: dQ's Q, dO, V and 1 or 2 K buffers;
+  // dK/dV's K, V and 1 or 2 sets of Q, dO and lse2 / delta rows.
+  const int64_t bwd_tiles = std::max<int64_t>(3 + cfg.bwd_kbuf, 2 + 2 * cfg.bwd_qbuf);
+  const int64_t rows_bytes = 2 * kTileM * 4 * cfg.bwd_qbuf;
+  st->bwd_smem = cfg.bwd_wgmma ? bwd_tiles * kTileM * p.E * 2 + rows_bytes + 1024 : bwd_tiles * kTileM * ld * 2 + rows_bytes;
   st->kernels = &kernels_for(p, cfg, device.index, st->fwd_smem, st->bwd_smem);
   return st;
 }

@@ -70,6 +70,9 @@ struct KernelConfig {
   int fwd_kbuf = 1;
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;
+  // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
+  // (KILN_FLEX_BWD_QBUF=2).
+  int bwd_qbuf = 1;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 

@@ -10,6 +10,9 @@ const char* backward_kernels_source() {
 #ifndef BWD_KBUF
 #define BWD_KBUF 1  // K tiles of the dQ kernel: 2 loads the next K with the next V, a step earlier
 #endif
+#ifndef BWD_QBUF
+#define BWD_QBUF 1  // Q / dO tiles of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
+#endif
 // The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
 // tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
 #if BWD_WGMMA
@@ -238,15 +241,33 @@ __device__ __forceinline__ void load_rows(float* lse2_s, const FlexParams& P, i6
   }
 }
 
+#if HAS_CAP_GRAD
+// Captured-tensor gradients of one transposed tile: the lanes take turns adding into the warp's
+// slot (a fixed order, no atomics); each lane walks its elements in a fixed order.
+__device__ __forceinline__ void add_cap_grads(const FlexParams& P, const float (*raw)[4], const float (*dpost)[4], i64 b,
+                                              i64 h, i64 r0, const i64* cols, int lane, int t, double* slot) {
+  for (int turn = 0; turn < 32; ++turn) {
+    if (lane == turn) {
+      for (int n = 0; n < TILE_M / 8; ++n)
+        for (int e = 0; e < 4; ++e) {
+          const i64 qi = r0 + n * 8 + 2 * t + (e & 1), kv = cols[e >> 1];
+          if (qi < P.L && kv < P.S) score_grad(raw[n][e] * (float)P.scale, b, h, qi, kv, dpost[n][e], P, slot);
+        }
+    }
+    __syncwarp();
+  }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Ks = BWD_SMEM_BASE(smem);
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
   u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
-  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
-  float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M));
-  float* delta_s = lse2_s + TILE_M;
+  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M) * BWD_QBUF;
+  float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M) * BWD_QBUF);  // BWD_QBUF 2: Qs, Qs2, dOs, dOs2
+  float* delta_s = lse2_s + TILE_M;  // each rows buffer: lse2 then delta (load_rows), 2 TILE_M floats
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Units [u_begin, u_end) in order: one unit per CTA, or a fixed slot of units with captured grads.
   const i64 u_begin = (i64)blockIdx.x * P.units / gridDim.x, u_end = ((i64)blockIdx.x + 1) * P.units / gridDim.x;
@@ -267,6 +288,65 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
       dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
     }
+#if BWD_QBUF == 2
+    // Two buffers of Q, dO, lse2 and delta: the next q tile's loads are issued at the top of a
+    // tile, right after the one barrier that frees the other buffer, and land during the whole
+    // tile's work (one barrier a tile instead of four).
+    {
+      GroupWalk walk(P, b, hk, jblk);
+      i64 gi, r0;
+      bool partial;
+      bool more = walk.next(gi, r0, partial);
+      int cur = 0;
+      auto load_q_tile = [&](int buf, i64 g, i64 row0) {
+        const i64 bh = b * P.Hq + hk * P.G + g;
+        BWD_LOAD_TILE(Qs + buf * BWD_TILE_ELEMS(TILE_M), (const u16*)P.q + bh * P.L * HEAD_DIM, row0, P.L, TILE_M);
+        BWD_LOAD_TILE(dOs + buf * BWD_TILE_ELEMS(TILE_M), (const u16*)P.dout + bh * P.L * HEAD_DIM, row0, P.L, TILE_M);
+        load_rows(lse2_s + buf * 2 * TILE_M, P, bh, row0);
+      };
+      if (more) load_q_tile(0, gi, r0);
+      cp_async_commit();
+      PROF_MARK(0);
+      while (more) {
+        const i64 h = hk * P.G + gi;
+        cp_async_wait<0>();  // this tile's Q, dO, lse2, delta (and K/V on the first) landed
+        SMEM_PROXY_FENCE();
+        __syncthreads();     // ... for every thread, and the previous tile is done with the other buffer
+        PROF_MARK(1);
+        i64 gi_n, r0_n;
+        bool p_n;
+        const bool more_n = walk.next(gi_n, r0_n, p_n);
+        if (more_n) load_q_tile(cur ^ 1, gi_n, r0_n);
+        cp_async_commit();
+        const u16* Qc = Qs + cur * BWD_TILE_ELEMS(TILE_M);
+        const u16* dOc = dOs + cur * BWD_TILE_ELEMS(TILE_M);
+        const float* lse2_c = lse2_s + cur * 2 * TILE_M;
+        float s[TILE_M / 8][4], dp[TILE_M / 8][4];
+        BWD_ABT(s, Ks, Qc, LDSM_B_KV);
+        PROF_MARK(2);
+        BWD_ABT(dp, Vs, dOc, LDSM_B_KV);
+        PROF_MARK(4);
+        float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
+        if (!partial && r0 + TILE_M <= P.L && kv_in)
+          dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_c, lse2_c + TILE_M);
+        else
+          dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_c, lse2_c + TILE_M);
+#if HAS_CAP_GRAD
+        add_cap_grads(P, raw, dpost, b, h, r0, cols, lane, t, slot);
+#endif
+        PROF_MARK(5);
+        BWD_PB(dk, dp, Qc, LDSM_B_KV);  // dK += dS^T Q
+        PROF_MARK(6);
+        BWD_PB(dv, s, dOc, LDSM_B_KV);  // dV += P^T dO
+        PROF_MARK(7);
+        gi = gi_n;
+        r0 = r0_n;
+        partial = p_n;
+        more = more_n;
+        cur ^= 1;
+      }
+    }
+#else
     // Pipeline per q tile (groups in flight at the top: Q(r0), dO(r0)): S = K Q^T while dO lands;
     // Q(next) loads during dV += P^T dO, dO(next) during the next S.
     GroupWalk walk(P, b, hk, jblk);
@@ -304,18 +384,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       else
         dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s);
 #if HAS_CAP_GRAD
-      // Captured-tensor gradients: the lanes take turns adding into the warp's slot (a fixed
-      // order, no atomics); each lane walks its elements in a fixed order.
-      for (int turn = 0; turn < 32; ++turn) {
-        if (lane == turn) {
-          for (int n = 0; n < TILE_M / 8; ++n)
-            for (int e = 0; e < 4; ++e) {
-              const i64 qi = r0 + n * 8 + 2 * t + (e & 1), kv = cols[e >> 1];
-              if (qi < P.L && kv < P.S) score_grad(raw[n][e] * (float)P.scale, b, h, qi, kv, dpost[n][e], P, slot);
-            }
-        }
-        __syncwarp();
-      }
+      add_cap_grads(P, raw, dpost, b, h, r0, cols, lane, t, slot);
 #endif
       PROF_MARK(5);
       BWD_PB(dk, dp, Qs, LDSM_B_KV);  // dK += dS^T Q
@@ -337,6 +406,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       r0 = r0_n;
       partial = p_n;
     }
+#endif
     cp_async_wait<0>();  // K and V of a tile without q tiles must land before the next unit reuses Ks / Vs
     const float sc = (float)P.scale;
 #pragma unroll
