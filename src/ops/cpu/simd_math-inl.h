@@ -82,12 +82,12 @@ HWY_INLINE V RecipFast(D d, V a) {
 // Budget: polynomials and rationals <= 1.3e-4 relative (or absolute in an exponent), the bare
 // reciprocal estimate (RecipBf), exp reductions without the low part of ln2.
 
-// num / den to ~0.5-1 ulp: the reciprocal's quotient plus one correction by its exact residual.
+// num / den, correctly rounded. x86's vdivps (Zen 2: one per ~3.5 cycles for 8 floats, off the
+// FMA pipes) replaced a reciprocal estimate with a Newton step and a corrected quotient (six ops
+// on the FMA pipes in one 31-cycle chain): the f32 tanh, silu and gelu-tanh rows ran 7-12% faster.
 template <class D, class V>
-HWY_INLINE V DivFast(D d, V num, V den) {
-  const V y = RecipFast(d, den);
-  const V q = hn::Mul(num, y);
-  return hn::MulAdd(hn::NegMulAdd(q, den, num), y, q);
+HWY_INLINE V DivFast(D, V num, V den) {
+  return hn::Div(num, den);
 }
 
 // 1/a for the bf16 budget: the hardware estimate alone, 1.5 * 2^-12 relative at worst (Intel's
