@@ -172,6 +172,13 @@ uint16_t nearest_bf16(double r) {
   return best;
 }
 
+// bf16 ops whose rows look up a table of correctly rounded results (elementwise_simd.cpp).
+bool is_bf16_table_op(const std::string& name) {
+  for (const char* t : {"gelu", "silu", "gelu_tanh", "log", "tanh", "sigmoid", "erf"})
+    if (name == t) return true;
+  return false;
+}
+
 // Every bf16 input: the result is the correctly rounded bf16 of the float64 reference or one
 // bf16 step from it; special inputs (+-0, +-inf, NaN) and NaN results are exact (zero's sign
 // included). The count of results off the nearest is printed.
@@ -200,19 +207,19 @@ TEST(ElementwiseAccuracy, BFloat16AllValues) {
     EXPECT_EQ(beyond_one, 0) << "e.g. at x=" << worst_at;
     EXPECT_EQ(special_bad, 0) << "special input or NaN result wrong, e.g. at x=" << worst_at;
     EXPECT_LE(off_nearest, 65536 / 100);
-    if (c.name == "gelu" || c.name == "silu" || c.name == "gelu_tanh" || c.name == "log") {
+    if (is_bf16_table_op(c.name)) {
       EXPECT_EQ(off_nearest, 0);  // a table of correctly rounded results
     }
   }
 }
 
-// The bf16 table rows (gelu, silu, gelu-tanh, log) on many lengths and offsets and in place, and
+// The bf16 table rows (gelu, silu, gelu-tanh, log, tanh, sigmoid, erf) on many lengths and offsets and in place, and
 // gelu's f32 rows: each bf16 result is the correctly rounded one.
 TEST(ElementwiseAccuracy, GeluBFloat16TableRows) {
   const Tensor x = mul(randn({1031}, TensorOptions(kFloat32)), 2.5).to(kBFloat16);
   const std::vector<double> xv = x.to_vector();
   for (const Case& c : cases()) {
-    if (c.name != "gelu" && c.name != "silu" && c.name != "gelu_tanh" && c.name != "log") continue;
+    if (!is_bf16_table_op(c.name)) continue;
     SCOPED_TRACE(c.name);
     for (int64_t off : {0, 1, 2, 3}) {
       for (int64_t len : {1, 2, 3, 4, 5, 7, 8, 9, 1000}) {

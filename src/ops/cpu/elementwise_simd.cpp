@@ -7,9 +7,9 @@
 // range check (on the raw bits for bf16), so four independent chains interleave; a block that
 // fails the check runs the general path, which gives in-range lanes the same fast formula, so a
 // value's result never depends on its neighbours; f32 gelu (kWide) takes four blocks per check.
-// bf16 gelu, silu, gelu-tanh and log are table lookups (table_bf16_rows); bf16 gelu and silu
-// backward and pow look up fp32 tables (f'(x), log2(x)) and finish in vectors; f32 pow looks up ln x in a table keyed by x's top 16
-// bits (PowF32Rows). Tails run the same vector code on a padded stack copy. The transcendental functions are in simd_math-inl.h.
+// bf16 gelu, silu, gelu-tanh, log, tanh, sigmoid and erf are table lookups (table_bf16_rows);
+// bf16 gelu and silu backward and pow look up fp32 tables (f'(x), log2(x)) and finish in
+// vectors; f32 pow looks up ln x in a table keyed by x's top 16 bits (PowF32Rows). Tails run the same vector code on a padded stack copy. The transcendental functions are in simd_math-inl.h.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -774,10 +774,10 @@ HWY_AFTER_NAMESPACE();
 
 namespace kiln::cpu::simd {
 namespace {
-// bf16 unary ops by table (gelu, silu, gelu-tanh, log): a bf16 input has 65536 bit patterns, so
-// the correctly rounded bf16 of the float64 function of each, built once on first use (~2 ms),
-// replaces the fp32 formula, which needs 12-22 vector ops per 8 values and runs latency-bound
-// (0.59-0.68 of memcpy on Zen 2 at 31-35 GB/s copy). The lookups are scalar loads inserted
+// bf16 unary ops by table (gelu, silu, gelu-tanh, log, tanh, sigmoid, erf): a bf16 input has
+// 65536 bit patterns, so the correctly rounded bf16 of the float64 function of each, built once
+// on first use (~2 ms), replaces the fp32 formula, which needs 12-22 vector ops per 8 values
+// and runs latency-bound (0.59-0.68 of memcpy on Zen 2 at 31-35 GB/s copy). The lookups are scalar loads inserted
 // into 128-bit vectors (AVX2 gathers measured 40% slower on Zen 2); 128 KiB, but activations
 // touch a few thousand patterns, which stay in L1. Results are exact and depend on nothing but
 // the input bits.
@@ -795,6 +795,9 @@ double gelu_tanh_d(double x) {  // x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x
   return x / (1.0 + std::exp(-1.5957691216057308 * (x + 0.044715 * x * x * x)));
 }
 double log_d(double x) { return std::log(x); }
+double tanh_d(double x) { return std::tanh(x); }
+double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double erf_d(double x) { return std::erf(x); }
 struct ResultBf16Table {
   std::vector<uint16_t> lo = std::vector<uint16_t>(65536);
 #if !defined(__SSE2__)
@@ -886,6 +889,18 @@ const ResultBf16Table* result_bf16_table(UnaryOp op) {
     }
     case UnaryOp::Log: {
       static const ResultBf16Table t(log_d, op);
+      return &t;
+    }
+    case UnaryOp::Tanh: {
+      static const ResultBf16Table t(tanh_d, op);
+      return &t;
+    }
+    case UnaryOp::Sigmoid: {
+      static const ResultBf16Table t(sigmoid_d, op);
+      return &t;
+    }
+    case UnaryOp::Erf: {
+      static const ResultBf16Table t(erf_d, op);
       return &t;
     }
     default:
