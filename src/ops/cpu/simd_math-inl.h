@@ -413,10 +413,9 @@ HWY_INLINE V GeluLogitNeg2(D d, V x, V u) {
 // probability 4e-3; beyond 3, 16%): Phi(-|x|) = exp(w + G(a)), a = |x|, w = -a^2/2, G a
 // polynomial of degree 9 in a (error 6.7e-8, 3.7e-7 evaluated in float32). w comes from the exact
 // a (0.5 ulp of w, at most 4.8e-7); e^(w + G) is reduced by n ln2 against w alone (exact,
-// Cody-Waite) and then G added, without ln2's low part (n >= -15: 2.9e-8), e^r of degree 5
-// (9.4e-8; degree 6 measured 4% slower). Measured 6e-7 at most. Horner everywhere: the row runs
-// eight of these chains, and Horner's fewer ops and live registers measured 10% faster than
-// Estrin's shorter chains (again within 2% in this session's single-thread runs).
+// Cody-Waite) and then G added, without ln2's low part (n >= -15: 2.9e-8). Measured 5.4e-7 at
+// most. Horner everywhere: the row runs eight of these chains, and Horner's fewer ops and live
+// registers measured 10% faster than Estrin's shorter chains.
 constexpr float kGeluF32FastMax = 4.0f;
 template <class D, class V>
 HWY_INLINE V GeluF32Fast(D d, V x) {
@@ -430,11 +429,10 @@ HWY_INLINE V GeluF32Fast(D d, V x) {
   const V t = hn::MulAdd(hn::Add(w, g), hn::Set(d, kLog2e), hn::Set(d, kRoundMagic));
   const V n = hn::Sub(t, hn::Set(d, kRoundMagic));
   const V r = hn::Add(hn::NegMulAdd(n, hn::Set(d, kLn2), w), g);
-  V p = Lin(d, r, 0.0418992974f, 0.00829006173f);  // e^r = 1 + r q(r), q of degree 4 (9.4e-8)
-  for (float c : {0.166676477f, 0.499991387f, 0.999999702f, 1.0f}) p = hn::MulAdd(p, r, hn::Set(d, c));
+  V p = Lin(d, r, 0.00837496575f, 0.00138427049f);  // ExpQ's coefficients, then 1 + r q
+  for (float c : {0.0416680574f, 0.166664213f, 0.49999994f, 1.0f, 1.0f}) p = hn::MulAdd(p, r, hn::Set(d, c));
   const V h = hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::BitCast(di, t))));
-  // x Phi(x) = max(x, 0) - a Phi(-a) on both sides, one rounding (x86: max(0, -0) is -0).
-  return hn::NegMulAdd(a, h, hn::Max(hn::Zero(d), x));
+  return hn::Mul(x, hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h)));
 }
 // gelu(x) = x Phi(x), float32 (bf16 gelu is a table, elementwise_simd.cpp). Vectors with every
 // |x| <= 4 (almost all of them for activations) skip the reciprocal, see GeluF32Fast; the others
