@@ -335,7 +335,7 @@ TEST(ElementwiseAccuracy, BackwardBFloat16AllValues) {
     EXPECT_EQ(beyond, 0) << "at x=" << at;
     EXPECT_EQ(bad_nan, 0);
     EXPECT_LE(off_nearest, 65536 / 100);
-    if (b.name == "gelu'" || b.name == "silu'") {
+    if (b.name == "gelu'" || b.name == "silu'" || b.name == "gelu_tanh'") {
       EXPECT_EQ(off_nearest, 0);  // a table of fp32 values rounded to odd
     }
   }
@@ -481,14 +481,14 @@ TEST(ElementwiseAccuracy, PowTensorExponentBFloat16) {
   }
 }
 
-// bf16 gelu and silu backward by table (g t[x] in fp32, rounded once) with random g, on many
-// lengths and offsets (chunked lookups, vector blocks, scalar tail) and in place over x: within
-// one bf16 step of the correctly rounded float64 g f'(x), few off the nearest.
+// bf16 gelu, silu and gelu-tanh backward by table (g t[x] in fp32, rounded once) with random g,
+// on many lengths and offsets (chunked lookups, vector blocks, scalar tail) and in place over x:
+// within one bf16 step of the correctly rounded float64 g f'(x), few off the nearest.
 TEST(ElementwiseAccuracy, GeluBackwardBFloat16TableRows) {
   const Tensor g = randn({1031}).to(kBFloat16), x = mul(randn({1031}), 2.5).to(kBFloat16);
   const std::vector<double> gv = g.to_vector(), xv = x.to_vector();
   for (const Bwd& b : backward_rows()) {
-    if (b.name != "gelu'" && b.name != "silu'") continue;  // the table rows
+    if (b.name != "gelu'" && b.name != "silu'" && b.name != "gelu_tanh'") continue;  // the table rows
     SCOPED_TRACE(b.name);
     int64_t off = 0, total = 0;
     auto check = [&](const std::vector<double>& out, int64_t o, int64_t len) {

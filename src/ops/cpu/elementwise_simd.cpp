@@ -8,8 +8,10 @@
 // fails the check runs the general path, which gives in-range lanes the same fast formula, so a
 // value's result never depends on its neighbours; f32 gelu (kWide) takes four blocks per check.
 // bf16 gelu, silu, gelu-tanh, log, tanh, sigmoid and erf are table lookups (table_bf16_rows);
-// bf16 gelu and silu backward and pow look up fp32 tables (f'(x), log2(x)) and finish in
-// vectors; f32 pow looks up ln x in a table keyed by x's top 16 bits (PowF32Rows). Tails run the same vector code on a padded stack copy. The transcendental functions are in simd_math-inl.h.
+// bf16 gelu, silu and gelu-tanh backward and pow look up fp32 tables (f'(x), log2(x)) and
+// finish in vectors; f32 pow looks up ln x in a table keyed by x's top 16 bits (PowF32Rows).
+// Tails run the same vector code on a padded stack copy. The transcendental functions are in
+// simd_math-inl.h.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -512,9 +514,10 @@ HWY_INLINE void GatherBF16Table(const uint16_t* x, int64_t len, int64_t lanes, c
   }
 }
 
-// bf16 gelu and silu backward by table: t[x] = f'(x) in fp32 for each of the 65536 bf16 patterns
-// (built in HWY_ONCE below), g t[x] in fp32 rounded once to bf16. Per chunk the lookups fill a buffer
-// (GatherBF16Table) before a vector pass multiplies, rounds and stores, so out may alias x or g.
+// bf16 gelu, silu and gelu-tanh backward by table: t[x] = f'(x) in fp32 for each of the 65536
+// bf16 patterns (built in HWY_ONCE below), g t[x] in fp32 rounded once to bf16. Per chunk the
+// lookups fill a buffer (GatherBF16Table) before a vector pass multiplies, rounds and stores, so
+// out may alias x or g.
 void DerivativeBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64_t n, const float* t) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
@@ -910,7 +913,7 @@ const ResultBf16Table* result_bf16_table(UnaryOp op) {
 
 // A derivative f'(x) in float64 for every bf16 x, stored as fp32 rounded to odd (so that with
 // g = 1 the bf16 rounding gives the correctly rounded result): gelu'(x) = Phi(x) + x phi(x),
-// silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x). NaN x keeps its NaN, +-inf give NaN (inf *
+// silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x), gelu-tanh' as GeluTanhBwdF. NaN x keeps its NaN, +-inf give NaN (inf *
 // 0, as the fp32 rows).
 double gelu_derivative(double x) {
   return 0.5 * std::erfc(-x * 0.70710678118654752440) + x * std::exp(-0.5 * x * x) * 0.39894228040143267794;
@@ -918,6 +921,10 @@ double gelu_derivative(double x) {
 double silu_derivative(double x) {
   const double s = 1.0 / (1.0 + std::exp(-x));
   return s * (1.0 + x * (1.0 - s));
+}
+double gelu_tanh_derivative(double x) {  // s + 2 x s (1 - s) u', s = sigmoid(2u)
+  const double s = 1.0 / (1.0 + std::exp(-1.5957691216057308 * (x + 0.044715 * x * x * x)));
+  return s + 2.0 * x * s * (1.0 - s) * 0.79788456080286536 * (1.0 + 3.0 * 0.044715 * x * x);
 }
 struct DerivativeBf16Table {
   std::vector<float> t = std::vector<float>(65536);
@@ -1022,6 +1029,10 @@ const float* silu_bwd_bf16_table() {
   static const DerivativeBf16Table table(silu_derivative);
   return table.t.data();
 }
+const float* gelu_tanh_bwd_bf16_table() {
+  static const DerivativeBf16Table table(gelu_tanh_derivative);
+  return table.t.data();
+}
 }  // namespace
 
 HWY_EXPORT(BinaryF32);
@@ -1053,6 +1064,8 @@ void binary_bf16(BinaryOp op, const uint16_t* a, const uint16_t* b, bool b_scala
     return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, gelu_bwd_bf16_table());
   if (op == BinaryOp::SiluBackward && !b_scalar)
     return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, silu_bwd_bf16_table());
+  if (op == BinaryOp::GeluTanhBackward && !b_scalar)
+    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, gelu_tanh_bwd_bf16_table());
   if (op == BinaryOp::Pow) return HWY_DYNAMIC_DISPATCH(PowBF16Table)(a, b, b_scalar, out, n, log2_bf16_table());
   HWY_DYNAMIC_DISPATCH(BinaryBF16)(op, a, b, b_scalar, out, n, alpha, lo, hi);
 }
