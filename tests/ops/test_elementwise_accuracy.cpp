@@ -256,6 +256,24 @@ TEST(ElementwiseAccuracy, GeluBFloat16TableRows) {
   for (size_t i = 0; i < sv.size(); ++i) EXPECT_NEAR(sv[i], gelu_d(xsv[i]), 8e-3 * std::abs(gelu_d(xsv[i])) + 1e-6);
 }
 
+// Large bf16 table rows (at least 4 MiB of output per call) write with non-temporal stores after
+// a scalar prologue that aligns them: the same bits as the small-call path, at an odd offset.
+TEST(ElementwiseAccuracy, BFloat16TableRowsStreamed) {
+  const Tensor all = tensor(all_bf16(), kFloat32).to(kBFloat16);  // 65536 patterns: small calls
+  const int64_t n = (int64_t{1} << 23) + 5;
+  const Tensor big = mul(randn({n + 1}, TensorOptions(kFloat32)), 3.0).to(kBFloat16).slice(0, 1, n + 1);
+  for (UnaryOp op : {UnaryOp::Silu, UnaryOp::GeluTanh}) {
+    Tensor small_out = empty_like(all), big_out = empty({n + 3}, TensorOptions(kBFloat16)).slice(0, 3, n + 3);
+    cpu::unary(op, small_out, all, {});
+    cpu::unary(op, big_out, big, {});
+    const uint16_t* want = small_out.data_ptr<uint16_t>();
+    const uint16_t *xb = big.data_ptr<uint16_t>(), *got = big_out.data_ptr<uint16_t>();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += got[i] != want[xb[i]];
+    EXPECT_EQ(bad, 0) << "op " << static_cast<int>(op);
+  }
+}
+
 // The fused backward rows and their float64 derivatives.
 struct Bwd {
   std::string name;
