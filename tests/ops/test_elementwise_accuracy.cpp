@@ -172,6 +172,13 @@ uint16_t nearest_bf16(double r) {
   return best;
 }
 
+// bf16 ops whose rows look up a table of correctly rounded results (elementwise_simd.cpp).
+bool is_bf16_table_op(const std::string& name) {
+  for (const char* t : {"gelu", "silu", "gelu_tanh", "log", "tanh", "sigmoid", "erf"})
+    if (name == t) return true;
+  return false;
+}
+
 // Every bf16 input: the result is the correctly rounded bf16 of the float64 reference or one
 // bf16 step from it; special inputs (+-0, +-inf, NaN) and NaN results are exact (zero's sign
 // included). The count of results off the nearest is printed.
@@ -200,22 +207,32 @@ TEST(ElementwiseAccuracy, BFloat16AllValues) {
     EXPECT_EQ(beyond_one, 0) << "e.g. at x=" << worst_at;
     EXPECT_EQ(special_bad, 0) << "special input or NaN result wrong, e.g. at x=" << worst_at;
     EXPECT_LE(off_nearest, 65536 / 100);
-    if (c.name == "gelu") {
+    if (is_bf16_table_op(c.name)) {
       EXPECT_EQ(off_nearest, 0);  // a table of correctly rounded results
     }
   }
 }
 
-// gelu's f32 rows and bf16 table rows on many lengths and offsets and in place: each bf16
-// result is the correctly rounded one.
+// The bf16 table rows (gelu, silu, gelu-tanh, log, tanh, sigmoid, erf) on many lengths and offsets and in place, and
+// gelu's f32 rows: each bf16 result is the correctly rounded one.
 TEST(ElementwiseAccuracy, GeluBFloat16TableRows) {
   const Tensor x = mul(randn({1031}, TensorOptions(kFloat32)), 2.5).to(kBFloat16);
   const std::vector<double> xv = x.to_vector();
-  for (int64_t off : {0, 1, 2, 3}) {
-    for (int64_t len : {1, 2, 3, 4, 5, 7, 8, 9, 1000}) {
-      const std::vector<double> out = gelu(x.slice(0, off, off + len)).to_vector();
-      for (int64_t i = 0; i < len; ++i)
-        ASSERT_EQ(bf16_bits(out[i]), nearest_bf16(gelu_d(xv[off + i]))) << "x=" << xv[off + i] << " len " << len;
+  for (const Case& c : cases()) {
+    if (!is_bf16_table_op(c.name)) continue;
+    SCOPED_TRACE(c.name);
+    for (int64_t off : {0, 1, 2, 3}) {
+      for (int64_t len : {1, 2, 3, 4, 5, 7, 8, 9, 1000}) {
+        const std::vector<double> out = c.op(x.slice(0, off, off + len)).to_vector();
+        for (int64_t i = 0; i < len; ++i) {
+          const double r = c.ref(xv[off + i]);
+          if (std::isnan(r)) {  // log of a negative
+            ASSERT_TRUE(std::isnan(out[i]));
+            continue;
+          }
+          ASSERT_EQ(bf16_bits(out[i]), nearest_bf16(r)) << "x=" << xv[off + i] << " len " << len;
+        }
+      }
     }
   }
   Tensor y = x.clone();
@@ -237,6 +254,24 @@ TEST(ElementwiseAccuracy, GeluBFloat16TableRows) {
   const Tensor xs = x.slice(0, 0, 1030).view({515, 2}).transpose(0, 1);
   const std::vector<double> sv = gelu(xs).to_vector(), xsv = xs.to_vector();
   for (size_t i = 0; i < sv.size(); ++i) EXPECT_NEAR(sv[i], gelu_d(xsv[i]), 8e-3 * std::abs(gelu_d(xsv[i])) + 1e-6);
+}
+
+// Large bf16 table rows (at least 4 MiB of output per call) write with non-temporal stores after
+// a scalar prologue that aligns them: the same bits as the small-call path, at an odd offset.
+TEST(ElementwiseAccuracy, BFloat16TableRowsStreamed) {
+  const Tensor all = tensor(all_bf16(), kFloat32).to(kBFloat16);  // 65536 patterns: small calls
+  const int64_t n = (int64_t{1} << 23) + 5;
+  const Tensor big = mul(randn({n + 1}, TensorOptions(kFloat32)), 3.0).to(kBFloat16).slice(0, 1, n + 1);
+  for (UnaryOp op : {UnaryOp::Silu, UnaryOp::GeluTanh}) {
+    Tensor small_out = empty_like(all), big_out = empty({n + 3}, TensorOptions(kBFloat16)).slice(0, 3, n + 3);
+    cpu::unary(op, small_out, all, {});
+    cpu::unary(op, big_out, big, {});
+    const uint16_t* want = small_out.data_ptr<uint16_t>();
+    const uint16_t *xb = big.data_ptr<uint16_t>(), *got = big_out.data_ptr<uint16_t>();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += got[i] != want[xb[i]];
+    EXPECT_EQ(bad, 0) << "op " << static_cast<int>(op);
+  }
 }
 
 // The fused backward rows and their float64 derivatives.
@@ -318,7 +353,7 @@ TEST(ElementwiseAccuracy, BackwardBFloat16AllValues) {
     EXPECT_EQ(beyond, 0) << "at x=" << at;
     EXPECT_EQ(bad_nan, 0);
     EXPECT_LE(off_nearest, 65536 / 100);
-    if (b.name == "gelu'") {
+    if (b.name == "gelu'" || b.name == "silu'" || b.name == "gelu_tanh'") {
       EXPECT_EQ(off_nearest, 0);  // a table of fp32 values rounded to odd
     }
   }
@@ -464,33 +499,36 @@ TEST(ElementwiseAccuracy, PowTensorExponentBFloat16) {
   }
 }
 
-// bf16 gelu backward by table (g t[x] in fp32, rounded once) with random g, on many lengths and
-// offsets (chunked lookups, vector blocks, scalar tail) and in place over x: within one bf16
-// step of the correctly rounded float64 g gelu'(x), few off the nearest.
+// bf16 gelu, silu and gelu-tanh backward by table (g t[x] in fp32, rounded once) with random g,
+// on many lengths and offsets (chunked lookups, vector blocks, scalar tail) and in place over x:
+// within one bf16 step of the correctly rounded float64 g f'(x), few off the nearest.
 TEST(ElementwiseAccuracy, GeluBackwardBFloat16TableRows) {
   const Tensor g = randn({1031}).to(kBFloat16), x = mul(randn({1031}), 2.5).to(kBFloat16);
   const std::vector<double> gv = g.to_vector(), xv = x.to_vector();
-  const std::function<double(double)> dref = backward_rows()[1].ref;
-  int64_t off = 0, total = 0;
-  auto check = [&](const std::vector<double>& out, int64_t o, int64_t len) {
-    for (int64_t i = 0; i < len; ++i) {
-      const double r = gv[o + i] * dref(xv[o + i]);
-      const int32_t steps = std::abs(bf16_key(nearest_bf16(r)) - bf16_key(bf16_bits(out[i])));
-      ASSERT_LE(steps, 1) << "g=" << gv[o + i] << " x=" << xv[o + i] << " len " << len;
-      off += steps, ++total;
+  for (const Bwd& b : backward_rows()) {
+    if (b.name != "gelu'" && b.name != "silu'" && b.name != "gelu_tanh'") continue;  // the table rows
+    SCOPED_TRACE(b.name);
+    int64_t off = 0, total = 0;
+    auto check = [&](const std::vector<double>& out, int64_t o, int64_t len) {
+      for (int64_t i = 0; i < len; ++i) {
+        const double r = gv[o + i] * b.ref(xv[o + i]);
+        const int32_t steps = std::abs(bf16_key(nearest_bf16(r)) - bf16_key(bf16_bits(out[i])));
+        ASSERT_LE(steps, 1) << "g=" << gv[o + i] << " x=" << xv[o + i] << " len " << len;
+        off += steps, ++total;
+      }
+    };
+    for (int64_t o : {0, 1, 2, 3}) {
+      for (int64_t len : {1, 2, 15, 16, 17, 33, 511, 512, 513, 1000}) {
+        const Tensor out = empty({len}, TensorOptions(kBFloat16));
+        cpu::binary(b.op, out, g.slice(0, o, o + len), x.slice(0, o, o + len), {});
+        check(out.to_vector(), o, len);
+      }
     }
-  };
-  for (int64_t o : {0, 1, 2, 3}) {
-    for (int64_t len : {1, 2, 15, 16, 17, 33, 511, 512, 513, 1000}) {
-      const Tensor out = empty({len}, TensorOptions(kBFloat16));
-      cpu::binary(BinaryOp::GeluBackward, out, g.slice(0, o, o + len), x.slice(0, o, o + len), {});
-      check(out.to_vector(), o, len);
-    }
+    Tensor y = x.clone();
+    cpu::binary(b.op, y, g, y, {});
+    check(y.to_vector(), 0, 1031);
+    std::printf("[accuracy] bf16 %s (table, random g) %lld of %lld results one step off the nearest bf16\n",
+                b.name.c_str(), static_cast<long long>(off), static_cast<long long>(total));
+    EXPECT_LE(off, total / 100);
   }
-  Tensor y = x.clone();
-  cpu::binary(BinaryOp::GeluBackward, y, g, y, {});
-  check(y.to_vector(), 0, 1031);
-  std::printf("[accuracy] bf16 gelu' (table, random g) %lld of %lld results one step off the nearest bf16\n",
-              static_cast<long long>(off), static_cast<long long>(total));
-  EXPECT_LE(off, total / 100);
 }

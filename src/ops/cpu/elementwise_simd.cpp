@@ -7,9 +7,11 @@
 // range check (on the raw bits for bf16), so four independent chains interleave; a block that
 // fails the check runs the general path, which gives in-range lanes the same fast formula, so a
 // value's result never depends on its neighbours; f32 gelu (kWide) takes four blocks per check.
-// bf16 gelu is a table lookup (gelu_bf16_rows); bf16 gelu backward and pow look up fp32 tables
-// (gelu'(x), log2(x)) and finish in vectors; f32 pow looks up ln x in a table keyed by x's top 16
-// bits (PowF32Rows). Tails run the same vector code on a padded stack copy. The transcendental functions are in simd_math-inl.h.
+// bf16 gelu, silu, gelu-tanh, log, tanh, sigmoid and erf are table lookups (table_bf16_rows);
+// bf16 gelu, silu and gelu-tanh backward and pow look up fp32 tables (f'(x), log2(x)) and
+// finish in vectors; f32 pow looks up ln x in a table keyed by x's top 16 bits (PowF32Rows).
+// Tails run the same vector code on a padded stack copy. The transcendental functions are in
+// simd_math-inl.h.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -315,7 +317,7 @@ template <bool L> struct SiluF {
   static constexpr float kFastAbsMax = kExpFastMax;
   static HWY_INLINE VF Fast(DF d, VF x) { return TimesSigmoidFast<L>(d, x, x); }
 };
-struct GeluF {  // float32; bf16 gelu is a table (gelu_bf16_rows)
+struct GeluF {  // float32; bf16 gelu is a table (table_bf16_rows)
   static constexpr bool kApprox = true;
   static constexpr bool kWide = true;
   HWY_INLINE VF operator()(DF d, VF x) const { return Gelu(d, x); }
@@ -512,10 +514,11 @@ HWY_INLINE void GatherBF16Table(const uint16_t* x, int64_t len, int64_t lanes, c
   }
 }
 
-// bf16 gelu backward by table: t[x] = gelu'(x) in fp32 for each of the 65536 bf16 patterns (built
-// in HWY_ONCE below), g t[x] in fp32 rounded once to bf16. Per chunk the lookups fill a buffer
-// (GatherBF16Table) before a vector pass multiplies, rounds and stores, so out may alias x or g.
-void GeluBwdBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64_t n, const float* t) {
+// bf16 gelu, silu and gelu-tanh backward by table: t[x] = f'(x) in fp32 for each of the 65536
+// bf16 patterns (built in HWY_ONCE below), g t[x] in fp32 rounded once to bf16. Per chunk the
+// lookups fill a buffer (GatherBF16Table) before a vector pass multiplies, rounds and stores, so
+// out may alias x or g.
+void DerivativeBF16Table(const uint16_t* g, const uint16_t* x, uint16_t* out, int64_t n, const float* t) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d)), block = 2 * lanes;
   constexpr int64_t kChunk = 128;
@@ -768,16 +771,19 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <cstdlib>
 #include <vector>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace kiln::cpu::simd {
 namespace {
-// bf16 gelu (erf) by table: a bf16 input has 65536 bit patterns, so the correctly rounded bf16
-// of the float64 gelu of each, built once on first use (~2 ms), replaces the fp32 formula,
-// which needs ~22 vector ops per 8 values (0.58 of memcpy on Zen 2). The lookups are scalar
-// loads (AVX2 gathers measured 40% slower on Zen 2); the table is kept twice, as u16 and as
-// u32 shifted to the high half, so a pair of results is one OR (20% faster than shifting;
-// 384 KiB, but activations touch a few thousand patterns, which stay in L1). Results are
-// exact and depend on nothing but the input bits.
+// bf16 unary ops by table (gelu, silu, gelu-tanh, log, tanh, sigmoid, erf): a bf16 input has
+// 65536 bit patterns, so the correctly rounded bf16 of the float64 function of each, built once
+// on first use (~2 ms), replaces the fp32 formula, which needs 12-22 vector ops per 8 values
+// and runs latency-bound (0.59-0.68 of memcpy on Zen 2 at 31-35 GB/s copy). The lookups are scalar loads inserted
+// into 128-bit vectors (AVX2 gathers measured 40% slower on Zen 2); 128 KiB, but activations
+// touch a few thousand patterns, which stay in L1. Results are exact and depend on nothing but
+// the input bits.
 uint16_t round_bf16(double v) {  // nearest-even bf16 of a non-NaN float64, rounded once
   float f = static_cast<float>(v);  // nearest float, made round-to-odd: no double rounding
   if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
@@ -786,32 +792,99 @@ uint16_t round_bf16(double v) {  // nearest-even bf16 of a non-NaN float64, roun
   if (static_cast<double>(f) != v) u |= 1;
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-struct GeluBf16Table {
+double gelu_d(double x) { return 0.5 * x * std::erfc(-x * 0.70710678118654752440); }
+double silu_d(double x) { return x / (1.0 + std::exp(-x)); }
+double gelu_tanh_d(double x) {  // x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+  return x / (1.0 + std::exp(-1.5957691216057308 * (x + 0.044715 * x * x * x)));
+}
+double log_d(double x) { return std::log(x); }
+double tanh_d(double x) { return std::tanh(x); }
+double sigmoid_d(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double erf_d(double x) { return std::erf(x); }
+struct ResultBf16Table {
   std::vector<uint16_t> lo = std::vector<uint16_t>(65536);
-  std::vector<uint32_t> hi = std::vector<uint32_t>(65536);  // lo << 16
-  GeluBf16Table() {
+#if !defined(__SSE2__)
+  std::vector<uint32_t> hi = std::vector<uint32_t>(65536);  // lo << 16: a pair is one OR
+#endif
+  // NaN inputs keep their payload, quieted; inf inputs and NaN results (log of a negative, -inf
+  // times 0) take the fp32 row's value, so specials match the fp32 rows.
+  ResultBf16Table(double (*f)(double), UnaryOp op) {
     for (uint32_t b = 0; b < 65536; ++b) {
       const uint32_t u = b << 16;
       float x;
       std::memcpy(&x, &u, 4);
-      const double xd = x;
+      const double v = std::isfinite(x) ? f(x) : std::numeric_limits<double>::quiet_NaN();
       uint16_t r;
-      // The formula as written: +-0 keep their sign, +inf stays, -inf gives NaN (-inf * 0) as
-      // in the fp32 rows and PyTorch; NaN keeps its payload, quieted.
-      const double g = 0.5 * xd * std::erfc(-xd * 0.70710678118654752440);
-      if (std::isnan(x)) r = static_cast<uint16_t>(b | 0x0040);
-      else if (std::isnan(g)) r = 0xffc0;  // the sign x86 gives a NaN made by an operation
-      else r = round_bf16(g);
+      if (std::isnan(x)) {
+        r = static_cast<uint16_t>(b | 0x0040);
+      } else if (!std::isnan(v)) {
+        r = round_bf16(v);
+      } else {
+        float y;
+        unary_f32(op, &x, &y, 1, 0.0f, 0.0f);
+        uint32_t yu;
+        std::memcpy(&yu, &y, 4);
+        r = static_cast<uint16_t>(std::isnan(y) ? (yu >> 16) | 0x0040 : (yu + 0x7fffu + ((yu >> 16) & 1u)) >> 16);
+      }
       lo[b] = r;
+#if !defined(__SSE2__)
       hi[b] = uint32_t{r} << 16;
+#endif
     }
   }
 };
-void gelu_bf16_rows(const uint16_t* x, uint16_t* out, int64_t n) {
-  static const GeluBf16Table table;
-  const uint16_t* lo = table.lo.data();
-  const uint32_t* hi = table.hi.data();
+#if defined(__SSE2__)
+// Eight lookups into one 128-bit vector: two u64 loads of indices, eight `pinsrw` from memory.
+inline __m128i lookup8_bf16(const uint16_t* t, const uint16_t* x) {
+  uint64_t w, u;
+  std::memcpy(&w, x, 8);
+  std::memcpy(&u, x + 4, 8);
+  __m128i v = _mm_cvtsi32_si128(t[w & 0xffff]);
+  v = _mm_insert_epi16(v, t[(w >> 16) & 0xffff], 1);
+  v = _mm_insert_epi16(v, t[(w >> 32) & 0xffff], 2);
+  v = _mm_insert_epi16(v, t[w >> 48], 3);
+  v = _mm_insert_epi16(v, t[u & 0xffff], 4);
+  v = _mm_insert_epi16(v, t[(u >> 16) & 0xffff], 5);
+  v = _mm_insert_epi16(v, t[(u >> 32) & 0xffff], 6);
+  return _mm_insert_epi16(v, t[u >> 48], 7);
+}
+#endif
+// 32 values per step in four independent insert chains (single thread, in cache, Zen 2: 0.25
+// ns/value against 0.34 for u32-pair lookups ORed into u64 stores, 0.27 with two chains).
+#if defined(__SSE2__)
+// Outputs of at least this many bytes per call are written with non-temporal stores: the lookups
+// outrun memory there, and a plain store first reads the line it overwrites (a third stream).
+constexpr int64_t kStreamBytes = int64_t{4} << 20;
+template <bool kStream>
+int64_t table_bf16_steps(const uint16_t* lo, const uint16_t* x, uint16_t* out, int64_t n) {
   int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m128i a = lookup8_bf16(lo, x + i), b = lookup8_bf16(lo, x + i + 8);
+    const __m128i c = lookup8_bf16(lo, x + i + 16), d = lookup8_bf16(lo, x + i + 24);
+    __m128i* o = reinterpret_cast<__m128i*>(out + i);
+    if (kStream) {
+      _mm_stream_si128(o, a), _mm_stream_si128(o + 1, b), _mm_stream_si128(o + 2, c), _mm_stream_si128(o + 3, d);
+    } else {
+      _mm_storeu_si128(o, a), _mm_storeu_si128(o + 1, b), _mm_storeu_si128(o + 2, c), _mm_storeu_si128(o + 3, d);
+    }
+  }
+  if (kStream) _mm_sfence();
+  return i;
+}
+#endif
+void table_bf16_rows(const ResultBf16Table& table, const uint16_t* x, uint16_t* out, int64_t n) {
+  const uint16_t* lo = table.lo.data();
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(out);
+  if (2 * n >= kStreamBytes && addr % 2 == 0) {
+    for (; (addr + 2 * i) % 16 != 0; ++i) out[i] = lo[x[i]];  // align the stores
+    i += table_bf16_steps<true>(lo, x + i, out + i, n - i);
+  } else {
+    i = table_bf16_steps<false>(lo, x, out, n);
+  }
+#else
+  const uint32_t* hi = table.hi.data();
   for (; i + 4 <= n; i += 4) {  // two u32 loads, four lookups, one u64 store
     uint32_t w0, w1;
     std::memcpy(&w0, x + i, 4);
@@ -819,20 +892,67 @@ void gelu_bf16_rows(const uint16_t* x, uint16_t* out, int64_t n) {
     const uint64_t r = uint64_t{lo[w0 & 0xffff] | hi[w0 >> 16]} | uint64_t{lo[w1 & 0xffff] | hi[w1 >> 16]} << 32;
     std::memcpy(out + i, &r, 8);
   }
+#endif
   for (; i < n; ++i) out[i] = lo[x[i]];
 }
+// The table for op, or null where the op keeps its vector formula.
+const ResultBf16Table* result_bf16_table(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Gelu: {
+      static const ResultBf16Table t(gelu_d, op);
+      return &t;
+    }
+    case UnaryOp::Silu: {
+      static const ResultBf16Table t(silu_d, op);
+      return &t;
+    }
+    case UnaryOp::GeluTanh: {
+      static const ResultBf16Table t(gelu_tanh_d, op);
+      return &t;
+    }
+    case UnaryOp::Log: {
+      static const ResultBf16Table t(log_d, op);
+      return &t;
+    }
+    case UnaryOp::Tanh: {
+      static const ResultBf16Table t(tanh_d, op);
+      return &t;
+    }
+    case UnaryOp::Sigmoid: {
+      static const ResultBf16Table t(sigmoid_d, op);
+      return &t;
+    }
+    case UnaryOp::Erf: {
+      static const ResultBf16Table t(erf_d, op);
+      return &t;
+    }
+    default:
+      return nullptr;
+  }
+}
 
-// gelu'(x) = Phi(x) + x phi(x) in float64 for every bf16 x, stored as fp32 rounded to odd (so
-// that with g = 1 the bf16 rounding gives the correctly rounded result). NaN x keeps its NaN,
-// +-inf give NaN (inf * 0, as the fp32 rows).
-struct GeluBwdBf16Table {
+// A derivative f'(x) in float64 for every bf16 x, stored as fp32 rounded to odd (so that with
+// g = 1 the bf16 rounding gives the correctly rounded result): gelu'(x) = Phi(x) + x phi(x),
+// silu'(x) = s (1 + x (1 - s)) with s = sigmoid(x), gelu-tanh' as GeluTanhBwdF. NaN x keeps its NaN, +-inf give NaN (inf *
+// 0, as the fp32 rows).
+double gelu_derivative(double x) {
+  return 0.5 * std::erfc(-x * 0.70710678118654752440) + x * std::exp(-0.5 * x * x) * 0.39894228040143267794;
+}
+double silu_derivative(double x) {
+  const double s = 1.0 / (1.0 + std::exp(-x));
+  return s * (1.0 + x * (1.0 - s));
+}
+double gelu_tanh_derivative(double x) {  // s + 2 x s (1 - s) u', s = sigmoid(2u)
+  const double s = 1.0 / (1.0 + std::exp(-1.5957691216057308 * (x + 0.044715 * x * x * x)));
+  return s + 2.0 * x * s * (1.0 - s) * 0.79788456080286536 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+struct DerivativeBf16Table {
   std::vector<float> t = std::vector<float>(65536);
-  GeluBwdBf16Table() {
+  explicit DerivativeBf16Table(double (*f)(double)) {
     for (uint32_t b = 0; b < 65536; ++b) {
       const uint32_t u = b << 16;
       float x;
       std::memcpy(&x, &u, 4);
-      const double xd = x;
       if (std::isnan(x)) {
         const uint32_t q = u | 0x00400000u;
         std::memcpy(&t[b], &q, 4);
@@ -842,16 +962,16 @@ struct GeluBwdBf16Table {
         t[b] = -std::numeric_limits<float>::quiet_NaN();  // the sign x86 gives a NaN made by an operation
         continue;
       }
-      const double v = 0.5 * std::erfc(-xd * 0.70710678118654752440) + xd * std::exp(-0.5 * xd * xd) * 0.39894228040143267794;
-      float f = static_cast<float>(v);  // round to odd: toward zero, then set the last bit if inexact
-      if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
-      if (static_cast<double>(f) != v) {
-        uint32_t fu;
-        std::memcpy(&fu, &f, 4);
-        fu |= 1;
-        std::memcpy(&f, &fu, 4);
+      const double v = f(x);
+      float r = static_cast<float>(v);  // round to odd: toward zero, then set the last bit if inexact
+      if (std::fabs(static_cast<double>(r)) > std::fabs(v)) r = std::nextafter(r, 0.0f);
+      if (static_cast<double>(r) != v) {
+        uint32_t ru;
+        std::memcpy(&ru, &r, 4);
+        ru |= 1;
+        std::memcpy(&r, &ru, 4);
       }
-      t[b] = f;
+      t[b] = r;
     }
   }
 };
@@ -909,7 +1029,7 @@ struct LnF32Table {
 };
 }  // namespace
 
-HWY_EXPORT(GeluBwdBF16Table);
+HWY_EXPORT(DerivativeBF16Table);
 HWY_EXPORT(PowBF16Table);
 HWY_EXPORT(PowF32Rows);
 namespace {
@@ -922,7 +1042,15 @@ const float* log2_bf16_table() {
   return table.t.data();
 }
 const float* gelu_bwd_bf16_table() {
-  static const GeluBwdBf16Table table;
+  static const DerivativeBf16Table table(gelu_derivative);
+  return table.t.data();
+}
+const float* silu_bwd_bf16_table() {
+  static const DerivativeBf16Table table(silu_derivative);
+  return table.t.data();
+}
+const float* gelu_tanh_bwd_bf16_table() {
+  static const DerivativeBf16Table table(gelu_tanh_derivative);
   return table.t.data();
 }
 }  // namespace
@@ -953,7 +1081,11 @@ void binary_f32(BinaryOp op, const float* a, const float* b, bool b_scalar, floa
 void binary_bf16(BinaryOp op, const uint16_t* a, const uint16_t* b, bool b_scalar, uint16_t* out, int64_t n,
                  float alpha, float lo, float hi) {
   if (op == BinaryOp::GeluBackward && !b_scalar)
-    return HWY_DYNAMIC_DISPATCH(GeluBwdBF16Table)(a, b, out, n, gelu_bwd_bf16_table());
+    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, gelu_bwd_bf16_table());
+  if (op == BinaryOp::SiluBackward && !b_scalar)
+    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, silu_bwd_bf16_table());
+  if (op == BinaryOp::GeluTanhBackward && !b_scalar)
+    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, gelu_tanh_bwd_bf16_table());
   if (op == BinaryOp::Pow) return HWY_DYNAMIC_DISPATCH(PowBF16Table)(a, b, b_scalar, out, n, log2_bf16_table());
   HWY_DYNAMIC_DISPATCH(BinaryBF16)(op, a, b, b_scalar, out, n, alpha, lo, hi);
 }
@@ -961,7 +1093,7 @@ void unary_f32(UnaryOp op, const float* x, float* out, int64_t n, float lo, floa
   HWY_DYNAMIC_DISPATCH(UnaryF32)(op, x, out, n, lo, hi);
 }
 void unary_bf16(UnaryOp op, const uint16_t* x, uint16_t* out, int64_t n, float lo, float hi) {
-  if (op == UnaryOp::Gelu) return gelu_bf16_rows(x, out, n);
+  if (const ResultBf16Table* t = result_bf16_table(op)) return table_bf16_rows(*t, x, out, n);
   HWY_DYNAMIC_DISPATCH(UnaryBF16)(op, x, out, n, lo, hi);
 }
 }  // namespace kiln::cpu::simd
