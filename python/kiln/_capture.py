@@ -25,7 +25,8 @@ import weakref
 from . import _C
 from ._dlpack import from_dlpack
 
-__all__ = ["call", "definition", "prepare", "refresh_mirror", "to_capture", "torch_source", "user_location"]
+__all__ = ["call", "definition", "prepare", "refresh_mirror", "sync_from_torch", "to_capture", "torch_source",
+           "user_location"]
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()  # guards _torch_sources (free-threaded builds run tracers concurrently)
@@ -118,6 +119,16 @@ def refresh_mirror(mirror, obj):
 
     torch.from_dlpack(mirror.detach()).copy_(obj.detach())
     mirror._bump_version()  # a write kiln did not make: its caches keyed on the version refresh
+
+
+def sync_from_torch(kiln_tensor, src):
+    """Before a call that reads a captured kiln tensor whose memory torch owns (src): refresh a
+    mirror from its source, or mark a view written, since torch's in-place writes bypass kiln's
+    version counter (which keys the compiled-mod and device-copy caches)."""
+    if kiln_tensor.data_ptr() != src.data_ptr():
+        refresh_mirror(kiln_tensor, src)
+    else:
+        kiln_tensor._bump_version()
 
 
 def torch_source(kiln_tensor):

@@ -190,10 +190,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             src = _capture.torch_source(kt)
             if src is None:
                 continue
-            if kt.data_ptr() != src.data_ptr():  # a CPU mirror of a CUDA tensor: refresh it from the source
-                _capture.refresh_mirror(kt, src)
-            else:  # a view of the torch tensor, which torch may have written in place since the last call
-                kt._bump_version()
+            _capture.sync_from_torch(kt, src)  # a mirror of a CUDA tensor, or a view of a CPU one
             if src.is_floating_point():
                 captured_kiln.append(kt)
                 captured.append(src)

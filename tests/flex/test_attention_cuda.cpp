@@ -253,6 +253,18 @@ void check_cuda(const GpuCase& c, DType dt, const MaskMod* mask, const MaskFn& m
 
 const MaskFn kCausal = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv; };
 
+// Causal attention with relative_position_bias(bias, c.S) in bf16 against the reference read from
+// bias's current values; `extra` = {bias} also checks its gradient.
+void check_relative_bias(const GpuCase& c, const Tensor& bias, const std::vector<Tensor>& extra = {},
+                         const ScoreMod* mod = nullptr) {
+  const std::vector<double> bv = bias.to_vector();
+  const int64_t off = c.S;
+  const MaskMod causal = causal_mask();
+  check_cuda(c, kBFloat16, &causal, kCausal, mod ? *mod : relative_position_bias(bias, off),
+             [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * (c.L + c.S) + q - kv + off]; },
+             extra);
+}
+
 TEST(FlexAttentionCuda, MasksMatchReference) {
   KILN_REQUIRE_CUDA();
   manual_seed(11);
@@ -296,11 +308,7 @@ TEST(FlexAttentionCuda, ScoreModsAndLearnedBiasGradient) {
              [](double s, int64_t, int64_t, int64_t, int64_t) { return 2.0 * std::tanh(s / 2.0); });
   // A learned relative bias: its gradient (reduced in fixed order on the GPU) against the CPU's.
   const Tensor bias = (randn({c.Hq, c.L + c.S}, kFloat64) * 0.5).detach().requires_grad_();
-  const std::vector<double> bv = bias.to_vector();
-  const int64_t off = c.S;
-  check_cuda(c, kBFloat16, &causal, kCausal, relative_position_bias(bias, off),
-             [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * (c.L + c.S) + q - kv + off]; },
-             {bias});
+  check_relative_bias(c, bias, {bias});
 }
 
 // The compiled-mod and kernel caches key on captured tensors' versions: an in-place update of a
@@ -310,14 +318,10 @@ TEST(FlexAttentionCuda, InPlaceChangeOfCapturedTensorIsSeen) {
   manual_seed(23);
   GpuCase c;
   Tensor bias = randn({c.Hq, c.L + c.S}, kFloat64) * 0.5;
-  const int64_t off = c.S;
-  const ScoreMod mod = relative_position_bias(bias, off);
-  const MaskMod causal = causal_mask();
+  const ScoreMod mod = relative_position_bias(bias, c.S);  // one expression for both calls
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round);
-    const std::vector<double> bv = bias.to_vector();
-    check_cuda(c, kBFloat16, &causal, kCausal, mod,
-               [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * (c.L + c.S) + q - kv + off]; });
+    check_relative_bias(c, bias, {}, &mod);
     NoGradGuard ng;
     add_(bias, randn(bias.sizes(), kFloat64));
   }
@@ -364,11 +368,7 @@ TEST(FlexAttentionCuda, TwoKBuffersMatchReference) {
   check_cuda(c, kBFloat16, &window, [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 100; },
              ScoreMod(), nullptr);
   const Tensor bias = (randn({c.Hq, c.L + c.S}, kFloat64) * 0.5).detach().requires_grad_();
-  const std::vector<double> bv = bias.to_vector();
-  const int64_t off = c.S;
-  check_cuda(c, kBFloat16, &causal, kCausal, relative_position_bias(bias, off),
-             [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * (c.L + c.S) + q - kv + off]; },
-             {bias});
+  check_relative_bias(c, bias, {bias});
   const ScopedEnv mma("KILN_FLEX_FWD_MMA", "mma"), bmma("KILN_FLEX_BWD_MMA", "mma");
   check_cuda(c, kFloat16, &causal, kCausal, ScoreMod(), nullptr);
 }

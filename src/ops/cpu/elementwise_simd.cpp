@@ -895,39 +895,23 @@ void table_bf16_rows(const ResultBf16Table& table, const uint16_t* x, uint16_t* 
 #endif
   for (; i < n; ++i) out[i] = lo[x[i]];
 }
+// One table per function, built on first use.
+template <double (*F)(double), UnaryOp kOp>
+const ResultBf16Table* result_table_of() {
+  static const ResultBf16Table t(F, kOp);
+  return &t;
+}
 // The table for op, or null where the op keeps its vector formula.
 const ResultBf16Table* result_bf16_table(UnaryOp op) {
   switch (op) {
-    case UnaryOp::Gelu: {
-      static const ResultBf16Table t(gelu_d, op);
-      return &t;
-    }
-    case UnaryOp::Silu: {
-      static const ResultBf16Table t(silu_d, op);
-      return &t;
-    }
-    case UnaryOp::GeluTanh: {
-      static const ResultBf16Table t(gelu_tanh_d, op);
-      return &t;
-    }
-    case UnaryOp::Log: {
-      static const ResultBf16Table t(log_d, op);
-      return &t;
-    }
-    case UnaryOp::Tanh: {
-      static const ResultBf16Table t(tanh_d, op);
-      return &t;
-    }
-    case UnaryOp::Sigmoid: {
-      static const ResultBf16Table t(sigmoid_d, op);
-      return &t;
-    }
-    case UnaryOp::Erf: {
-      static const ResultBf16Table t(erf_d, op);
-      return &t;
-    }
-    default:
-      return nullptr;
+    case UnaryOp::Gelu: return result_table_of<gelu_d, UnaryOp::Gelu>();
+    case UnaryOp::Silu: return result_table_of<silu_d, UnaryOp::Silu>();
+    case UnaryOp::GeluTanh: return result_table_of<gelu_tanh_d, UnaryOp::GeluTanh>();
+    case UnaryOp::Log: return result_table_of<log_d, UnaryOp::Log>();
+    case UnaryOp::Tanh: return result_table_of<tanh_d, UnaryOp::Tanh>();
+    case UnaryOp::Sigmoid: return result_table_of<sigmoid_d, UnaryOp::Sigmoid>();
+    case UnaryOp::Erf: return result_table_of<erf_d, UnaryOp::Erf>();
+    default: return nullptr;
   }
 }
 
@@ -1041,16 +1025,10 @@ const float* log2_bf16_table() {
   static const Log2Bf16Table table;
   return table.t.data();
 }
-const float* gelu_bwd_bf16_table() {
-  static const DerivativeBf16Table table(gelu_derivative);
-  return table.t.data();
-}
-const float* silu_bwd_bf16_table() {
-  static const DerivativeBf16Table table(silu_derivative);
-  return table.t.data();
-}
-const float* gelu_tanh_bwd_bf16_table() {
-  static const DerivativeBf16Table table(gelu_tanh_derivative);
+// f' for every bf16 x (DerivativeBf16Table), one per function, built on first use.
+template <double (*F)(double)>
+const float* derivative_table_of() {
+  static const DerivativeBf16Table table(F);
   return table.t.data();
 }
 }  // namespace
@@ -1081,11 +1059,11 @@ void binary_f32(BinaryOp op, const float* a, const float* b, bool b_scalar, floa
 void binary_bf16(BinaryOp op, const uint16_t* a, const uint16_t* b, bool b_scalar, uint16_t* out, int64_t n,
                  float alpha, float lo, float hi) {
   if (op == BinaryOp::GeluBackward && !b_scalar)
-    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, gelu_bwd_bf16_table());
+    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, derivative_table_of<gelu_derivative>());
   if (op == BinaryOp::SiluBackward && !b_scalar)
-    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, silu_bwd_bf16_table());
+    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, derivative_table_of<silu_derivative>());
   if (op == BinaryOp::GeluTanhBackward && !b_scalar)
-    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, gelu_tanh_bwd_bf16_table());
+    return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, derivative_table_of<gelu_tanh_derivative>());
   if (op == BinaryOp::Pow) return HWY_DYNAMIC_DISPATCH(PowBF16Table)(a, b, b_scalar, out, n, log2_bf16_table());
   HWY_DYNAMIC_DISPATCH(BinaryBF16)(op, a, b, b_scalar, out, n, alpha, lo, hi);
 }

@@ -60,17 +60,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 
 
 def _mark_shared_captures(score_mod):
-    """Captured tensors that view torch memory may have been written by torch since the last call,
-    unseen by kiln's version counter (which keys its compiled-mod cache): mark them written (a
-    mirror of a CUDA tensor is refreshed from it, as kiln.torch.flex_attention does)."""
+    """Captured tensors whose memory torch owns may have been written by torch since the last call."""
     from ... import _capture
 
     expr = getattr(score_mod, "expr", None)
     for kt in (expr.captured_tensors if expr is not None else ()):
         src = _capture.torch_source(kt)
-        if src is None:
-            continue
-        if kt.data_ptr() != src.data_ptr():
-            _capture.refresh_mirror(kt, src)
-        else:
-            kt._bump_version()
+        if src is not None:
+            _capture.sync_from_torch(kt, src)
