@@ -47,10 +47,10 @@ for part in ${PARTS:-probe tests rows}; do
       done ;;
     tests) run_tests wgmma wgmma; run_tests mma mma ;;
     rows) run_rows wgmma wgmma; [ -z "${ROWS_MMA:-}" ] || run_rows mma mma
-      for setting in ${ENV_ROWS:-}; do  # A/B of kernel switches, e.g. ENV_ROWS="KILN_FLEX_FWD_KBUF=2"
+      for setting in ${ENV_ROWS:-}; do  # A/B of kernel switches, e.g. ENV_ROWS="KILN_FLEX_FWD_KBUF=2 A=1,B=2" (commas join)
         for row in "${rows[@]}"; do
           name=${row%%|*}; args=${row#*|}
-          env "$setting" timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" 2>&1
+          env ${setting//,/ } timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" 2>&1
           echo "  $setting $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" | cut -c1-150)"
         done
       done
