@@ -140,6 +140,10 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     cfg.fwd_kbuf = cfg.bwd_kbuf = 2;
     cfg.fwd_wgmma = cfg.bwd_wgmma = true;
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(nullptr, &mp, cfg), "sm_90a"));
+    cfg.fwd_overlap = true;  // the overlapped wgmma forward, with a tensor-reading score_mod (E = 128)
+    const detail::Program sp = detail::compile(scores[2].expr);
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
+    cfg.fwd_overlap = false;
     cfg.fwd_wgmma = cfg.bwd_wgmma = false;
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(nullptr, &mp, cfg), "sm_80"));
   }
@@ -466,6 +470,41 @@ TEST(FlexAttentionCuda, BackwardIsBitwiseDeterministic) {
   o.block_mask = &partial;
   EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot, {bias})))
       << "full vs partial classification changes the CUDA result";
+}
+
+// KILN_FLEX_FWD_OVERLAP=1 (the softmax of a tile beside the previous tile's P V): against the
+// reference, with rows that attend nothing and tiles of one block, and bit for bit the default
+// forward (the same operations in the same order, only issued earlier).
+TEST(FlexAttentionCuda, OverlappedForwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(21);
+  GpuCase c;
+  const MaskMod causal = causal_mask(), late = MaskMod([](Expr, Expr, Expr q, Expr kv) { return kv < q - 69; });
+  const Tensor bias = (randn({c.Hq, c.L + c.S}, kFloat64) * 0.5).detach().requires_grad_();
+  {
+    const ScopedEnv ovl("KILN_FLEX_FWD_OVERLAP", "1");
+    check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
+    check_cuda(c, kFloat16, &late, [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < q - 69; }, ScoreMod(),
+               nullptr);
+    check_relative_bias(c, bias, {bias});
+    c.E = 128;
+    check_cuda(c, kBFloat16, &causal, kCausal, softcap(5.0),
+               [](double s, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(s / 5.0); });
+  }
+  for (const int64_t E : {64, 128}) {
+    const int64_t L = 700, S = 900;
+    const Tensor q = randn({2, 4, L, E}), k = randn({2, 4, S, E}), v = randn({2, 4, S, E}), cot = randn({2, 4, L, E});
+    const BlockMask bm = create_block_mask(sliding_window_mask(300), 1, 1, L, S);
+    FlexOptions o;
+    o.block_mask = &bm;
+    o.return_lse = true;
+    const FlexRun base = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+    const ScopedEnv ovl("KILN_FLEX_FWD_OVERLAP", "1");
+    const FlexRun over = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+    EXPECT_TRUE(same_bits(base, over)) << "E = " << E << ": the overlapped forward changed the bits";
+    const std::vector<double> a = base.lse.to_vector(), b = over.lse.to_vector();
+    EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+  }
 }
 
 TEST(FlexAttentionCuda, SecondCompileLoadsFromDisk) {

@@ -159,11 +159,11 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
-                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf);
+                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -240,9 +240,11 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.fwd_kbuf = k_buffers("KILN_FLEX_FWD_KBUF");
   cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
+  cfg.fwd_overlap = cfg.fwd_wgmma && env_switch("KILN_FLEX_FWD_OVERLAP", "0", "1") &&
+                    !std::strcmp(std::getenv("KILN_FLEX_FWD_OVERLAP"), "1");
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
-  const int64_t fwd_kv_tiles = 1 + cfg.fwd_kbuf;  // V and 1 or 2 K buffers
+  const int64_t fwd_kv_tiles = cfg.fwd_overlap ? 4 : 1 + cfg.fwd_kbuf;  // V and 1 or 2 K buffers (overlap: 2 of each)
   st->fwd_smem = cfg.fwd_wgmma ? (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
                                : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;
   st->fwd_threads = cfg.fwd_threads();

@@ -68,6 +68,9 @@ struct KernelConfig {
   bool index_check = true;
   // K buffers of the forward: 2 loads the next K tile a whole step ahead (KILN_FLEX_FWD_KBUF=2).
   int fwd_kbuf = 1;
+  // wgmma forward only: the softmax of a tile overlaps the previous tile's P V, with two K and two
+  // V buffers (KILN_FLEX_FWD_OVERLAP=1; fwd_kbuf is then unused).
+  bool fwd_overlap = false;
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead

@@ -440,6 +440,9 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 #ifndef FWD_KBUF
 #define FWD_KBUF 1  // K tiles in shared memory: 2 loads the next K a whole step ahead
 #endif
+#ifndef FWD_OVERLAP
+#define FWD_OVERLAP 0  // wgmma only: the softmax of a tile beside the previous tile's P V
+#endif
 #define PROFILE_SLOTS 8
 #if FLEX_PROFILE
 #define PROF_DECL                                  \
@@ -486,6 +489,59 @@ __device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_T
       }
 }
 
+// Online softmax of one tile of masked scores s (rows g and g + 8 of each m16 block): p =
+// 2^(s log2e - m log2e) rounded to T into pk, the running max m and this thread's partial sums l
+// updated, alpha the factor for the output accumulated before this tile.
+__device__ __forceinline__ void fwd_softmax(float (&s)[FWD_MT][FWD_TILE_N / 8][4], u32 (&pk)[FWD_MT][FWD_TILE_N / 8][2],
+                                            float (&m)[FWD_MT][2], float (&l)[FWD_MT][2], float (&alpha)[FWD_MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt) {
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][n][e]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[mt][r], mx[r]);
+      // p = 2^(x log2e - m log2e): one FFMA and the SFU per element. Nothing attended yet
+      // (m_new = -inf): p = 0 from x = -inf with m taken as 0.
+      const float m_log2 = (m_new == NEG_INF ? 0.f : m_new) * LOG2E;
+      alpha[mt][r] = m[mt][r] == NEG_INF ? 0.f : fast_exp2(fmaf(m[mt][r], LOG2E, -m_log2));
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], LOG2E, -m_log2));
+          sum += s[mt][n][e];
+        }
+#pragma unroll
+      for (int n = 0; n < FWD_TILE_N / 8; ++n) pk[mt][n][r] = pack2(s[mt][n][2 * r], s[mt][n][2 * r + 1]);
+      l[mt][r] = l[mt][r] * alpha[mt][r] + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
+      m[mt][r] = m_new;
+    }
+  }
+}
+
+// o *= alpha, skipped when no row of the warp moved its max (alpha = 1 exactly, so the same
+// bits): late in a row the max rarely moves, and the rescale is as many multiplies as the exps.
+__device__ __forceinline__ void fwd_rescale(float (&o)[FWD_MT][HEAD_DIM / 8][4], const float (&alpha)[FWD_MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+    if (__any_sync(0xffffffffu, alpha[mt][0] != 1.f || alpha[mt][1] != 1.f)) {
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n) {
+        o[mt][n][0] *= alpha[mt][0];
+        o[mt][n][1] *= alpha[mt][0];
+        o[mt][n][2] *= alpha[mt][1];
+        o[mt][n][3] *= alpha[mt][1];
+      }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -493,14 +549,17 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   u16* Qs = wg_smem_base(smem);
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;
   u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
-  u16* Ks2 = Vs + FWD_TILE_N * HEAD_DIM;  // FWD_KBUF 2: the second K buffer
+  u16* Ks2 = Vs + FWD_TILE_N * HEAD_DIM;  // FWD_KBUF 2 / FWD_OVERLAP: the second K buffer
+  u16* Vs2 = Ks2 + FWD_TILE_N * HEAD_DIM;  // FWD_OVERLAP: the second V buffer
 #else
   u16* Qs = smem;
   u16* Ks = Qs + FWD_TILE_M * LD;
   u16* Vs = Ks + FWD_TILE_N * LD;
   u16* Ks2 = Vs + FWD_TILE_N * LD;
 #endif
+#if !FWD_OVERLAP
   u16* Kcur = Ks;  // K of the current tile (FWD_KBUF 2 alternates Ks and Ks2)
+#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Heaviest (last) q tiles first: causal rows at the end list the most blocks.
   const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M;
@@ -535,6 +594,65 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   if (more) FWD_LOAD_TILE(Ks, kg, c0, P.S, FWD_TILE_N);
   cp_async_commit();
   PROF_MARK(0);
+#if FWD_OVERLAP
+  // The softmax of tile j runs while the tensor cores do P V of tile j - 1: both products are
+  // issued, S(j) waited for, the softmax done, then P V(j - 1) waited for and the output rescaled
+  // (FlashAttention-3's intra-warpgroup overlap). K(j + 1) and V(j) load during iteration j into
+  // the other of two buffers each; P(j - 1) stays in registers until its product is done.
+#define KB_(i) (((i) & 1) ? Ks2 : Ks)  // selects, not an array: an indexed array lives in local memory
+#define VB_(i) (((i) & 1) ? Vs2 : Vs)
+  u32 pk_prev[FWD_MT][FWD_TILE_N / 8][2];
+  bool have_prev = false;
+  int j = 0;
+  while (more) {
+    const bool more_next = walk.next(c_next, p_next);
+    __syncthreads();  // everyone is done with KB_(j + 1) (S of j - 1) and VB_(j) (P V of j - 2)
+    if (more_next) FWD_LOAD_TILE(KB_(j + 1), kg, c_next, P.S, FWD_TILE_N);
+    FWD_LOAD_TILE(VB_(j), vg, c0, P.S, FWD_TILE_N);
+    cp_async_commit();
+    cp_async_wait<1>();  // K(j) and V(j - 1) landed (this thread's part)
+    SMEM_PROXY_FENCE();
+    __syncthreads();
+    PROF_MARK(1);
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
+    wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
+    if (have_prev) {
+      wg_pb_issue<FWD_TILE_N>(o[0], pk_prev[0], VB_(j + 1));
+      wg_wait<1>();  // S(j) done; P V(j - 1) may still run
+    } else {
+      wg_wait<0>();
+    }
+    reg_fence<FWD_TILE_N / 8>(s[0]);
+    PROF_MARK(2);
+    if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
+    else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
+    float alpha[FWD_MT][2];
+    fwd_softmax(s, pk, m, l, alpha);
+    PROF_MARK(3);
+    wg_wait<0>();
+    reg_fence<HEAD_DIM / 8>(o[0]);
+    reg_fence_pk<FWD_TILE_N / 8>(pk_prev[0]);
+    PROF_MARK(4);
+    fwd_rescale(o, alpha);
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n) pk_prev[0][n][0] = pk[0][n][0], pk_prev[0][n][1] = pk[0][n][1];
+    have_prev = true;
+    PROF_MARK(5);
+    c0 = c_next;
+    partial = p_next;
+    more = more_next;
+    ++j;
+  }
+  if (have_prev) {  // P V of the last tile
+    cp_async_wait<0>();
+    SMEM_PROXY_FENCE();
+    __syncthreads();
+    wg_pb<FWD_TILE_N>(o[0], pk_prev[0], VB_(j + 1));
+  }
+#undef KB_
+#undef VB_
+#else
   // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV (FWD_KBUF 1)
   // or, into the other K buffer, with V(c0) a whole step ahead (FWD_KBUF 2).
   while (more) {
@@ -564,48 +682,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       // outside the element loops (per element it compiled to a branch each).
       if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
       else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
-#pragma unroll
-      for (int mt = 0; mt < FWD_MT; ++mt) {
-        float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int n = 0; n < FWD_TILE_N / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][n][e]);
-        float alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-          const float m_new = fmaxf(m[mt][r], mx[r]);
-          // p = 2^(x log2e - m log2e): one FFMA and the SFU per element. Nothing attended yet
-          // (m_new = -inf): p = 0 from x = -inf with m taken as 0.
-          const float m_log2 = (m_new == NEG_INF ? 0.f : m_new) * LOG2E;
-          alpha[r] = m[mt][r] == NEG_INF ? 0.f : fast_exp2(fmaf(m[mt][r], LOG2E, -m_log2));
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < FWD_TILE_N / 8; ++n)
-#pragma unroll
-            for (int e = 2 * r; e < 2 * r + 2; ++e) {
-              s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], LOG2E, -m_log2));
-              sum += s[mt][n][e];
-            }
-#pragma unroll
-          for (int n = 0; n < FWD_TILE_N / 8; ++n) pk[mt][n][r] = pack2(s[mt][n][2 * r], s[mt][n][2 * r + 1]);
-          l[mt][r] = l[mt][r] * alpha[r] + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
-          m[mt][r] = m_new;
-        }
-        // The output's rescale only when a row of the warp's max moved (alpha != 1): late in a
-        // row the max rarely moves, and the rescale is as many multiplies as the exponentials.
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-          for (int n = 0; n < HEAD_DIM / 8; ++n) {
-            o[mt][n][0] *= alpha[0];
-            o[mt][n][1] *= alpha[0];
-            o[mt][n][2] *= alpha[1];
-            o[mt][n][3] *= alpha[1];
-          }
-        }
-      }
+      float alpha[FWD_MT][2];
+      fwd_softmax(s, pk, m, l, alpha);
+      fwd_rescale(o, alpha);
       PROF_MARK(3);
 #if FWD_KBUF == 2
       cp_async_wait<0>();  // V(c0) and K(next) landed
@@ -633,6 +712,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
       partial = p_next;
     }
   }
+#endif  // FWD_OVERLAP
 #pragma unroll
   for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll

@@ -42,10 +42,20 @@ __device__ __forceinline__ void wgmma_ss(float (*d)[4], u64 a, u64 b, int accumu
   else wgmma_ss_n128(d, a, b, accumulate);
 }
 
-// d[64 x NB] = A B^T over HEAD_DIM: A is the warpgroup's 64 rows of a swizzled tile of a_rows rows
-// (a_row0 its first), B a swizzled tile of NB rows.
+template <int N>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// Keeps P's registers live (and unmoved) until a wgmma that reads them has been waited for.
+template <int N>
+__device__ __forceinline__ void reg_fence_pk(u32 (*pk)[2]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(pk[i][0]), "+r"(pk[i][1])::"memory");
+}
+
+// Issues d[64 x NB] = A B^T over HEAD_DIM as one wgmma group (wg_wait, then reg_fence(d), before
+// reading d): A is the warpgroup's 64 rows of a swizzled tile of a_rows rows (a_row0 its first),
+// B a swizzled tile of NB rows.
 template <int NB>
-__device__ __forceinline__ void wg_abt(float (*d)[4], const u16* A, int a_rows, int a_row0, const u16* Bm) {
+__device__ __forceinline__ void wg_abt_issue(float (*d)[4], const u16* A, int a_rows, int a_row0, const u16* Bm) {
   const u32 aa = smem_addr(A) + a_row0 * 128, ba = smem_addr(Bm);
   reg_fence<NB / 8>(d);
   wg_fence();
@@ -56,14 +66,19 @@ __device__ __forceinline__ void wg_abt(float (*d)[4], const u16* A, int a_rows, 
                  kk > 0);
   }
   wg_commit();
+}
+template <int NB>
+__device__ __forceinline__ void wg_abt(float (*d)[4], const u16* A, int a_rows, int a_row0, const u16* Bm) {
+  wg_abt_issue<NB>(d, A, a_rows, a_row0, Bm);
   wg_wait_all();
   reg_fence<NB / 8>(d);
 }
 
-// d[64 x HEAD_DIM] += P B where P [64 x KB] is in registers (pk[n][r]: rows g / g + 8 of column
-// block n, rounded to T) and B a swizzled tile of KB rows (its panels KB * 128 bytes apart).
+// Issues d[64 x HEAD_DIM] += P B as one wgmma group, where P [64 x KB] is in registers (pk[n][r]:
+// rows g / g + 8 of column block n, rounded to T; untouched until waited for) and B a swizzled
+// tile of KB rows (its panels KB * 128 bytes apart).
 template <int KB>
-__device__ __forceinline__ void wg_pb(float (*d)[4], const u32 (*pk)[2], const u16* Bm) {
+__device__ __forceinline__ void wg_pb_issue(float (*d)[4], const u32 (*pk)[2], const u16* Bm) {
   const u32 ba = smem_addr(Bm);
   reg_fence<HEAD_DIM / 8>(d);
   wg_fence();
@@ -73,6 +88,10 @@ __device__ __forceinline__ void wg_pb(float (*d)[4], const u32 (*pk)[2], const u
     wgmma_rs(d, a, sw_desc(ba + kk * 16 * 128, KB * 128));
   }
   wg_commit();
+}
+template <int KB>
+__device__ __forceinline__ void wg_pb(float (*d)[4], const u32 (*pk)[2], const u16* Bm) {
+  wg_pb_issue<KB>(d, pk, Bm);
   wg_wait_all();
   reg_fence<HEAD_DIM / 8>(d);
 }
