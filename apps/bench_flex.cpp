@@ -5,7 +5,7 @@
 // Usage:
 //   kiln bench flex (or bench_flex) [--device cpu|cuda] [--batch B] [--heads H] [--seq S] [--head-dim D]
 //              [--mask causal|sliding:W|document[:N]|prefix:N|chunked:N|none] [--score none|alibi|softcap:C]
-//              [--dtype f32|bf16|f16] [--reps N] [--bm-seq N] [--json]
+//              [--dtype f32|bf16|f16] [--reps N] [--bm-seq N] [--json] [--flex-only]
 //   bench_flex B H S D W      (the older positional form: CPU, f32, causal sliding window W)
 // Defaults: cpu, f32 (bf16 on cuda), 1 x 4 x 4096 x 64, sliding:256. CUDA times come from CUDA
 // events around each call (the first call, which compiles or loads the kernels, is a warm-up).
@@ -41,6 +41,7 @@ struct Args {
   int64_t B = 1, H = 4, S = 4096, D = 64, bm_seq = 0;
   int reps = 0;
   bool json = false;
+  bool flex_only = false;  // --flex-only: the flex variant alone (A/B rounds on a device budget)
 };
 
 struct UsageError : std::runtime_error {
@@ -77,6 +78,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--reps") a.reps = std::atoi(value().c_str());
     else if (f == "--bm-seq") a.bm_seq = std::atoll(value().c_str());
     else if (f == "--json") a.json = true;
+    else if (f == "--flex-only") a.flex_only = true;
     else usage(("unknown flag " + f).c_str());
   }
   if (a.device != "cpu" && a.device != "cuda") usage("--device must be cpu or cuda");
@@ -277,6 +279,7 @@ int run_main(int argc, char** argv) {
     };
   };
   run(a, "flex", dev, q, k, v, flex_with(uses_mask ? &sparse : nullptr), reps);
+  if (a.flex_only) return 0;
   if (uses_mask) {
     const BlockMask every = all_blocks(m, a.S, a.S).to(dev);
     run(a, "flex_all_blocks", dev, q, k, v, flex_with(&every), std::max(1, reps / 4));
@@ -321,7 +324,7 @@ int run_bench_flex(int argc, char** argv) {
     std::fprintf(stderr,
                  "bench flex: %s\nusage: bench flex [--device cpu|cuda] [--batch B] [--heads H] [--seq S] "
                  "[--head-dim D] [--mask causal|sliding:W|document[:N]|prefix:N|chunked:N|none] "
-                 "[--score none|alibi|softcap:C] [--dtype f32|bf16|f16] [--reps N] [--bm-seq N] [--json]\n",
+                 "[--score none|alibi|softcap:C] [--dtype f32|bf16|f16] [--reps N] [--bm-seq N] [--json] [--flex-only]\n",
                  e.what());
     return 2;
   } catch (const Error& e) {

@@ -6,7 +6,7 @@
 #   tests: the CUDA flex tests with the defaults (wgmma on sm_90), then with mma.sync forced;
 #   rows:  the flex rows with the defaults (and with mma.sync forced when ROWS_MMA is set, and
 #          with each wgmma forward tile in WG_TILES, and with each VAR=VALUE of ENV_ROWS), then
-#          each row's forward phase profile;
+#          each row's forward phase profile (with PROFILE_ENV's VAR=VALUE,... when set);
 #   ops:   the CUDA test_ops tests and the memory-bound table;
 #   compare: python/bench/compare_torch.py beside torch (CMP_ONLY, CMP_ARGS, CMP_TIMEOUT; KILN_PY is
 #          the kiln package's folder, round_d.sh's prebuilt one or build-gpu/python);
@@ -50,18 +50,18 @@ for part in ${PARTS:-probe tests rows}; do
       for setting in ${ENV_ROWS:-}; do  # A/B of kernel switches, e.g. ENV_ROWS="KILN_FLEX_FWD_KBUF=2 A=1,B=2" (commas join)
         for row in "${rows[@]}"; do
           name=${row%%|*}; args=${row#*|}
-          env ${setting//,/ } timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" 2>&1
+          env ${setting//,/ } timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 --flex-only > "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" 2>&1
           echo "  $setting $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_${setting//[^A-Za-z0-9]/_}.jsonl" | cut -c1-150)"
         done
       done
       for row in "${rows[@]}"; do  # the forward's phase split (KILN_FLEX_PROFILE, thread 0 of each CTA)
         name=${row%%|*}; args=${row#*|}
-        echo "  profile $name: $(KILN_FLEX_PROFILE=1 timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 3 2>&1 | grep -E 'flex (fwd|bwd dq|bwd dkdv) profile' | head -3 | sed 's/^/    /')"
+        echo "  profile $name: $(KILN_FLEX_PROFILE=1 ${PROFILE_ENV:+env ${PROFILE_ENV//,/ }} timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 3 --flex-only 2>&1 | grep -E 'flex (fwd|bwd dq|bwd dkdv) profile' | head -3 | sed 's/^/    /')"
       done
       for tile in ${WG_TILES:-}; do  # other wgmma forward tiles, KILN_FLEX_FWD_TILE=MxNx1
         for row in "${rows[@]}"; do
           name=${row%%|*}; args=${row#*|}
-          KILN_FLEX_FWD_TILE=$tile timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 > "$OUT/flex_${name}_$tile.jsonl" 2>&1
+          KILN_FLEX_FWD_TILE=$tile timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 --flex-only > "$OUT/flex_${name}_$tile.jsonl" 2>&1
           echo "  tile $tile $name $(grep -E '"variant": "flex"' "$OUT/flex_${name}_$tile.jsonl" | cut -c1-150)"
         done
       done ;;
