@@ -601,11 +601,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   // the other of two buffers each; P(j - 1) stays in registers until its product is done.
 #define KB_(i) (((i) & 1) ? Ks2 : Ks)  // selects, not an array: an indexed array lives in local memory
 #define VB_(i) (((i) & 1) ? Vs2 : Vs)
-  u32 pk_prev[FWD_MT][FWD_TILE_N / 8][2];
-  bool have_prev = false;
   int j = 0;
-  while (more) {
-    const bool more_next = walk.next(c_next, p_next);
+  bool more_next = false;
+  // Loads K(j + 1) and V(j), then waits for K(j) and V(j - 1).
+  auto stage = [&]() {
+    more_next = walk.next(c_next, p_next);
     __syncthreads();  // everyone is done with KB_(j + 1) (S of j - 1) and VB_(j) (P V of j - 2)
     if (more_next) FWD_LOAD_TILE(KB_(j + 1), kg, c_next, P.S, FWD_TILE_N);
     FWD_LOAD_TILE(VB_(j), vg, c0, P.S, FWD_TILE_N);
@@ -614,41 +614,67 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
     SMEM_PROXY_FENCE();
     __syncthreads();
     PROF_MARK(1);
-    float s[FWD_MT][FWD_TILE_N / 8][4];
-    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-    wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
-    if (have_prev) {
-      wg_pb_issue<FWD_TILE_N>(o[0], pk_prev[0], VB_(j + 1));
-      wg_wait<1>();  // S(j) done; P V(j - 1) may still run
-    } else {
-      wg_wait<0>();
-    }
-    reg_fence<FWD_TILE_N / 8>(s[0]);
-    PROF_MARK(2);
+  };
+  auto scores = [&](float (&s)[FWD_MT][FWD_TILE_N / 8][4]) {
     if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
     else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
-    float alpha[FWD_MT][2];
-    fwd_softmax(s, pk, m, l, alpha);
-    PROF_MARK(3);
-    wg_wait<0>();
-    reg_fence<HEAD_DIM / 8>(o[0]);
-    reg_fence_pk<FWD_TILE_N / 8>(pk_prev[0]);
-    PROF_MARK(4);
-    fwd_rescale(o, alpha);
-#pragma unroll
-    for (int n = 0; n < FWD_TILE_N / 8; ++n) pk_prev[0][n][0] = pk[0][n][0], pk_prev[0][n][1] = pk[0][n][1];
-    have_prev = true;
-    PROF_MARK(5);
+  };
+  auto advance = [&]() {
     c0 = c_next;
     partial = p_next;
     more = more_next;
     ++j;
+  };
+  // P of the previous tile and of this one alternate between two register sets (the loop is
+  // unrolled by two): a copy from one to the other would define wgmma operand registers inside
+  // the stage, and ptxas then serializes every wgmma.
+  u32 pk_a[FWD_MT][FWD_TILE_N / 8][2], pk_b[FWD_MT][FWD_TILE_N / 8][2];
+  auto step = [&](u32 (&prev)[FWD_MT][FWD_TILE_N / 8][2], u32 (&cur)[FWD_MT][FWD_TILE_N / 8][2]) {
+    stage();
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    reg_fence<HEAD_DIM / 8>(o[0]);
+    wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
+    wg_pb_issue<FWD_TILE_N>(o[0], prev[0], VB_(j + 1));
+    wg_wait<1>();  // S(j) done; P V(j - 1) may still run
+    reg_fence<FWD_TILE_N / 8>(s[0]);
+    PROF_MARK(2);
+    scores(s);
+    float alpha[FWD_MT][2];
+    fwd_softmax(s, cur, m, l, alpha);
+    PROF_MARK(3);
+    wg_wait<0>();
+    reg_fence<HEAD_DIM / 8>(o[0]);
+    reg_fence_pk<FWD_TILE_N / 8>(prev[0]);  // P(j - 1) stays put until its product is done
+    PROF_MARK(4);
+    fwd_rescale(o, alpha);
+    PROF_MARK(5);
+    advance();
+  };
+  if (more) {  // the first tile: no P V to overlap yet
+    stage();
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    float alpha[FWD_MT][2];
+    wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
+    PROF_MARK(2);
+    scores(s);
+    fwd_softmax(s, pk_a, m, l, alpha);
+    PROF_MARK(3);
+    advance();
   }
-  if (have_prev) {  // P V of the last tile
+  bool last_in_a = true;
+  while (more) {
+    step(pk_a, pk_b);
+    last_in_a = false;
+    if (!more) break;
+    step(pk_b, pk_a);
+    last_in_a = true;
+  }
+  if (j > 0) {  // P V of the last tile
     cp_async_wait<0>();
     SMEM_PROXY_FENCE();
     __syncthreads();
-    wg_pb<FWD_TILE_N>(o[0], pk_prev[0], VB_(j + 1));
+    if (last_in_a) wg_pb<FWD_TILE_N>(o[0], pk_a[0], VB_(j + 1));
+    else wg_pb<FWD_TILE_N>(o[0], pk_b[0], VB_(j + 1));
   }
 #undef KB_
 #undef VB_
