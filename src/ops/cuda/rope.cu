@@ -1,8 +1,9 @@
 // Rotary embedding on CUDA: one thread per rotated pair (row, i), i < D/2, over a grid-stride
-// loop. Consecutive threads take consecutive i, so both halves of a row are read and written
+// loop, its dims split by IntDivider. Consecutive threads take consecutive i, so both halves of a row are read and written
 // coalesced; cos/sin ([T, D/2], small) stay in L2. s = +1 forward, -1 backward.
 #include "core/cuda/check.h"
 #include "core/cuda/device_types.cuh"
+#include "core/cuda/int_divider.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 #include "ops/cuda/rope.h"
@@ -20,13 +21,52 @@ __device__ __forceinline__ void rotate_pair(const X* src, X* dst, int64_t i, int
   dst[i + half] = convert<X>(x2 * c + x1 * si);
 }
 
+// The dims of a pair index, by IntDivider when the tensor has fewer than 2^31 pairs (narrow;
+// the 64-bit divides cost ~5x the kernel's memory time), else by 64-bit arithmetic.
+struct PairDims {
+  bool narrow;
+  int64_t half, H, T;
+  IntDivider d_half, d_H, d_3, d_T;
+  PairDims(int64_t pairs, int64_t half_, int64_t H_, int64_t T_) : narrow(pairs < (int64_t{1} << 31)), half(half_), H(H_), T(T_) {
+    if (narrow) {
+      d_half = IntDivider(static_cast<uint32_t>(half));
+      d_H = IntDivider(static_cast<uint32_t>(H));
+      d_3 = IntDivider(3);
+      d_T = IntDivider(static_cast<uint32_t>(T));
+    }
+  }
+  // p = row * half + i.
+  __device__ __forceinline__ void split(int64_t p, int64_t& row, int64_t& i) const {
+    if (narrow) {
+      uint32_t q, r;
+      d_half.divmod(static_cast<uint32_t>(p), q, r);
+      row = q, i = r;
+    } else {
+      row = p / half, i = p % half;
+    }
+  }
+  // a = q * (divisor of d) + r for d one of the dividers, with its 64-bit fallback n.
+  __device__ __forceinline__ void divmod(int64_t a, const IntDivider& d, int64_t n, int64_t& q, int64_t& r) const {
+    if (narrow) {
+      uint32_t qq, rr;
+      d.divmod(static_cast<uint32_t>(a), qq, rr);
+      q = qq, r = rr;
+    } else {
+      q = a / n, r = a % n;
+    }
+  }
+};
+
 template <typename X, typename A>
 __global__ void rotary_kernel(const X* __restrict__ x, const A* __restrict__ cos, const A* __restrict__ sin,
-                              X* __restrict__ out, int64_t pairs, int64_t T, int64_t H, int64_t half, A s) {
+                              X* __restrict__ out, int64_t pairs, PairDims dims, A s) {
+  const int64_t half = dims.half;
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = p / half, i = p % half;
-    const int64_t t = (r / H) % T;
+    int64_t r, i, rh, h, bt, t;
+    dims.split(p, r, i);
+    dims.divmod(r, dims.d_H, dims.H, rh, h);  // r = (b T + t) H + h
+    dims.divmod(rh, dims.d_T, dims.T, bt, t);
     const int64_t base = r * 2 * half;
     rotate_pair(x + base, out + base, i, half, cos[t * half + i], s * sin[t * half + i]);
   }
@@ -36,12 +76,16 @@ __global__ void rotary_kernel(const X* __restrict__ x, const A* __restrict__ cos
 // take consecutive i and h, so the packed side is contiguous and each head row is too.
 template <typename X, typename A>
 __global__ void qkv_rotary_kernel(X* __restrict__ packed, X* __restrict__ q, X* __restrict__ k, X* __restrict__ v,
-                                  const A* __restrict__ cos, const A* __restrict__ sin, int64_t pairs, int64_t T,
-                                  int64_t H, int64_t half, bool split) {
+                                  const A* __restrict__ cos, const A* __restrict__ sin, int64_t pairs, PairDims dims,
+                                  bool split) {
+  const int64_t half = dims.half, H = dims.H, T = dims.T;
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = p / half, i = p % half;  // r = ((b T + t) 3 + j) H + h
-    const int64_t h = r % H, j = (r / H) % 3, bt = r / (3 * H), t = bt % T, b = bt / T;
+    int64_t r, i, r3, h, bt, j, b, t;
+    dims.split(p, r, i);  // r = ((b T + t) 3 + j) H + h
+    dims.divmod(r, dims.d_H, H, r3, h);
+    dims.divmod(r3, dims.d_3, 3, bt, j);
+    dims.divmod(bt, dims.d_T, T, b, t);
     X* hr = (j == 0 ? q : j == 1 ? k : v) + ((b * H + h) * T + t) * 2 * half;
     X* pr = packed + r * 2 * half;
     const X* src = split ? pr : hr;
@@ -69,7 +113,7 @@ void qkv_rotary(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tenso
     qkv_rotary_kernel<X, A><<<blocks_for(pairs, kThreads), kThreads, 0, current_raw_stream(qkv.device().index)>>>(
         static_cast<X*>(qkv.data_ptr()), static_cast<X*>(q.data_ptr()), static_cast<X*>(k.data_ptr()),
         static_cast<X*>(v.data_ptr()), static_cast<const A*>(cos.data_ptr()), static_cast<const A*>(sin.data_ptr()),
-        pairs, T, H, half, split);
+        pairs, PairDims(pairs, half, H, T), split);
     KILN_CUDA_CHECK_LAUNCH("qkv_rotary_split");
   });
 }
@@ -84,7 +128,7 @@ void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign, con
     using A = dacc_t<X>;
     rotary_kernel<X, A><<<blocks_for(pairs, kThreads), kThreads, 0, current_raw_stream(x.device().index)>>>(
         static_cast<const X*>(x.data_ptr()), static_cast<const A*>(cos.data_ptr()),
-        static_cast<const A*>(sin.data_ptr()), static_cast<X*>(out.data_ptr()), pairs, T, H, half,
+        static_cast<const A*>(sin.data_ptr()), static_cast<X*>(out.data_ptr()), pairs, PairDims(pairs, half, H, T),
         static_cast<A>(sign));
     KILN_CUDA_CHECK_LAUNCH("apply_rotary_emb");
   });
