@@ -507,6 +507,17 @@ TEST(FlexAttentionCuda, OverlappedForwardMatchesReferenceAndDefaultBits) {
   }
 }
 
+// E = 64 rows listing 6 or more blocks take the 64 x 128 forward tile by default (8 blocks here).
+TEST(FlexAttentionCuda, LongRowsAtE64MatchReference) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(22);
+  GpuCase c;
+  c.L = 900;
+  c.S = 1000;
+  const MaskMod causal = causal_mask();
+  check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
+}
+
 TEST(FlexAttentionCuda, SecondCompileLoadsFromDisk) {
   KILN_REQUIRE_CUDA();
   TempCacheDir dir;

@@ -59,7 +59,7 @@ bool use_wgmma(const char* var, int major) {
 }
 
 // The kernels' products and the forward's tile. sm_90: wgmma, forward tiles 128 x 128 at E = 128
-// and 64 x 64 at E = 64 (H200, 2b982c6: causal 4x16x8192x128 fwd 5.67 ms vs 7.97 for the mma.sync
+// and 64 x 64 (64 x 128 on long rows, below) at E = 64 (H200, 2b982c6: causal 4x16x8192x128 fwd 5.67 ms vs 7.97 for the mma.sync
 // 64 x 64; 4x12x4096x64 with 4 documents 0.84 vs 0.89, where 128-row tiles took 1.10-1.25).
 // mma.sync elsewhere: 64 x 64 in 4 warps of 16 rows (128-row variants measured slower, 2317fcd).
 // KILN_FLEX_FWD_TILE=MxNxMT overrides the forward's tile (for measurements); the blocks must be
@@ -71,6 +71,11 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   cfg.bwd_wgmma = use_wgmma("KILN_FLEX_BWD_MMA", major);
   cfg.fwd_wgmma = wgmma;
   int m = wgmma && p.E == 128 ? 128 : kTileM, n = m, mt = 1;
+  // E = 64 rows listing 6 or more blocks: 64 x 128 (H200, session 7: training shape 4x12x4096x64
+  // with 4 documents, up to 8 blocks a row, fwd 0.436 -> 0.352 ms; but window 256, 3 blocks a row,
+  // 0.204 -> 0.279, so short rows keep 64 x 64).
+  const int64_t row_blocks = p.all_full ? p.nKV : p.kv_m + p.fkv_m;
+  if (wgmma && p.E == 64 && row_blocks >= 6) n = 128;
   if (const char* env = std::getenv("KILN_FLEX_FWD_TILE")) {
     KILN_CHECK(std::sscanf(env, "%dx%dx%d", &m, &n, &mt) == 3, kOp, "KILN_FLEX_FWD_TILE must read MxNxMT, got '",
                env, "'");
