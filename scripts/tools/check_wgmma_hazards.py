@@ -24,8 +24,9 @@ while i < len(ins):
         n = int(re.search(r'x(\d+)x', x).group(1))
         acc_regs = set(range(acc, acc + n // 2))
         groups += 1
-        for y in ins[i + 1:]:
-            if 'DEPBAR.LE gsb0, 0x0' in y: break
+        for idx, y in enumerate(ins[i + 1:], start=i + 1):
+            # a wait right after an unconditional branch is another path's (if / else): skip it
+            if 'DEPBAR.LE gsb0, 0x0' in y and not re.match(r'BRA ', ins[idx - 1]): break
             parts = re.sub(r'^@!?U?P\w+\s+', '', y).split(None, 1)
             if len(parts) < 2 or parts[0].startswith(('ST', 'BRA', 'BAR', 'HGMMA', 'WARPGROUP', 'RED', 'ATOM', 'ISETP', 'FSETP', 'BSSY', 'BSYNC', 'EXIT', 'WARPSYNC', 'VOTE', 'DEPBAR', 'LDGDEPBAR', 'PLOP3')):
                 if len(parts) >= 2 and parts[0].startswith('HGMMA'): break  # next group issue
