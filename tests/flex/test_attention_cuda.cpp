@@ -144,6 +144,9 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     const detail::Program sp = detail::compile(scores[2].expr);
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
     cfg.fwd_overlap = false;
+    cfg.fwd_tma = true;  // the TMA forward (bulk tensor copies, mbarriers)
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
+    cfg.fwd_tma = false;
     cfg.fwd_wgmma = cfg.bwd_wgmma = false;
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(nullptr, &mp, cfg), "sm_80"));
   }
@@ -472,17 +475,15 @@ TEST(FlexAttentionCuda, BackwardIsBitwiseDeterministic) {
       << "full vs partial classification changes the CUDA result";
 }
 
-// KILN_FLEX_FWD_OVERLAP=1 (the softmax of a tile beside the previous tile's P V): against the
-// reference, with rows that attend nothing and tiles of one block, and bit for bit the default
-// forward (the same operations in the same order, only issued earlier).
-TEST(FlexAttentionCuda, OverlappedForwardMatchesReferenceAndDefaultBits) {
-  KILN_REQUIRE_CUDA();
-  manual_seed(21);
+// A forward variant switched on by `var`=1: against the reference, with rows that attend nothing
+// and tiles of one block, and bit for bit the default forward (the same operations in the same
+// order, only issued or loaded differently).
+void check_forward_variant(const char* var) {
   GpuCase c;
   const MaskMod causal = causal_mask(), late = MaskMod([](Expr, Expr, Expr q, Expr kv) { return kv < q - 69; });
   const Tensor bias = (randn({c.Hq, c.L + c.S}, kFloat64) * 0.5).detach().requires_grad_();
   {
-    const ScopedEnv ovl("KILN_FLEX_FWD_OVERLAP", "1");
+    const ScopedEnv on(var, "1");
     check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
     check_cuda(c, kFloat16, &late, [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < q - 69; }, ScoreMod(),
                nullptr);
@@ -499,12 +500,26 @@ TEST(FlexAttentionCuda, OverlappedForwardMatchesReferenceAndDefaultBits) {
     o.block_mask = &bm;
     o.return_lse = true;
     const FlexRun base = run_on(kGpu, kBFloat16, q, k, v, o, cot);
-    const ScopedEnv ovl("KILN_FLEX_FWD_OVERLAP", "1");
-    const FlexRun over = run_on(kGpu, kBFloat16, q, k, v, o, cot);
-    EXPECT_TRUE(same_bits(base, over)) << "E = " << E << ": the overlapped forward changed the bits";
-    const std::vector<double> a = base.lse.to_vector(), b = over.lse.to_vector();
+    const ScopedEnv on(var, "1");
+    const FlexRun other = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+    EXPECT_TRUE(same_bits(base, other)) << var << ", E = " << E << ": the forward's bits changed";
+    const std::vector<double> a = base.lse.to_vector(), b = other.lse.to_vector();
     EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
   }
+}
+
+// KILN_FLEX_FWD_OVERLAP=1: the softmax of a tile beside the previous tile's P V.
+TEST(FlexAttentionCuda, OverlappedForwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(21);
+  check_forward_variant("KILN_FLEX_FWD_OVERLAP");
+}
+
+// KILN_FLEX_FWD_TMA=1: Q, K and V tiles by TMA with mbarrier completion instead of cp.async.
+TEST(FlexAttentionCuda, TmaForwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(23);
+  check_forward_variant("KILN_FLEX_FWD_TMA");
 }
 
 // E = 64 rows listing 6 or more blocks take the 64 x 128 forward tile by default (8 blocks here).

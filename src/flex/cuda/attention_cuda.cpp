@@ -38,6 +38,7 @@ struct State {
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
   bool profile = false;        // KILN_FLEX_PROFILE: print the kernels' phase cycles
+  KernelConfig cfg;            // what the kernels were generated for
 };
 
 namespace {
@@ -164,11 +165,11 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
-                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap);
+                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -247,6 +248,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
   cfg.fwd_overlap = cfg.fwd_wgmma && env_switch("KILN_FLEX_FWD_OVERLAP", "0", "1") &&
                     !std::strcmp(std::getenv("KILN_FLEX_FWD_OVERLAP"), "1");
+  cfg.fwd_tma = cfg.fwd_wgmma && !cfg.fwd_overlap && env_switch("KILN_FLEX_FWD_TMA", "0", "1") &&
+                !std::strcmp(std::getenv("KILN_FLEX_FWD_TMA"), "1");
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   const int64_t fwd_kv_tiles = cfg.fwd_overlap ? 4 : 1 + cfg.fwd_kbuf;  // V and 1 or 2 K buffers (overlap: 2 of each)
@@ -259,6 +262,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   const int64_t bwd_tiles = std::max<int64_t>(3 + cfg.bwd_kbuf, 2 + 2 * cfg.bwd_qbuf);
   const int64_t rows_bytes = 2 * kTileM * 4 * cfg.bwd_qbuf;
   st->bwd_smem = cfg.bwd_wgmma ? bwd_tiles * kTileM * p.E * 2 + rows_bytes + 1024 : bwd_tiles * kTileM * ld * 2 + rows_bytes;
+  st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, device.index, st->fwd_smem, st->bwd_smem);
   return st;
 }
@@ -273,6 +277,13 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   P.out = out.data_ptr();
   P.lse = lse.data_ptr<float>();
   P.err = err.data_ptr<int32_t>();
+  if (st.cfg.fwd_tma) {  // the maps hold the tensors' addresses: encoded per call (host only, ~microseconds)
+    const bool bf16 = st.dtype == kBFloat16;
+    const KernelConfig& c = st.cfg;
+    encode_tile_map(P.qmap, P.q, bf16, st.p.B * st.p.Hq, st.p.L, st.p.E, c.fwd_tile_m);
+    encode_tile_map(P.kmap, P.k, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
+    encode_tile_map(P.vmap, P.v, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
+  }
   const Tensor prof = attach_profile_counters(st, P);
   launch(st.kernels->fwd, st.p.B * st.p.Hq * st.fwd_q_tiles, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
   if (st.profile) {

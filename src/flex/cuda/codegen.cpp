@@ -333,6 +333,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define KILN_INDEX_CHECK " << (cfg.index_check ? 1 : 0) << "\n";
   if (cfg.fwd_kbuf == 2) os << "#define FWD_KBUF 2\n";
   if (cfg.fwd_overlap && cfg.fwd_wgmma) os << "#define FWD_OVERLAP 1\n";
+  else if (cfg.fwd_tma && cfg.fwd_wgmma) os << "#define FWD_TMA 1\n";
   if (cfg.bwd_kbuf == 2) os << "#define BWD_KBUF 2\n";
   if (cfg.bwd_qbuf == 2) os << "#define BWD_QBUF 2\n";
   os << "#define NTHREADS " << kThreads << "\n";

@@ -45,6 +45,9 @@ struct FlexParams {
   int64_t ssize[kMaxBuffers][3], sstride[kMaxBuffers][3], sgoff[kMaxBuffers];
   const void* mptr[kMaxBuffers];
   int64_t msize[kMaxBuffers][3], mstride[kMaxBuffers][3];
+  // KILN_FLEX_FWD_TMA: CUtensorMaps of q [B*Hq, L, E], k and v [B*Hkv, S, E] (64-column boxes,
+  // 128-byte swizzle), read by the forward's bulk tensor copies; unused otherwise.
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128];
 };
 
 // What a generated source depends on besides the mods (a field added here joins the kernel
@@ -71,6 +74,9 @@ struct KernelConfig {
   // wgmma forward only: the softmax of a tile overlaps the previous tile's P V, with two K and two
   // V buffers (KILN_FLEX_FWD_OVERLAP=1; fwd_kbuf is then unused).
   bool fwd_overlap = false;
+  // wgmma forward only (not with fwd_overlap): Q, K and V tiles by TMA (cp.async.bulk.tensor, one
+  // thread, mbarrier completion) instead of cp.async from every thread (KILN_FLEX_FWD_TMA=1).
+  bool fwd_tma = false;
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead

@@ -56,6 +56,7 @@ struct FlexParams {
   i64 ssize[KILN_MAX_BUFFERS][3], sstride[KILN_MAX_BUFFERS][3], sgoff[KILN_MAX_BUFFERS];
   const void* mptr[KILN_MAX_BUFFERS];
   i64 msize[KILN_MAX_BUFFERS][3], mstride[KILN_MAX_BUFFERS][3];
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128];
 };
 static_assert(sizeof(FlexParams) == KILN_PARAMS_SIZE, "host and device FlexParams differ");
 
@@ -443,6 +444,9 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 #ifndef FWD_OVERLAP
 #define FWD_OVERLAP 0  // wgmma only: the softmax of a tile beside the previous tile's P V
 #endif
+#ifndef FWD_TMA
+#define FWD_TMA 0  // wgmma only, not with FWD_OVERLAP: Q, K and V tiles by TMA
+#endif
 #define PROFILE_SLOTS 8
 #if FLEX_PROFILE
 #define PROF_DECL                                  \
@@ -542,7 +546,7 @@ __device__ __forceinline__ void fwd_rescale(float (&o)[FWD_MT][HEAD_DIM / 8][4],
     }
 }
 
-extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexParams P) {
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
 #if FWD_WGMMA
@@ -567,7 +571,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * FWD_TILE_M;
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
-#if FWD_WGMMA
+#if FWD_TMA
+  // Q and the first K on bars[0], then K on bars[0] and V on bars[1], each wait flipping its phase.
+  __shared__ __align__(8) u64 bars[2];
+  u32 kphase = 0, vphase = 0;
+#elif FWD_WGMMA
   FWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M);  // lands with the first K tile
 #else
   load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M, FWD_THREADS);
@@ -591,8 +599,22 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   i64 c0, c_next;
   bool partial, p_next;
   bool more = walk.next(c0, partial);
+#if FWD_TMA
+  const i64 bhk = b * P.Hkv + hk;
+  if (threadIdx.x == 0) {
+    mbar_init(&bars[0]);
+    mbar_init(&bars[1]);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // the inits, before the async proxy uses them
+    if (more) {
+      tma_tile(Qs, P.qmap, &bars[0], r0, bh, FWD_TILE_M, false);  // Q's bytes join the first K's phase
+      tma_tile(Ks, P.kmap, &bars[0], c0, bhk, FWD_TILE_N);
+    }
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+#else
   if (more) FWD_LOAD_TILE(Ks, kg, c0, P.S, FWD_TILE_N);
   cp_async_commit();
+#endif
   PROF_MARK(0);
 #if FWD_OVERLAP
   // The softmax of tile j runs while the tensor cores do P V of tile j - 1: both products are
@@ -678,6 +700,35 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const FlexPar
   }
 #undef KB_
 #undef VB_
+#elif FWD_TMA
+  // As the default loop below (one K and one V buffer), the loads by TMA from thread 0.
+  while (more) {
+    __syncthreads();  // everyone is done with Vs (previous PV)
+    if (threadIdx.x == 0) tma_tile(Vs, P.vmap, &bars[1], c0, bhk, FWD_TILE_N);
+    mbar_wait(&bars[0], kphase);  // Q (first tile) and K(c0) landed
+    kphase ^= 1;
+    PROF_MARK(1);
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
+    wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Ks);
+    PROF_MARK(2);
+    if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
+    else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
+    float alpha[FWD_MT][2];
+    fwd_softmax(s, pk, m, l, alpha);
+    fwd_rescale(o, alpha);
+    PROF_MARK(3);
+    __syncthreads();  // everyone is done with Ks
+    more = walk.next(c_next, p_next);
+    if (more && threadIdx.x == 0) tma_tile(Ks, P.kmap, &bars[0], c_next, bhk, FWD_TILE_N);
+    mbar_wait(&bars[1], vphase);  // V(c0) landed
+    vphase ^= 1;
+    PROF_MARK(4);
+    wg_pb<FWD_TILE_N>(o[0], pk[0], Vs);
+    PROF_MARK(5);
+    c0 = c_next;
+    partial = p_next;
+  }
 #else
   // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV (FWD_KBUF 1)
   // or, into the other K buffer, with V(c0) a whole step ahead (FWD_KBUF 2).

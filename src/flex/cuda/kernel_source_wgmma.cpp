@@ -105,6 +105,39 @@ __device__ __forceinline__ void pack_rows(u32 (*pk)[2], const float (*p)[4]) {
     pk[n][1] = pack2(p[n][2], p[n][3]);
   }
 }
+#if FWD_TMA
+// TMA (cp.async.bulk.tensor) tiles with mbarrier completion: one thread issues a tile as one
+// bulk copy per 64-column panel (box {64, rows, 1} of a [B*H, len, E] tensor map, the 128-byte
+// swizzle of the layout above); rows past the length arrive as zeros and still count as bytes.
+__device__ __forceinline__ void mbar_init(u64* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 phase) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(
+          smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+}
+// `arrive`: this tile's bytes complete the barrier's phase with the issuing thread's one arrival;
+// false adds them to the phase without arriving (a tile sharing a phase with a later one).
+__device__ __forceinline__ void tma_tile(u16* dst, const void* map, u64* bar, i64 row0, i64 bh, int rows,
+                                         bool arrive = true) {
+  if (arrive)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(rows * HEAD_DIM * 2)
+                 : "memory");
+  else
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(rows * HEAD_DIM * 2)
+                 : "memory");
+#pragma unroll
+  for (int p = 0; p < HEAD_DIM / 64; ++p)
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(
+            smem_addr(dst + p * rows * 64)),
+        "l"(map), "r"(p * 64), "r"((int)row0), "r"((int)bh), "r"(smem_addr(bar))
+        : "memory");
+}
+#endif
 #define SMEM_PROXY_FENCE() fence_async_smem()
 #else
 #define SMEM_PROXY_FENCE()

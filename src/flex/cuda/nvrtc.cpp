@@ -62,6 +62,9 @@ using PfnSetAttr = CUresult (*)(CUfunction, CUfunction_attribute, int);
 using PfnLaunch = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                CUstream, void**, void**);
 using PfnErrorString = CUresult (*)(CUresult, const char**);
+using PfnEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 struct Driver {
   PfnLoad load = nullptr;
@@ -69,6 +72,7 @@ struct Driver {
   PfnSetAttr set_attr = nullptr;
   PfnLaunch launch = nullptr;
   PfnErrorString error_string = nullptr;
+  PfnEncodeTiled encode_tiled = nullptr;
 };
 
 void* entry(const char* name) {
@@ -88,6 +92,7 @@ const Driver& driver() {
     r.set_attr = reinterpret_cast<PfnSetAttr>(entry("cuFuncSetAttribute"));
     r.launch = reinterpret_cast<PfnLaunch>(entry("cuLaunchKernel"));
     r.error_string = reinterpret_cast<PfnErrorString>(entry("cuGetErrorString"));
+    r.encode_tiled = reinterpret_cast<PfnEncodeTiled>(entry("cuTensorMapEncodeTiled"));
     return r;
   }();
   return d;
@@ -301,6 +306,19 @@ const FlexKernels& load_kernels_by_id(const std::string& id, const std::function
   if (kernels_by_id().size() >= 4096) kernels_by_id().clear();
   kernels_by_id().emplace(key, &k);
   return k;
+}
+
+void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int64_t rows, int64_t cols, int box_rows) {
+  KILN_CHECK(cols == 64 || cols == 128, kOp, "TMA tiles take 64 or 128 columns, got ", cols);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols * 2), static_cast<cuuint64_t>(rows * cols * 2)};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1}, elem[3] = {1, 1, 1};
+  KILN_CU_CHECK(driver().encode_tiled(static_cast<CUtensorMap*>(map),
+                                      bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                                      const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
 }
 
 void launch(void* function, int64_t grid, int block, int64_t smem, void* stream, void* params) {

@@ -48,6 +48,11 @@ const FlexKernels& load_kernels(const std::string& source, int device, int64_t f
 const FlexKernels& load_kernels_by_id(const std::string& id, const std::function<std::string()>& source, int device,
                                       int64_t fwd_smem, int64_t bwd_smem);
 
+// cuTensorMapEncodeTiled for a row-major 16-bit [outer, rows, cols] tensor at `base` (cols 64 or
+// 128): boxes of {64, box_rows, 1} with the 128-byte swizzle, zeros past the bounds. `map` is a
+// 64-byte aligned 128-byte CUtensorMap; throws kiln::Error naming flex_attention on failure.
+void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int64_t rows, int64_t cols, int box_rows);
+
 // cuLaunchKernel with one argument (the parameter block) on `stream` (a cudaStream_t).
 void launch(void* function, int64_t grid, int block, int64_t smem, void* stream, void* params);
 
