@@ -476,8 +476,8 @@ TEST(FlexAttentionCuda, BackwardIsBitwiseDeterministic) {
 }
 
 // A forward variant switched on by `var`=1: against the reference, with rows that attend nothing
-// and tiles of one block, and bit for bit the default forward (the same operations in the same
-// order, only issued or loaded differently).
+// and tiles of one block, and bit for bit the forward with `var`=0 (the same operations in the
+// same order, only issued or loaded differently).
 void check_forward_variant(const char* var) {
   GpuCase c;
   const MaskMod causal = causal_mask(), late = MaskMod([](Expr, Expr, Expr q, Expr kv) { return kv < q - 69; });
@@ -499,7 +499,11 @@ void check_forward_variant(const char* var) {
     FlexOptions o;
     o.block_mask = &bm;
     o.return_lse = true;
-    const FlexRun base = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+    FlexRun base;
+    {
+      const ScopedEnv off(var, "0");
+      base = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+    }
     const ScopedEnv on(var, "1");
     const FlexRun other = run_on(kGpu, kBFloat16, q, k, v, o, cot);
     EXPECT_TRUE(same_bits(base, other)) << var << ", E = " << E << ": the forward's bits changed";
@@ -515,7 +519,8 @@ TEST(FlexAttentionCuda, OverlappedForwardMatchesReferenceAndDefaultBits) {
   check_forward_variant("KILN_FLEX_FWD_OVERLAP");
 }
 
-// KILN_FLEX_FWD_TMA=1: Q, K and V tiles by TMA with mbarrier completion instead of cp.async.
+// KILN_FLEX_FWD_TMA (the default on sm_90): Q, K and V tiles by TMA with mbarrier completion,
+// against KILN_FLEX_FWD_TMA=0's cp.async.
 TEST(FlexAttentionCuda, TmaForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(23);

@@ -75,7 +75,8 @@ struct KernelConfig {
   // V buffers (KILN_FLEX_FWD_OVERLAP=1; fwd_kbuf is then unused).
   bool fwd_overlap = false;
   // wgmma forward only (not with fwd_overlap): Q, K and V tiles by TMA (cp.async.bulk.tensor, one
-  // thread, mbarrier completion) instead of cp.async from every thread (KILN_FLEX_FWD_TMA=1).
+  // thread, mbarrier completion) instead of cp.async from every thread (the default on sm_90;
+  // KILN_FLEX_FWD_TMA=0 turns it off).
   bool fwd_tma = false;
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;
