@@ -60,8 +60,9 @@ bool use_wgmma(const char* var, int major) {
 }
 
 // The kernels' products and the forward's tile. sm_90: wgmma, forward tiles 128 x 128 at E = 128
-// and 64 x 64 (64 x 128 on long rows, below) at E = 64 (H200, 2b982c6: causal 4x16x8192x128 fwd 5.67 ms vs 7.97 for the mma.sync
-// 64 x 64; 4x12x4096x64 with 4 documents 0.84 vs 0.89, where 128-row tiles took 1.10-1.25).
+// and 64 x 64 (64 x 128 on long rows, below) at E = 64 (H200, 2b982c6: causal 4x16x8192x128 fwd
+// 5.67 ms vs 7.97 for the mma.sync 64 x 64; 4x12x4096x64 with 4 documents 0.84 vs 0.89, where
+// 128-row tiles took 1.10-1.25).
 // mma.sync elsewhere: 64 x 64 in 4 warps of 16 rows (128-row variants measured slower, 2317fcd).
 // KILN_FLEX_FWD_TILE=MxNxMT overrides the forward's tile (for measurements); the blocks must be
 // multiples of M and N (and wgmma needs 64 or 128 by 64 or 128 with MT 1), else 64 x 64 stays.

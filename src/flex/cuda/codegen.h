@@ -69,7 +69,8 @@ struct KernelConfig {
   // Captured-tensor loads raise the error flag when out of range (the host could not prove them
   // in range for the problem's lengths); they are clamped either way.
   bool index_check = true;
-  // K buffers of the forward: 2 loads the next K tile a whole step ahead (KILN_FLEX_FWD_KBUF=2).
+  // K buffers of the cp.async forward (fwd_tma off): 2 loads the next K tile a whole step ahead
+  // (KILN_FLEX_FWD_KBUF=2).
   int fwd_kbuf = 1;
   // wgmma forward only: the softmax of a tile overlaps the previous tile's P V, with two K and two
   // V buffers (KILN_FLEX_FWD_OVERLAP=1; fwd_kbuf is then unused).
