@@ -493,6 +493,15 @@ __device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_T
       }
 }
 
+// Interior tiles of full blocks need neither the bounds test nor the mask: the same arithmetic
+// as mod_score on the kept elements, so the same bits. The test is per tile, outside the element
+// loops (per element it compiled to a branch each).
+__device__ __forceinline__ void fwd_tile_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], i64 b, i64 h,
+                                                i64 row_base, i64 c0, int t, bool partial, bool rows_in) {
+  if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
+  else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
+}
+
 // Online softmax of one tile of masked scores s (rows g and g + 8 of each m16 block): p =
 // 2^(s log2e - m log2e) rounded to T into pk, the running max m and this thread's partial sums l
 // updated, alpha the factor for the output accumulated before this tile.
@@ -637,10 +646,6 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     __syncthreads();
     PROF_MARK(1);
   };
-  auto scores = [&](float (&s)[FWD_MT][FWD_TILE_N / 8][4]) {
-    if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
-    else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
-  };
   auto advance = [&]() {
     c0 = c_next;
     partial = p_next;
@@ -660,7 +665,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     wg_wait<1>();  // S(j) done; P V(j - 1) may still run
     reg_fence<FWD_TILE_N / 8>(s[0]);
     PROF_MARK(2);
-    scores(s);
+    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
     float alpha[FWD_MT][2];
     fwd_softmax(s, cur, m, l, alpha);
     PROF_MARK(3);
@@ -678,7 +683,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     float alpha[FWD_MT][2];
     wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
     PROF_MARK(2);
-    scores(s);
+    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
     fwd_softmax(s, pk_a, m, l, alpha);
     PROF_MARK(3);
     advance();
@@ -712,8 +717,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
     wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Ks);
     PROF_MARK(2);
-    if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
-    else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
+    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
     float alpha[FWD_MT][2];
     fwd_softmax(s, pk, m, l, alpha);
     fwd_rescale(o, alpha);
@@ -754,11 +758,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
       tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Kcur, lane);
 #endif
       PROF_MARK(2);
-      // Interior tiles of full blocks need neither the bounds test nor the mask: the same
-      // arithmetic as mod_score on the kept elements, so the same bits. The test is per tile,
-      // outside the element loops (per element it compiled to a branch each).
-      if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
-      else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
+      fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
       float alpha[FWD_MT][2];
       fwd_softmax(s, pk, m, l, alpha);
       fwd_rescale(o, alpha);

@@ -259,6 +259,21 @@ __device__ __forceinline__ void add_cap_grads(const FlexParams& P, const float (
 }
 #endif
 
+// P and dS of one transposed tile (interior tiles of full blocks skip the bounds test and the
+// mask), then its captured-tensor gradients into this warp's slot.
+__device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], i64 b, i64 h, i64 r0,
+                                          const i64* cols, int lane, int t, bool partial, bool kv_in,
+                                          const float* lse2_s, const float* delta_s, double* slot) {
+  float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
+  if (!partial && r0 + TILE_M <= P.L && kv_in)
+    dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s);
+  else
+    dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s);
+#if HAS_CAP_GRAD
+  add_cap_grads(P, raw, dpost, b, h, r0, cols, lane, t, slot);
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -273,6 +288,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
   const i64 u_begin = (i64)blockIdx.x * P.units / gridDim.x, u_end = ((i64)blockIdx.x + 1) * P.units / gridDim.x;
 #if HAS_CAP_GRAD
   double* slot = P.slots + ((i64)blockIdx.x * NWARPS + warp) * P.grad_numel;
+#else
+  double* const slot = nullptr;
 #endif
   for (i64 u = u_begin; u < u_end; ++u) {
     const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
@@ -326,14 +343,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
         PROF_MARK(2);
         BWD_ABT(dp, Vs, dOc, LDSM_B_KV);
         PROF_MARK(4);
-        float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
-        if (!partial && r0 + TILE_M <= P.L && kv_in)
-          dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_c, lse2_c + TILE_M);
-        else
-          dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_c, lse2_c + TILE_M);
-#if HAS_CAP_GRAD
-        add_cap_grads(P, raw, dpost, b, h, r0, cols, lane, t, slot);
-#endif
+        dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, slot);
         PROF_MARK(5);
         BWD_PB(dk, dp, Qc, LDSM_B_KV);  // dK += dS^T Q
         PROF_MARK(6);
@@ -378,14 +388,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       PROF_MARK(3);
       BWD_ABT(dp, Vs, dOs, LDSM_B_KV);
       PROF_MARK(4);
-      float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
-      if (!partial && r0 + TILE_M <= P.L && kv_in)
-        dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s);
-      else
-        dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s);
-#if HAS_CAP_GRAD
-      add_cap_grads(P, raw, dpost, b, h, r0, cols, lane, t, slot);
-#endif
+      dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_s, delta_s, slot);
       PROF_MARK(5);
       BWD_PB(dk, dp, Qs, LDSM_B_KV);  // dK += dS^T Q
       PROF_MARK(6);

@@ -36,15 +36,7 @@ struct PairDims {
     }
   }
   // p = row * half + i.
-  __device__ __forceinline__ void split(int64_t p, int64_t& row, int64_t& i) const {
-    if (narrow) {
-      uint32_t q, r;
-      d_half.divmod(static_cast<uint32_t>(p), q, r);
-      row = q, i = r;
-    } else {
-      row = p / half, i = p % half;
-    }
-  }
+  __device__ __forceinline__ void split(int64_t p, int64_t& row, int64_t& i) const { divmod(p, d_half, half, row, i); }
   // a = q * (divisor of d) + r for d one of the dividers, with its 64-bit fallback n.
   __device__ __forceinline__ void divmod(int64_t a, const IntDivider& d, int64_t n, int64_t& q, int64_t& r) const {
     if (narrow) {
