@@ -14,9 +14,9 @@ for row in "${rows[@]}"; do
   name=${row%%|*}; args=${row#*|}
   f="$OUT/ncu_${kernel}_${name}${NCU_ENV:+_${NCU_ENV//[^A-Za-z0-9]/_}}.txt"
   env ${NCU_ENV//,/ } timeout 120 $ncu --target-processes all --kernel-name "$kernel" --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
     --section LaunchStats --section SchedulerStats --print-details all \
-    build-gpu/kiln bench flex --device cuda $args --dtype bf16 --reps 3 > "$f" 2>&1
+    build-gpu/kiln bench flex --device cuda $args --dtype bf16 --reps 3 --flex-only > "$f" 2>&1
   echo "== ncu $kernel $name ${NCU_ENV:-}"
   grep -E "^ +(Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit Rate|L1/TEX Hit Rate|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Stall [A-Za-z ]+) " "$f" | head -40
   grep -iE "stall|error|ERR" "$f" | grep -v "^ +Stall" | head -8

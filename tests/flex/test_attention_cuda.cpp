@@ -144,8 +144,13 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     const detail::Program sp = detail::compile(scores[2].expr);
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
     cfg.fwd_overlap = false;
-    cfg.fwd_tma = true;  // the TMA forward (bulk tensor copies, mbarriers)
+    cfg.fwd_tma = true;  // the TMA forward (bulk tensor copies, mbarriers), two K / V stages
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
+    cfg.fwd_kbuf = 1;  // and one
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
+    cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
+    cfg.bwd_tma = false;
     cfg.fwd_tma = false;
     cfg.fwd_wgmma = cfg.bwd_wgmma = false;
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(nullptr, &mp, cfg), "sm_80"));
@@ -475,15 +480,15 @@ TEST(FlexAttentionCuda, BackwardIsBitwiseDeterministic) {
       << "full vs partial classification changes the CUDA result";
 }
 
-// A forward variant switched on by `var`=1: against the reference, with rows that attend nothing
-// and tiles of one block, and bit for bit the forward with `var`=0 (the same operations in the
-// same order, only issued or loaded differently).
-void check_forward_variant(const char* var) {
+// A kernel variant switched on by `var`=`on`: against the reference, with rows that attend
+// nothing and tiles of one block, and bit for bit (out, lse, gradients; GQA) the kernels with
+// `var`=`off` (the same operations in the same order, only issued or loaded differently).
+void check_kernel_variant(const char* var, const char* on = "1", const char* off = "0") {
   GpuCase c;
   const MaskMod causal = causal_mask(), late = MaskMod([](Expr, Expr, Expr q, Expr kv) { return kv < q - 69; });
   const Tensor bias = (randn({c.Hq, c.L + c.S}, kFloat64) * 0.5).detach().requires_grad_();
   {
-    const ScopedEnv on(var, "1");
+    const ScopedEnv set(var, on);
     check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
     check_cuda(c, kFloat16, &late, [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < q - 69; }, ScoreMod(),
                nullptr);
@@ -494,17 +499,18 @@ void check_forward_variant(const char* var) {
   }
   for (const int64_t E : {64, 128}) {
     const int64_t L = 700, S = 900;
-    const Tensor q = randn({2, 4, L, E}), k = randn({2, 4, S, E}), v = randn({2, 4, S, E}), cot = randn({2, 4, L, E});
+    const Tensor q = randn({2, 4, L, E}), k = randn({2, 2, S, E}), v = randn({2, 2, S, E}), cot = randn({2, 4, L, E});
     const BlockMask bm = create_block_mask(sliding_window_mask(300), 1, 1, L, S);
     FlexOptions o;
     o.block_mask = &bm;
     o.return_lse = true;
+    o.enable_gqa = true;
     FlexRun base;
     {
-      const ScopedEnv off(var, "0");
+      const ScopedEnv unset(var, off);
       base = run_on(kGpu, kBFloat16, q, k, v, o, cot);
     }
-    const ScopedEnv on(var, "1");
+    const ScopedEnv set(var, on);
     const FlexRun other = run_on(kGpu, kBFloat16, q, k, v, o, cot);
     EXPECT_TRUE(same_bits(base, other)) << var << ", E = " << E << ": the forward's bits changed";
     const std::vector<double> a = base.lse.to_vector(), b = other.lse.to_vector();
@@ -516,7 +522,7 @@ void check_forward_variant(const char* var) {
 TEST(FlexAttentionCuda, OverlappedForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(21);
-  check_forward_variant("KILN_FLEX_FWD_OVERLAP");
+  check_kernel_variant("KILN_FLEX_FWD_OVERLAP");
 }
 
 // KILN_FLEX_FWD_TMA (the default on sm_90): Q, K and V tiles by TMA with mbarrier completion,
@@ -524,7 +530,21 @@ TEST(FlexAttentionCuda, OverlappedForwardMatchesReferenceAndDefaultBits) {
 TEST(FlexAttentionCuda, TmaForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(23);
-  check_forward_variant("KILN_FLEX_FWD_TMA");
+  check_kernel_variant("KILN_FLEX_FWD_TMA");
+}
+
+// KILN_FLEX_FWD_KBUF=2 with TMA: two K / V stages, the tile after next loading while one is used.
+TEST(FlexAttentionCuda, TwoStageTmaForwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(24);
+  check_kernel_variant("KILN_FLEX_FWD_KBUF", "2", "1");
+}
+
+// KILN_FLEX_BWD_TMA=1: the backward's Q, dO, K and V tiles by TMA.
+TEST(FlexAttentionCuda, TmaBackwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(25);
+  check_kernel_variant("KILN_FLEX_BWD_TMA");
 }
 
 // E = 64 rows listing 6 or more blocks take the 64 x 128 forward tile by default (8 blocks here).

@@ -32,7 +32,7 @@ struct State {
   FlexParams base{};
   std::vector<Tensor> buffers;  // device copies (kept alive)
   const FlexKernels* kernels = nullptr;
-  int64_t fwd_smem = 0, bwd_smem = 0;
+  int64_t fwd_smem = 0, bwd_smem = 0, bwd_dq_smem = 0, bwd_dkdv_smem = 0;
   int fwd_threads = kThreads;
   int64_t fwd_q_tiles = 0;
   int64_t grad_numel = 0;
@@ -166,11 +166,11 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
-                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma);
+                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -254,18 +254,25 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // 0.346); KILN_FLEX_FWD_TMA=0 keeps cp.async.
   const char* tma = env_switch("KILN_FLEX_FWD_TMA", "0", "1");
   cfg.fwd_tma = cfg.fwd_wgmma && !cfg.fwd_overlap && !(tma && !std::strcmp(tma, "0"));
+  const char* bwd_tma = env_switch("KILN_FLEX_BWD_TMA", "0", "1");
+  cfg.bwd_tma = cfg.bwd_wgmma && bwd_tma && !std::strcmp(bwd_tma, "1");
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
-  const int64_t fwd_kv_tiles = cfg.fwd_overlap ? 4 : 1 + cfg.fwd_kbuf;  // V and 1 or 2 K buffers (overlap: 2 of each)
+  // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).
+  const int64_t fwd_kv_tiles = cfg.fwd_overlap || (cfg.fwd_tma && cfg.fwd_kbuf == 2) ? 4 : 1 + cfg.fwd_kbuf;
   st->fwd_smem = cfg.fwd_wgmma ? (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
                                : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;
   st->fwd_threads = cfg.fwd_threads();
   st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
-  // Both backward kernels get the larger of their layouts: dQ's Q, dO, V and 1 or 2 K buffers;
-  // dK/dV's K, V and 1 or 2 sets of Q, dO and lse2 / delta rows.
-  const int64_t bwd_tiles = std::max<int64_t>(3 + cfg.bwd_kbuf, 2 + 2 * cfg.bwd_qbuf);
-  const int64_t rows_bytes = 2 * kTileM * 4 * cfg.bwd_qbuf;
-  st->bwd_smem = cfg.bwd_wgmma ? bwd_tiles * kTileM * p.E * 2 + rows_bytes + 1024 : bwd_tiles * kTileM * ld * 2 + rows_bytes;
+  // dQ's Q, dO, V and 1 or 2 K buffers (one with TMA); dK/dV's K, V and 1 or 2 sets of Q, dO and
+  // lse2 / delta rows (two with TMA). The kernels' attribute takes the larger.
+  const auto tiles_bytes = [&](int64_t tiles) {
+    return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * ld * 2;
+  };
+  const int64_t q_sets = cfg.bwd_tma ? 2 : cfg.bwd_qbuf;
+  st->bwd_dq_smem = tiles_bytes(3 + (cfg.bwd_tma ? 1 : cfg.bwd_kbuf));
+  st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
+  st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, device.index, st->fwd_smem, st->bwd_smem);
   return st;
@@ -321,11 +328,18 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   P.dk = dk.data_ptr();
   P.dv = dv.data_ptr();
   P.err = err.data_ptr<int32_t>();
+  if (st.cfg.bwd_tma) {  // the backward's 64-row boxes
+    const bool bf16 = st.dtype == kBFloat16;
+    encode_tile_map(P.qmap, P.q, bf16, p.B * p.Hq, p.L, p.E, kTileM);
+    encode_tile_map(P.domap, P.dout, bf16, p.B * p.Hq, p.L, p.E, kTileM);
+    encode_tile_map(P.kmap, P.k, bf16, p.B * p.Hkv, p.S, p.E, kTileN);
+    encode_tile_map(P.vmap, P.v, bf16, p.B * p.Hkv, p.S, p.E, kTileN);
+  }
 
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);
-  launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_smem, stream, &P);
+  launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_dq_smem, stream, &P);
 
   P.units = p.B * p.Hkv * P.kv_tiles;
   const bool cap = st.grad_numel > 0;
@@ -341,7 +355,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     P.capgrad = capgrad.data_ptr<double>();
     grid = P.nslots;
   }
-  launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_smem, stream, &P);
+  launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_dkdv_smem, stream, &P);
   if (st.profile) {
     static const char* const dq_phases[] = {"prologue", "wait V", "dP=dO V^T", "wait K",
                                             "S=QK^T",   "dS",     "dQ+=dS K",  "epilogue", nullptr};

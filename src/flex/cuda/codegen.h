@@ -45,9 +45,10 @@ struct FlexParams {
   int64_t ssize[kMaxBuffers][3], sstride[kMaxBuffers][3], sgoff[kMaxBuffers];
   const void* mptr[kMaxBuffers];
   int64_t msize[kMaxBuffers][3], mstride[kMaxBuffers][3];
-  // KILN_FLEX_FWD_TMA: CUtensorMaps of q [B*Hq, L, E], k and v [B*Hkv, S, E] (64-column boxes,
-  // 128-byte swizzle), read by the forward's bulk tensor copies; unused otherwise.
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128];
+  // KILN_FLEX_FWD_TMA / KILN_FLEX_BWD_TMA: CUtensorMaps of q and dout [B*Hq, L, E], k and v
+  // [B*Hkv, S, E] (64-column boxes, 128-byte swizzle; the forward's rows per box, then the
+  // backward's), read by bulk tensor copies; unused otherwise.
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128];
 };
 
 // What a generated source depends on besides the mods (a field added here joins the kernel
@@ -69,7 +70,8 @@ struct KernelConfig {
   // Captured-tensor loads raise the error flag when out of range (the host could not prove them
   // in range for the problem's lengths); they are clamped either way.
   bool index_check = true;
-  // K buffers of the cp.async forward (fwd_tma off): 2 loads the next K tile a whole step ahead
+  // K buffers of the cp.async forward: 2 loads the next K tile a whole step ahead; with fwd_tma,
+  // 2 is two stages of K and V, the tile after next loading while a tile is used
   // (KILN_FLEX_FWD_KBUF=2).
   int fwd_kbuf = 1;
   // wgmma forward only: the softmax of a tile overlaps the previous tile's P V, with two K and two
@@ -79,6 +81,9 @@ struct KernelConfig {
   // thread, mbarrier completion) instead of cp.async from every thread (the default on sm_90;
   // KILN_FLEX_FWD_TMA=0 turns it off).
   bool fwd_tma = false;
+  // wgmma backward only: Q, dO, K and V tiles of both backward kernels by TMA (dK/dV's lse2 / delta
+  // rows stay on cp.async; KILN_FLEX_BWD_TMA=1).
+  bool bwd_tma = false;
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead

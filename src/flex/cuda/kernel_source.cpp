@@ -56,7 +56,7 @@ struct FlexParams {
   i64 ssize[KILN_MAX_BUFFERS][3], sstride[KILN_MAX_BUFFERS][3], sgoff[KILN_MAX_BUFFERS];
   const void* mptr[KILN_MAX_BUFFERS];
   i64 msize[KILN_MAX_BUFFERS][3], mstride[KILN_MAX_BUFFERS][3];
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128];
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128];
 };
 static_assert(sizeof(FlexParams) == KILN_PARAMS_SIZE, "host and device FlexParams differ");
 
@@ -439,7 +439,7 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 #define FLEX_PROFILE 0
 #endif
 #ifndef FWD_KBUF
-#define FWD_KBUF 1  // K tiles in shared memory: 2 loads the next K a whole step ahead
+#define FWD_KBUF 1  // K tiles in shared memory: 2 loads the next K a whole step ahead (TMA: 2 K/V stages)
 #endif
 #ifndef FWD_OVERLAP
 #define FWD_OVERLAP 0  // wgmma only: the softmax of a tile beside the previous tile's P V
@@ -582,7 +582,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
 #if FWD_TMA
   // Q and the first K on bars[0], then K on bars[0] and V on bars[1], each wait flipping its phase.
-  __shared__ __align__(8) u64 bars[2];
+  // FWD_KBUF 2: two stages, K and V of stage x on bars[x] and bars[2 + x].
+  __shared__ __align__(8) u64 bars[2 * FWD_KBUF];
   u32 kphase = 0, vphase = 0;
 #elif FWD_WGMMA
   FWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M);  // lands with the first K tile
@@ -610,14 +611,24 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
   bool more = walk.next(c0, partial);
 #if FWD_TMA
   const i64 bhk = b * P.Hkv + hk;
+#if FWD_KBUF == 2
+  i64 c1 = 0;  // the tile after c0, already loading into the other stage
+  bool p1 = false;
+  bool more1 = more && walk.next(c1, p1);
+#endif
   if (threadIdx.x == 0) {
-    mbar_init(&bars[0]);
-    mbar_init(&bars[1]);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // the inits, before the async proxy uses them
+    mbar_init_all(bars, 2 * FWD_KBUF);
     if (more) {
       tma_tile(Qs, P.qmap, &bars[0], r0, bh, FWD_TILE_M, false);  // Q's bytes join the first K's phase
       tma_tile(Ks, P.kmap, &bars[0], c0, bhk, FWD_TILE_N);
     }
+#if FWD_KBUF == 2
+    if (more) tma_tile(Vs, P.vmap, &bars[2], c0, bhk, FWD_TILE_N);
+    if (more1) {
+      tma_tile(Ks + 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &bars[1], c1, bhk, FWD_TILE_N);
+      tma_tile(Vs + 2 * FWD_TILE_N * HEAD_DIM, P.vmap, &bars[3], c1, bhk, FWD_TILE_N);
+    }
+#endif
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
 #else
@@ -705,6 +716,42 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
   }
 #undef KB_
 #undef VB_
+#elif FWD_TMA && FWD_KBUF == 2
+  // Two stages (K, V) at Ks / Vs and 2 tiles further on: tile c0 is in stage x while c1 loads into
+  // the other; once every warp is done with stage x it takes the tile after c1. No load waits
+  // behind a product of the same step. kphase bit x: stage x's parity (K and V flip together).
+  int x = 0;
+  while (more) {
+    u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
+    u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
+    mbar_wait(&bars[x], (kphase >> x) & 1);  // K(c0) (and Q on the first tile) landed
+    PROF_MARK(1);
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
+    wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
+    PROF_MARK(2);
+    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
+    float alpha[FWD_MT][2];
+    fwd_softmax(s, pk, m, l, alpha);
+    fwd_rescale(o, alpha);
+    PROF_MARK(3);
+    mbar_wait(&bars[2 + x], (kphase >> x) & 1);  // V(c0) landed
+    kphase ^= 1u << x;
+    PROF_MARK(4);
+    wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
+    PROF_MARK(5);
+    i64 c2 = 0;
+    bool p2 = false;
+    const bool more2 = more1 && walk.next(c2, p2);
+    __syncthreads();  // every warp is done with stage x
+    if (more2 && threadIdx.x == 0) {
+      tma_tile(Kx, P.kmap, &bars[x], c2, bhk, FWD_TILE_N);
+      tma_tile(Vx, P.vmap, &bars[2 + x], c2, bhk, FWD_TILE_N);
+    }
+    c0 = c1, partial = p1, more = more1;
+    c1 = c2, p1 = p2, more1 = more2;
+    x ^= 1;
+  }
 #elif FWD_TMA
   // As the default loop below (one K and one V buffer), the loads by TMA from thread 0.
   while (more) {

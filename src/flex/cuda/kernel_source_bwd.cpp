@@ -13,6 +13,13 @@ const char* backward_kernels_source() {
 #ifndef BWD_QBUF
 #define BWD_QBUF 1  // Q / dO tiles of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
 #endif
+#ifndef BWD_TMA
+#define BWD_TMA 0  // wgmma only: Q, dO, K and V tiles by TMA (dQ: one K / V buffer; dK/dV: two Q / dO)
+#endif
+#if BWD_TMA && !BWD_WGMMA
+#error "the TMA backward loads the wgmma tile layout"
+#endif
+#define BWD_QSETS (BWD_TMA ? 2 : BWD_QBUF)  // dK/dV's buffers of Q, dO and rows
 // The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
 // tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
 #if BWD_WGMMA
@@ -103,7 +110,7 @@ __device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], c
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = BWD_SMEM_BASE(smem);
@@ -117,8 +124,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+#if !BWD_TMA
   BWD_LOAD_RESIDENT(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);  // with V(c0)'s group
   BWD_LOAD_RESIDENT(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+#endif
   const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
   const bool rows_in = r0 + TILE_M <= P.L;
   float lse2[2], delta[2];
@@ -136,6 +145,49 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   i64 c0, c_next;
   bool partial, p_next;
   bool more = walk.next(c0, partial);
+#if BWD_TMA
+  // bars[0]: Q (joining the first K's phase), then K tiles; bars[1]: dO, then V tiles. Loads from
+  // thread 0 into the one K and one V buffer, each once every warp is done with it.
+  __shared__ __align__(8) u64 bars[2];
+  u32 kphase = 0, vphase = 0;
+  const i64 bhk = b * P.Hkv + hk;
+  if (threadIdx.x == 0) {
+    mbar_init_all(bars, 2);
+    if (more) {
+      tma_tile(dOs, P.domap, &bars[1], r0, bh, TILE_M, false);
+      tma_tile(Vs, P.vmap, &bars[1], c0, bhk, TILE_N);
+      tma_tile(Qs, P.qmap, &bars[0], r0, bh, TILE_M, false);
+      tma_tile(Ks, P.kmap, &bars[0], c0, bhk, TILE_N);
+    }
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+  PROF_MARK(0);
+  while (more) {
+    float s[TILE_N / 8][4], dp[TILE_N / 8][4];
+    mbar_wait(&bars[1], vphase);  // V(c0) (and dO on the first tile) landed
+    vphase ^= 1;
+    PROF_MARK(1);
+    BWD_ABT(dp, dOs, Vs, LDSM_B_Q);
+    PROF_MARK(2);
+    more = walk.next(c_next, p_next);
+    __syncthreads();  // everyone is done with Vs
+    if (more && threadIdx.x == 0) tma_tile(Vs, P.vmap, &bars[1], c_next, bhk, TILE_N);
+    mbar_wait(&bars[0], kphase);  // K(c0) (and Q on the first tile) landed
+    kphase ^= 1;
+    PROF_MARK(3);
+    BWD_ABT(s, Qs, Ks, LDSM_B_Q);
+    PROF_MARK(4);
+    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+    else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+    PROF_MARK(5);
+    BWD_PB(dq, s, Ks, LDSM_B_Q);  // dQ += dS K
+    __syncthreads();              // everyone is done with Ks
+    if (more && threadIdx.x == 0) tma_tile(Ks, P.kmap, &bars[0], c_next, bhk, TILE_N);
+    PROF_MARK(6);
+    c0 = c_next;
+    partial = p_next;
+  }
+#else
   if (more) BWD_LOAD_TILE(Vs, vg, c0, P.S, TILE_N);
   cp_async_commit();
   if (more) BWD_LOAD_TILE(Ks, kg, c0, P.S, TILE_N);
@@ -192,6 +244,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
     partial = p_next;
   }
   cp_async_wait<0>();  // nothing in flight when the CTA ends (Q and dO with an empty list)
+#endif
   const float sc = (float)P.scale;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -274,14 +327,14 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexParams P) {
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Ks = BWD_SMEM_BASE(smem);
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
   u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
-  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M) * BWD_QBUF;
-  float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M) * BWD_QBUF);  // BWD_QBUF 2: Qs, Qs2, dOs, dOs2
+  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS;
+  float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS);  // 2 sets: Qs, Qs2, dOs, dOs2
   float* delta_s = lse2_s + TILE_M;  // each rows buffer: lse2 then delta (load_rows), 2 TILE_M floats
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Units [u_begin, u_end) in order: one unit per CTA, or a fixed slot of units with captured grads.
@@ -291,12 +344,21 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
 #else
   double* const slot = nullptr;
 #endif
+#if BWD_TMA
+  // bars[x]: buffer x's Q and dO tiles (K and V join the first q tile's phase); phase bit x its
+  // parity, carried across units (every load issued is waited for).
+  __shared__ __align__(8) u64 bars[2];
+  u32 phase = 0;
+  if (threadIdx.x == 0) mbar_init_all(bars, 2);  // before the unit's first block barrier
+#endif
   for (i64 u = u_begin; u < u_end; ++u) {
     const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
     const i64 c0 = tile * TILE_N, jblk = c0 / P.KB;
     __syncthreads();
+#if !BWD_TMA
     BWD_LOAD_RESIDENT(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);  // with Q(r0)'s group
     BWD_LOAD_RESIDENT(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
+#endif
     const i64 cols[2] = {c0 + warp * 16 + g, c0 + warp * 16 + g + 8};  // this thread's kv rows
     const bool kv_in = c0 + TILE_N <= P.S;
     float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];
@@ -305,10 +367,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
       dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
     }
-#if BWD_QBUF == 2
+#if BWD_QBUF == 2 || BWD_TMA
     // Two buffers of Q, dO, lse2 and delta: the next q tile's loads are issued at the top of a
     // tile, right after the one barrier that frees the other buffer, and land during the whole
-    // tile's work (one barrier a tile instead of four).
+    // tile's work (one barrier a tile instead of four). With TMA, the tiles from thread 0 on
+    // bars[buffer] and the rows by cp.async.
     {
       GroupWalk walk(P, b, hk, jblk);
       i64 gi, r0;
@@ -317,15 +380,32 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const FlexP
       int cur = 0;
       auto load_q_tile = [&](int buf, i64 g, i64 row0) {
         const i64 bh = b * P.Hq + hk * P.G + g;
+#if BWD_TMA
+        if (threadIdx.x == 0) {
+          tma_tile(Qs + buf * BWD_TILE_ELEMS(TILE_M), P.qmap, &bars[buf], row0, bh, TILE_M, false);
+          tma_tile(dOs + buf * BWD_TILE_ELEMS(TILE_M), P.domap, &bars[buf], row0, bh, TILE_M);
+        }
+#else
         BWD_LOAD_TILE(Qs + buf * BWD_TILE_ELEMS(TILE_M), (const u16*)P.q + bh * P.L * HEAD_DIM, row0, P.L, TILE_M);
         BWD_LOAD_TILE(dOs + buf * BWD_TILE_ELEMS(TILE_M), (const u16*)P.dout + bh * P.L * HEAD_DIM, row0, P.L, TILE_M);
+#endif
         load_rows(lse2_s + buf * 2 * TILE_M, P, bh, row0);
       };
+#if BWD_TMA
+      if (more && threadIdx.x == 0) {  // K and V with the first q tile (the unit's barrier freed them)
+        tma_tile(Ks, P.kmap, &bars[0], c0, bhk, TILE_N, false);
+        tma_tile(Vs, P.vmap, &bars[0], c0, bhk, TILE_N, false);
+      }
+#endif
       if (more) load_q_tile(0, gi, r0);
       cp_async_commit();
       PROF_MARK(0);
       while (more) {
         const i64 h = hk * P.G + gi;
+#if BWD_TMA
+        mbar_wait(&bars[cur], (phase >> cur) & 1);  // this tile's Q and dO (and K / V on the first) landed
+        phase ^= 1u << cur;
+#endif
         cp_async_wait<0>();  // this tile's Q, dO, lse2, delta (and K/V on the first) landed
         SMEM_PROXY_FENCE();
         __syncthreads();     // ... for every thread, and the previous tile is done with the other buffer

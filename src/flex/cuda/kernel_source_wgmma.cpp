@@ -105,7 +105,7 @@ __device__ __forceinline__ void pack_rows(u32 (*pk)[2], const float (*p)[4]) {
     pk[n][1] = pack2(p[n][2], p[n][3]);
   }
 }
-#if FWD_TMA
+#if FWD_TMA || BWD_TMA
 // TMA (cp.async.bulk.tensor) tiles with mbarrier completion: one thread issues a tile as one
 // bulk copy per 64-column panel (box {64, rows, 1} of a [B*H, len, E] tensor map, the 128-byte
 // swizzle of the layout above); rows past the length arrive as zeros and still count as bytes.
@@ -121,6 +121,11 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 phase) {
 }
 // `arrive`: this tile's bytes complete the barrier's phase with the issuing thread's one arrival;
 // false adds them to the phase without arriving (a tile sharing a phase with a later one).
+// Thread 0 initialises a CTA's n barriers (before a block barrier, after which anyone may wait).
+__device__ __forceinline__ void mbar_init_all(u64* bars, int n) {
+  for (int i = 0; i < n; ++i) mbar_init(&bars[i]);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // the inits, before the async proxy uses them
+}
 __device__ __forceinline__ void tma_tile(u16* dst, const void* map, u64* bar, i64 row0, i64 bh, int rows,
                                          bool arrive = true) {
   if (arrive)
