@@ -6,6 +6,7 @@
 #   rows:    kiln's flex rows with the defaults and with ENV_ROWS' switches (default: two-stage TMA
 #            forward, TMA backward, both), and each row's phase profile;
 #   compare: torch side by side on the issue's flex rows (CMP_ROWS, default 0,1,2,3,4,5,6);
+#   lce:     bench_lce speed / memory / gemm3 / phases at 8192 x 4096 x 128256, nsys kernel sums;
 #   ncu:     Nsight Compute on the forward of the 16-document row and on the three kernels of the
 #            causal row (NCU_ENV: switches for it).
 # Logs under $OUT as all.tgz.
@@ -33,6 +34,20 @@ for part in ${PARTS:-tests rows}; do
         SKIP_BUILD=1 PARTS=rows bash scripts/device/round_c.sh; stamp ;;
     compare)
       SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-330} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,3,4,5,6}" bash scripts/device/round_c.sh
+      stamp ;;
+    lce)  # the fused loss's speed strategy against the three GEMMs, its phases, and an nsys kernel summary
+      L=/tmp/kiln-bin/bin/bench_lce
+      a="--device cuda --dtype bf16 --tokens 8192 --hidden 4096 --vocab 128256"
+      timeout 120 $L $a --json --iters 3 --variants gemm3,speed,memory,phases > "$OUT/lce.jsonl" 2>&1; cat "$OUT/lce.jsonl" | cut -c1-160
+      nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+      if [ -n "$nsys" ]; then
+        for v in speed memory; do
+          timeout 120 $nsys profile -t cuda -o "$OUT/lce_$v" $L $a --iters 1 --variants $v > "$OUT/nsys_$v.log" 2>&1
+          timeout 60 $nsys stats -r cuda_gpu_kern_sum,cuda_api_sum --format csv "$OUT/lce_$v.nsys-rep" > "$OUT/nsys_${v}_stats.csv" 2>&1
+          echo "== nsys $v (kernels: total ns, count, name)"; grep -v "^$" "$OUT/nsys_${v}_stats.csv" | awk -F, 'NR<3 || /Time/ {print} NR>=3 && NR<18 {print $2","$3","$9}' | cut -c1-160
+          rm -f "$OUT/lce_$v.nsys-rep" "$OUT/lce_$v.sqlite"
+        done
+      else echo "no nsys"; fi
       stamp ;;
     ncu)
       [ -x /usr/local/cuda/bin/ncu ] || { echo "no ncu"; continue; }
