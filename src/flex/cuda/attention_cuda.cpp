@@ -166,11 +166,12 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
-                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma);
+                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
+                cfg.index32);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -237,6 +238,17 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
     return prog && !detail::loads_in_bounds(*prog, p.B, p.Hq, p.L, p.S);
   };
   st->check_indices = unproven(p.score) || unproven(p.mask);
+  // Every captured tensor's largest flat offset below 2^31 (the kernels' 32-bit load offsets).
+  auto offsets_fit = [](const detail::Program* prog) {
+    if (!prog) return true;
+    for (const detail::Buffer& buf : prog->buffers) {
+      int64_t last = 0;
+      for (int d = 0; d < 3; ++d) last += std::max<int64_t>(buf.sizes[d] - 1, 0) * std::abs(buf.strides[d]);
+      if (last >= (int64_t{1} << 31)) return false;
+    }
+    return true;
+  };
+  const bool index32 = !st->check_indices && offsets_fit(p.score) && offsets_fit(p.mask);
 
   KernelConfig cfg;
   cfg.bf16 = dtype == kBFloat16;
@@ -244,6 +256,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   pick_kernel_config(cfg, p, device.index);
   cfg.profile = st->profile = std::getenv("KILN_FLEX_PROFILE") != nullptr;
   cfg.index_check = st->check_indices;
+  cfg.index32 = index32;
   cfg.fwd_kbuf = k_buffers("KILN_FLEX_FWD_KBUF");
   cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");

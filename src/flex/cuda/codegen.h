@@ -70,6 +70,9 @@ struct KernelConfig {
   // Captured-tensor loads raise the error flag when out of range (the host could not prove them
   // in range for the problem's lengths); they are clamped either way.
   bool index_check = true;
+  // Loads proven in range (index_check false) whose flat offsets all fit 32 bits: no clamp, 32-bit
+  // offset arithmetic. Lengths that keep the proof keep the kernel.
+  bool index32 = false;
   // K buffers of the cp.async forward: 2 loads the next K tile a whole step ahead; with fwd_tma,
   // 2 is two stages of K and V, the tile after next loading while a tile is used
   // (KILN_FLEX_FWD_KBUF=2).
