@@ -6,6 +6,7 @@
 #   rows:    kiln's flex rows with the defaults and with ENV_ROWS' switches (default: two-stage TMA
 #            forward, TMA backward, both), and each row's phase profile;
 #   compare: torch side by side on the issue's flex rows (CMP_ROWS, default 0,1,2,3,4,5,6);
+#   train:   the training job beside torch eager and torch.compile (round_c.sh's train part);
 #   lce:     bench_lce speed / memory / gemm3 / phases at 8192 x 4096 x 128256, nsys kernel sums;
 #   ncu:     Nsight Compute on the forward of the 16-document row and on the three kernels of the
 #            causal row (NCU_ENV: switches for it).
@@ -21,8 +22,8 @@ for part in ${PARTS:-tests rows}; do
   case $part in
     tests)
       SKIP_BUILD=1 PARTS=tests bash scripts/device/round_c.sh; stamp
-      KILN_FLEX_FWD_KBUF=2 KILN_FLEX_BWD_TMA=1 timeout 150 build-gpu/tests/test_flex --gtest_filter='FlexAttentionCuda*' > "$OUT/flex_tests_switches.log" 2>&1
-      echo "tests with FWD_KBUF=2 BWD_TMA=1: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests_switches.log" | head -3 | tr '\n' ' ')"
+      KILN_FLEX_FWD_KBUF=${SWITCH_FWD_KBUF:-2} KILN_FLEX_BWD_TMA=${SWITCH_BWD_TMA:-1} timeout 150 build-gpu/tests/test_flex --gtest_filter='FlexAttentionCuda*' > "$OUT/flex_tests_switches.log" 2>&1
+      echo "tests with FWD_KBUF=${SWITCH_FWD_KBUF:-2} BWD_TMA=${SWITCH_BWD_TMA:-1}: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests_switches.log" | head -3 | tr '\n' ' ')"
       grep -E "Failure" -A4 "$OUT/flex_tests_switches.log" | head -12
       timeout 120 build-gpu/tests/test_ops --gtest_filter='*Cuda*' > "$OUT/test_ops_cuda.log" 2>&1; echo "test_ops CUDA: $(tail -1 "$OUT/test_ops_cuda.log")"
       grep -E "Failure" -A4 "$OUT/test_ops_cuda.log" | head -12
@@ -31,7 +32,21 @@ for part in ${PARTS:-tests rows}; do
       stamp ;;
     rows)
       ENV_ROWS=${ENV_ROWS:-"KILN_FLEX_FWD_KBUF=2 KILN_FLEX_BWD_TMA=1 KILN_FLEX_FWD_KBUF=2,KILN_FLEX_BWD_TMA=1"} \
-        SKIP_BUILD=1 PARTS=rows bash scripts/device/round_c.sh; stamp ;;
+        SKIP_BUILD=1 PARTS=rows bash scripts/device/round_c.sh; stamp
+      if [ -f .device/bin_base.tar.xz ]; then  # an earlier commit's kiln (.device/commit_base) on the same rows
+        rm -rf /tmp/kiln-base && mkdir -p /tmp/kiln-base && tar xJf .device/bin_base.tar.xz -C /tmp/kiln-base
+        echo "== base $(cat .device/commit_base 2>/dev/null)"
+        for row in "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal" \
+                   "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16" \
+                   "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256" \
+                   "train_doc|--batch 4 --heads 12 --seq 4096 --head-dim 64 --mask document:4"; do
+          name=${row%%|*}; args=${row#*|}
+          KILN_CACHE_DIR=/tmp/kiln-cache-base timeout 60 /tmp/kiln-base/bin/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 --flex-only > "$OUT/base_$name.jsonl" 2>&1
+          echo "  base $name $(grep -E '"variant": "flex"' "$OUT/base_$name.jsonl" | cut -c1-150)"
+        done
+        stamp
+      fi ;;
+    train) SKIP_BUILD=1 PARTS=train bash scripts/device/round_c.sh; stamp ;;
     compare)
       SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-330} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,3,4,5,6}" bash scripts/device/round_c.sh
       stamp ;;
@@ -51,6 +66,7 @@ for part in ${PARTS:-tests rows}; do
       stamp ;;
     ncu)
       [ -x /usr/local/cuda/bin/ncu ] || { echo "no ncu"; continue; }
+      export NCU_ENV=${NCU_ENV:-}
       NCU_ROWS="document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16" timeout 100 bash scripts/device/ncu_flex.sh
       for k in flex_bwd_dq flex_bwd_dkdv flex_fwd; do
         KERNEL=$k NCU_ROWS="causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal" timeout 100 bash scripts/device/ncu_flex.sh

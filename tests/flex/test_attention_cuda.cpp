@@ -373,7 +373,8 @@ TEST(FlexAttentionCuda, ForwardProfileKeepsResults) {
 TEST(FlexAttentionCuda, TwoKBuffersMatchReference) {
   KILN_REQUIRE_CUDA();
   manual_seed(20);
-  const ScopedEnv kbuf("KILN_FLEX_FWD_KBUF", "2"), bkbuf("KILN_FLEX_BWD_KBUF", "2"), qbuf("KILN_FLEX_BWD_QBUF", "2");
+  const ScopedEnv kbuf("KILN_FLEX_FWD_KBUF", "2"), bkbuf("KILN_FLEX_BWD_KBUF", "2"), qbuf("KILN_FLEX_BWD_QBUF", "2"),
+      btma("KILN_FLEX_BWD_TMA", "0");  // the cp.async backward's buffers (TMA has its own)
   GpuCase c;
   const MaskMod causal = causal_mask(), window = sliding_window_mask(100);
   check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
@@ -533,14 +534,16 @@ TEST(FlexAttentionCuda, TmaForwardMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_FWD_TMA");
 }
 
-// KILN_FLEX_FWD_KBUF=2 with TMA: two K / V stages, the tile after next loading while one is used.
+// KILN_FLEX_FWD_KBUF=2 with TMA (the default): two K / V stages, the tile after next loading
+// while one is used; against one stage.
 TEST(FlexAttentionCuda, TwoStageTmaForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(24);
   check_kernel_variant("KILN_FLEX_FWD_KBUF", "2", "1");
 }
 
-// KILN_FLEX_BWD_TMA=1: the backward's Q, dO, K and V tiles by TMA.
+// KILN_FLEX_BWD_TMA=1 (the default on sm_90): the backward's Q, dO, K and V tiles by TMA; against
+// cp.async.
 TEST(FlexAttentionCuda, TmaBackwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(25);

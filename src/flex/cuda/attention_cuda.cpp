@@ -257,7 +257,6 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.profile = st->profile = std::getenv("KILN_FLEX_PROFILE") != nullptr;
   cfg.index_check = st->check_indices;
   cfg.index32 = index32;
-  cfg.fwd_kbuf = k_buffers("KILN_FLEX_FWD_KBUF");
   cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
   const char* overlap = env_switch("KILN_FLEX_FWD_OVERLAP", "0", "1");
@@ -267,8 +266,15 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // 0.346); KILN_FLEX_FWD_TMA=0 keeps cp.async.
   const char* tma = env_switch("KILN_FLEX_FWD_TMA", "0", "1");
   cfg.fwd_tma = cfg.fwd_wgmma && !cfg.fwd_overlap && !(tma && !std::strcmp(tma, "0"));
+  // With TMA two K / V stages by default (H200, session 8, fwd ms: causal 4x16x8192x128 2.753 ->
+  // 2.592, 16 documents 2.068 -> 1.953, window 256 0.180 -> 0.169, training shape 0.393 -> 0.379);
+  // KILN_FLEX_FWD_KBUF=1 keeps one. The cp.async forward keeps one K buffer unless set.
+  cfg.fwd_kbuf = std::getenv("KILN_FLEX_FWD_KBUF") || !cfg.fwd_tma ? k_buffers("KILN_FLEX_FWD_KBUF") : 2;
+  // The backward's tiles by TMA by default (same session, fwd+bwd ms: causal 12.82 -> 10.35,
+  // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
+  // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
   const char* bwd_tma = env_switch("KILN_FLEX_BWD_TMA", "0", "1");
-  cfg.bwd_tma = cfg.bwd_wgmma && bwd_tma && !std::strcmp(bwd_tma, "1");
+  cfg.bwd_tma = cfg.bwd_wgmma && !(bwd_tma && !std::strcmp(bwd_tma, "0"));
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).
