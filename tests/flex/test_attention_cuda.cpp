@@ -148,6 +148,9 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
     cfg.fwd_kbuf = 1;  // and one
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
+    cfg.fwd_keepbits = true;  // keep bits while QK^T is in flight
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
+    cfg.fwd_keepbits = false;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
     cfg.bwd_tma = false;
@@ -540,6 +543,13 @@ TEST(FlexAttentionCuda, TwoStageTmaForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(24);
   check_kernel_variant("KILN_FLEX_FWD_KBUF", "2", "1");
+}
+
+// KILN_FLEX_FWD_KEEPBITS=1: the keep bits of a tile while QK^T is in flight.
+TEST(FlexAttentionCuda, KeepBitsForwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(26);
+  check_kernel_variant("KILN_FLEX_FWD_KEEPBITS");
 }
 
 // KILN_FLEX_BWD_TMA=1 (the default on sm_90): the backward's Q, dO, K and V tiles by TMA; against

@@ -84,6 +84,9 @@ struct KernelConfig {
   // thread, mbarrier completion) instead of cp.async from every thread (the default on sm_90;
   // KILN_FLEX_FWD_TMA=0 turns it off).
   bool fwd_tma = false;
+  // TMA forward only: a tile that is not interior gets its mask's keep bits while QK^T is in flight
+  // (KILN_FLEX_FWD_KEEPBITS=1, a measurement switch; see docs/benchmarks.md, session 8).
+  bool fwd_keepbits = false;
   // wgmma backward only: Q, dO, K and V tiles of both backward kernels by TMA (dK/dV's lse2 / delta
   // rows stay on cp.async; KILN_FLEX_BWD_TMA=1).
   bool bwd_tma = false;

@@ -447,6 +447,9 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 #ifndef FWD_TMA
 #define FWD_TMA 0  // wgmma only, not with FWD_OVERLAP: Q, K and V tiles by TMA
 #endif
+#ifndef FWD_KEEPBITS
+#define FWD_KEEPBITS 0  // TMA only: a non-interior tile's keep bits while QK^T is in flight
+#endif
 #define PROFILE_SLOTS 8
 #if FLEX_PROFILE
 #define PROF_DECL                                  \
@@ -492,6 +495,69 @@ __device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_T
         }
       }
 }
+
+#if FWD_TMA && FWD_KEEPBITS
+// KILN_FLEX_FWD_KEEPBITS=1 (a measurement switch): the keep bits of a tile that is not interior
+// (bit i % 32 of kb[i / 32] for element i = (mt * FWD_TILE_N / 8 + n) * 4 + e): inside the lengths
+// and, on partial blocks, the mask (of the element clamped into the lengths, as mod_score).
+// Computed while S = QK^T is in flight, each test folded into its bit at once: with the tests
+// beside the scores, ptxas kept 64 predicates live and moved them through registers (~1000 of a
+// document-mask tile's ~2000 instructions; 255 -> 219 registers without spills at E = 128).
+#define FWD_KB_WORDS ((FWD_MT * FWD_TILE_N / 2 + 31) / 32)
+__device__ __forceinline__ void fwd_keep_bits(const FlexParams& P, u32 (&kb)[FWD_KB_WORDS], i64 b, i64 h,
+                                              i64 row_base, i64 c0, int t, bool partial) {
+#pragma unroll
+  for (int w = 0; w < FWD_KB_WORDS; ++w) kb[w] = 0u;
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
+        bool k = q < P.L && kv < P.S;
+#if HAS_MASK
+        const i64 qc = q < P.L ? q : P.L - 1, kvc = kv < P.S ? kv : P.S - 1;
+        k = k & (!partial | (bool)mask_mod(b, h, qc, kvc, P));
+#endif
+        const int i = (mt * (FWD_TILE_N / 8) + n) * 4 + e;
+        kb[i >> 5] |= (u32)k << (i & 31);
+      }
+}
+// mod_score's arithmetic with the keep bits of fwd_keep_bits (the same bits).
+__device__ __forceinline__ void fwd_scores_bits(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4],
+                                                const u32 (&kb)[FWD_KB_WORDS], i64 b, i64 h, i64 row_base, i64 c0,
+                                                int t) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[mt][n][e] * (float)P.scale;
+#if HAS_SCORE
+        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
+        x = score_mod(x, b, h, q < P.L ? q : P.L - 1, kv < P.S ? kv : P.S - 1, P);
+#endif
+        const int i = (mt * (FWD_TILE_N / 8) + n) * 4 + e;
+        s[mt][n][e] = (kb[i >> 5] >> (i & 31)) & 1u ? x : NEG_INF;
+      }
+}
+// S = Q K^T of the tile at Kx into s with its modified, masked scores: a tile that is not interior
+// gets its keep bits while the product is in flight.
+__device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
+                                              const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
+                                              bool partial, bool rows_in) {
+  wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
+  const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
+  u32 kb[FWD_KB_WORDS];
+  if (!interior) fwd_keep_bits(P, kb, b, h, row_base, c0, t, partial);
+  wg_wait_all();
+  reg_fence<FWD_TILE_N / 8>(s[0]);
+  if (interior) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
+  else fwd_scores_bits(P, s, kb, b, h, row_base, c0, t);
+}
+#endif
 
 // Interior tiles of full blocks need neither the bounds test nor the mask: the same arithmetic
 // as mod_score on the kept elements, so the same bits. The test is per tile, outside the element
@@ -728,9 +794,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     PROF_MARK(1);
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
+#if FWD_KEEPBITS
+    fwd_qk_scores(P, s, Qs, Kx, warp, b, h, row_base, c0, t, partial, rows_in);
+    PROF_MARK(2);
+#else
     wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
     PROF_MARK(2);
     fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
+#endif
     float alpha[FWD_MT][2];
     fwd_softmax(s, pk, m, l, alpha);
     fwd_rescale(o, alpha);
@@ -762,9 +833,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     PROF_MARK(1);
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
+#if FWD_KEEPBITS
+    fwd_qk_scores(P, s, Qs, Ks, warp, b, h, row_base, c0, t, partial, rows_in);
+    PROF_MARK(2);
+#else
     wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Ks);
     PROF_MARK(2);
     fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
+#endif
     float alpha[FWD_MT][2];
     fwd_softmax(s, pk, m, l, alpha);
     fwd_rescale(o, alpha);
