@@ -7,6 +7,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kiln-out}
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export KILN_CACHE_DIR=/tmp/kiln-cache-c
+NCU_ENV=${NCU_ENV:-}
 ncu=/usr/local/cuda/bin/ncu
 kernel=${KERNEL:-flex_fwd}
 IFS=';' read -ra rows <<< "${NCU_ROWS:-causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal;document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16}"
