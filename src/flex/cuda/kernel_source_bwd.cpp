@@ -122,9 +122,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
+#if !BWD_TMA
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
-#if !BWD_TMA
   BWD_LOAD_RESIDENT(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);  // with V(c0)'s group
   BWD_LOAD_RESIDENT(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
 #endif
