@@ -6,6 +6,8 @@
 #   rows:    kiln's flex rows with the defaults and with ENV_ROWS' switches (default: two-stage TMA
 #            forward, TMA backward, both), and each row's phase profile;
 #   compare: torch side by side on the issue's flex rows (CMP_ROWS, default 0,1,2,3,4,5,6);
+#   ab:      interleaved A/B rounds of AB_SETTINGS (default: defaults vs KILN_FLEX_FWD_KEEPBITS=1) on
+#            the four kiln rows, 50 repetitions each, AB_ROUNDS (3) rounds;
 #   train:   the training job beside torch eager and torch.compile (round_c.sh's train part);
 #   lce:     bench_lce speed / memory / gemm3 / phases at 8192 x 4096 x 128256, nsys kernel sums;
 #   ncu:     Nsight Compute on the forward of the 16-document row and on the three kernels of the
@@ -46,6 +48,21 @@ for part in ${PARTS:-tests rows}; do
         done
         stamp
       fi ;;
+    ab)  # interleaved A/B of switch settings on the flex rows (AB_SETTINGS, AB_ROUNDS rounds, 50 reps each)
+      for round in $(seq ${AB_ROUNDS:-3}); do
+        for setting in ${AB_SETTINGS:-"X=0 KILN_FLEX_FWD_KEEPBITS=1"}; do
+          for row in "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal" \
+                     "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16" \
+                     "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256" \
+                     "train_doc|--batch 4 --heads 12 --seq 4096 --head-dim 64 --mask document:4"; do
+            name=${row%%|*}; args=${row#*|}
+            f="$OUT/ab_${name}_${setting//[^A-Za-z0-9]/_}_$round.jsonl"
+            env ${setting//,/ } timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 50 --flex-only > "$f" 2>&1
+            echo "  ab $round $setting $name $(grep -E '"variant": "flex"' "$f" | cut -c1-110)"
+          done
+        done
+      done
+      stamp ;;
     train) SKIP_BUILD=1 PARTS=train bash scripts/device/round_c.sh; stamp ;;
     compare)
       SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-330} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,3,4,5,6}" bash scripts/device/round_c.sh
