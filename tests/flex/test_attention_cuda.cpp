@@ -148,9 +148,10 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
     cfg.fwd_kbuf = 1;  // and one
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
-    cfg.fwd_keepbits = true;  // keep bits while QK^T is in flight
+    cfg.fwd_keepbits = true;  // keep bits while QK^T is in flight, the walks a step ahead
+    cfg.walk_ahead = true;
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
-    cfg.fwd_keepbits = false;
+    cfg.fwd_keepbits = cfg.walk_ahead = false;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
     cfg.bwd_tma = false;
@@ -550,6 +551,13 @@ TEST(FlexAttentionCuda, KeepBitsForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(26);
   check_kernel_variant("KILN_FLEX_FWD_KEEPBITS");
+}
+
+// KILN_FLEX_WALK_AHEAD=1: the BlockMask lists' next entries loaded a step ahead.
+TEST(FlexAttentionCuda, WalkAheadMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(27);
+  check_kernel_variant("KILN_FLEX_WALK_AHEAD");
 }
 
 // KILN_FLEX_BWD_TMA=1 (the default on sm_90): the backward's Q, dO, K and V tiles by TMA; against

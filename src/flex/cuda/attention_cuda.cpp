@@ -166,12 +166,12 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
-                cfg.index32, cfg.fwd_keepbits);
+                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -275,6 +275,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
   const char* keepbits = env_switch("KILN_FLEX_FWD_KEEPBITS", "0", "1");
   cfg.fwd_keepbits = cfg.fwd_tma && keepbits && !std::strcmp(keepbits, "1");
+  const char* ahead = env_switch("KILN_FLEX_WALK_AHEAD", "0", "1");
+  cfg.walk_ahead = ahead && !std::strcmp(ahead, "1");
   const char* bwd_tma = env_switch("KILN_FLEX_BWD_TMA", "0", "1");
   cfg.bwd_tma = cfg.bwd_wgmma && !(bwd_tma && !std::strcmp(bwd_tma, "0"));
   const int64_t ld = p.E + 8;

@@ -90,6 +90,9 @@ struct KernelConfig {
   // wgmma backward only: Q, dO, K and V tiles of both backward kernels by TMA (dK/dV's lse2 / delta
   // rows stay on cp.async; KILN_FLEX_BWD_TMA=1).
   bool bwd_tma = false;
+  // Every kernel's BlockMask walk loads the lists' next entries a step ahead
+  // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
+  bool walk_ahead = false;
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead

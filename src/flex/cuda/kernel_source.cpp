@@ -331,9 +331,15 @@ __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
   return (P.mB == 1 ? 0 : b) * P.mH + (P.mH == 1 ? 0 : h);
 }
 
-// Merged ascending walk of a partial list and a full list (or every block when all_full).
+#ifndef WALK_AHEAD
+#define WALK_AHEAD 0  // the lists' next entries loaded a step ahead (KILN_FLEX_WALK_AHEAD=1)
+#endif
+// Merged ascending walk of a partial list and a full list (or every block when all_full). With
+// WALK_AHEAD the heads of both lists (va = *pa, vf = *fa) are loaded one step ahead, so a step
+// reads registers and its global load's latency hides behind the tile's work.
 struct BlockWalk {
   const int *pa, *pe, *fa, *fe;
+  int va, vf;
   i64 next, count;
   bool all;
   __device__ __forceinline__ BlockWalk(const FlexParams& P, const int* num, const int* idx, i64 m, const int* fnum,
@@ -342,11 +348,16 @@ struct BlockWalk {
     next = 0;
     count = total;
     pa = pe = fa = fe = 0;
+    va = vf = 0;
     if (!all) {
       pa = idx + row * m;
       pe = pa + num[row];
       fa = fidx + row * fm;
       fe = fa + fnum[row];
+#if WALK_AHEAD
+      va = pa < pe ? *pa : 0;
+      vf = fa < fe ? *fa : 0;
+#endif
     }
   }
   __device__ __forceinline__ bool step(int& j, bool& partial) {
@@ -357,6 +368,19 @@ struct BlockWalk {
       return true;
     }
     if (pa == pe && fa == fe) return false;
+#if WALK_AHEAD
+    if (fa == fe || (pa < pe && va < vf)) {
+      j = va;
+      partial = true;
+      ++pa;
+      va = pa < pe ? *pa : 0;
+    } else {
+      j = vf;
+      partial = false;
+      ++fa;
+      vf = fa < fe ? *fa : 0;
+    }
+#else
     if (fa == fe || (pa < pe && *pa < *fa)) {
       j = *pa++;
       partial = true;
@@ -364,6 +388,7 @@ struct BlockWalk {
       j = *fa++;
       partial = false;
     }
+#endif
     return true;
   }
 };
