@@ -266,17 +266,18 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // 0.346); KILN_FLEX_FWD_TMA=0 keeps cp.async.
   const char* tma = env_switch("KILN_FLEX_FWD_TMA", "0", "1");
   cfg.fwd_tma = cfg.fwd_wgmma && !cfg.fwd_overlap && !(tma && !std::strcmp(tma, "0"));
-  // With TMA two K / V stages by default (H200, session 8, fwd ms: causal 4x16x8192x128 2.753 ->
-  // 2.592, 16 documents 2.068 -> 1.953, window 256 0.180 -> 0.169, training shape 0.393 -> 0.379);
-  // KILN_FLEX_FWD_KBUF=1 keeps one. The cp.async forward keeps one K buffer unless set.
+  // With TMA two K / V stages by default (H200, session 8, fwd ms against one stage in one call:
+  // causal 4x16x8192x128 2.753 -> 2.592, 16 documents 2.068 -> 1.953, window 256 0.180 -> 0.169,
+  // training shape 0.393 -> 0.379); KILN_FLEX_FWD_KBUF=1 keeps one. The cp.async forward keeps
+  // one K buffer unless set.
   cfg.fwd_kbuf = std::getenv("KILN_FLEX_FWD_KBUF") || !cfg.fwd_tma ? k_buffers("KILN_FLEX_FWD_KBUF") : 2;
-  // The backward's tiles by TMA by default (same session, fwd+bwd ms: causal 12.82 -> 10.35,
-  // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
-  // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
   const char* keepbits = env_switch("KILN_FLEX_FWD_KEEPBITS", "0", "1");
   cfg.fwd_keepbits = cfg.fwd_tma && keepbits && !std::strcmp(keepbits, "1");
   const char* ahead = env_switch("KILN_FLEX_WALK_AHEAD", "0", "1");
   cfg.walk_ahead = ahead && !std::strcmp(ahead, "1");
+  // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
+  // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
+  // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
   const char* bwd_tma = env_switch("KILN_FLEX_BWD_TMA", "0", "1");
   cfg.bwd_tma = cfg.bwd_wgmma && !(bwd_tma && !std::strcmp(bwd_tma, "0"));
   const int64_t ld = p.E + 8;

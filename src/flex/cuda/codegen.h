@@ -88,7 +88,7 @@ struct KernelConfig {
   // (KILN_FLEX_FWD_KEEPBITS=1, a measurement switch; see docs/benchmarks.md, session 8).
   bool fwd_keepbits = false;
   // wgmma backward only: Q, dO, K and V tiles of both backward kernels by TMA (dK/dV's lse2 / delta
-  // rows stay on cp.async; KILN_FLEX_BWD_TMA=1).
+  // rows stay on cp.async; the default on sm_90, KILN_FLEX_BWD_TMA=0 turns it off).
   bool bwd_tma = false;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).

@@ -119,13 +119,13 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 phase) {
       "r"(phase)
       : "memory");
 }
-// `arrive`: this tile's bytes complete the barrier's phase with the issuing thread's one arrival;
-// false adds them to the phase without arriving (a tile sharing a phase with a later one).
 // Thread 0 initialises a CTA's n barriers (before a block barrier, after which anyone may wait).
 __device__ __forceinline__ void mbar_init_all(u64* bars, int n) {
   for (int i = 0; i < n; ++i) mbar_init(&bars[i]);
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // the inits, before the async proxy uses them
 }
+// `arrive`: this tile's bytes complete the barrier's phase with the issuing thread's one arrival;
+// false adds them to the phase without arriving (a tile sharing a phase with a later one).
 __device__ __forceinline__ void tma_tile(u16* dst, const void* map, u64* bar, i64 row0, i64 bh, int rows,
                                          bool arrive = true) {
   if (arrive)
