@@ -538,6 +538,31 @@ TEST(FlexAttentionCuda, TmaForwardMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_FWD_TMA");
 }
 
+// Captured-tensor gradients with several kv units per CTA: a bias table of 2^18 entries a head
+// makes the slot budget (256 MiB of doubles) give 8 slots for 44 units, so each CTA walks units
+// in turn (the TMA backward's barrier phases carry across them; kv tiles past L have no q tile),
+// with the cp.async and the TMA backward.
+TEST(FlexAttentionCuda, CapturedGradsWithSeveralUnitsPerCta) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(28);
+  GpuCase c;
+  c.B = 2;
+  c.Hq = 4;
+  c.L = 300;
+  c.S = 700;
+  const int64_t W = int64_t{1} << 18, off = W / 2;
+  const Tensor bias = (randn({c.Hq, W}, kFloat64) * 0.5).detach().requires_grad_();
+  const std::vector<double> bv = bias.to_vector();
+  const MaskMod causal = causal_mask();
+  for (const char* tma : {"0", "1"}) {
+    SCOPED_TRACE(std::string("KILN_FLEX_BWD_TMA=") + tma);
+    const ScopedEnv env("KILN_FLEX_BWD_TMA", tma);
+    check_cuda(c, kBFloat16, &causal, kCausal, relative_position_bias(bias, off),
+               [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * W + q - kv + off]; },
+               {bias});
+  }
+}
+
 // KILN_FLEX_FWD_KBUF=2 with TMA (the default): two K / V stages, the tile after next loading
 // while one is used; against one stage.
 TEST(FlexAttentionCuda, TwoStageTmaForwardMatchesReferenceAndDefaultBits) {
