@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (scripts/device/pack.sh builds all of .device/ from a fresh checkout.)
 # round_c.sh's parts without the ~200 s build, for a nearly spent device budget: kiln, test_flex,
 # test_ops, test_train and bench_memory_bound built on the dev machine (CUDA 13.0, sm_90a cubins;
 # the flex kernels compile at run time anyway), stripped and carried as .device/bin.tar.xz:
