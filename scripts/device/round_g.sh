@@ -6,7 +6,7 @@
 #   rows:    kiln's flex rows with the defaults and with ENV_ROWS' switches (default: two-stage TMA
 #            forward, TMA backward, both), and each row's phase profile;
 #   compare: torch side by side on the issue's flex rows (CMP_ROWS, default 0,1,2,3,4,5,6);
-#   ab:      interleaved A/B rounds of AB_SETTINGS (default: defaults, KILN_FLEX_FWD_KEEPBITS=1, KILN_FLEX_WALK_AHEAD=1) on
+#   ab:      interleaved A/B rounds of AB_SETTINGS (default: defaults, MASK_BITS=1, FWD_KEEPBITS=1, WALK_AHEAD=1) on
 #            the four kiln rows, 50 repetitions each, AB_ROUNDS (3) rounds;
 #   train:   the training job beside torch eager and torch.compile (round_c.sh's train part);
 #   lce:     bench_lce speed / memory / gemm3 / phases at 8192 x 4096 x 128256, nsys kernel sums;
@@ -50,7 +50,7 @@ for part in ${PARTS:-tests rows}; do
       fi ;;
     ab)  # interleaved A/B of switch settings on the flex rows (AB_SETTINGS, AB_ROUNDS rounds, 50 reps each)
       for round in $(seq ${AB_ROUNDS:-3}); do
-        for setting in ${AB_SETTINGS:-"X=0 KILN_FLEX_FWD_KEEPBITS=1 KILN_FLEX_WALK_AHEAD=1"}; do
+        for setting in ${AB_SETTINGS:-"X=0 KILN_FLEX_MASK_BITS=1 KILN_FLEX_FWD_KEEPBITS=1 KILN_FLEX_WALK_AHEAD=1"}; do
           for row in "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal" \
                      "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16" \
                      "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256" \

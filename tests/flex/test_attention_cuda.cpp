@@ -152,6 +152,10 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     cfg.walk_ahead = true;
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
     cfg.fwd_keepbits = cfg.walk_ahead = false;
+    cfg.mask_bits = true;  // partial blocks' keep bits from flex_mask_bits (a mask reading a tensor)
+    const detail::Program dp = detail::compile(masks[2].expr);
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &dp, cfg), "sm_90a"));
+    cfg.mask_bits = false;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
     cfg.bwd_tma = false;
@@ -576,6 +580,50 @@ TEST(FlexAttentionCuda, KeepBitsForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(26);
   check_kernel_variant("KILN_FLEX_FWD_KEEPBITS");
+}
+
+// KILN_FLEX_MASK_BITS=1: a document mask's partial blocks take their keep bits from
+// flex_mask_bits instead of evaluating the mask: against the reference (with and without a
+// score_mod, GQA, ragged lengths) and bit for bit the forward that evaluates it.
+TEST(FlexAttentionCuda, MaskBitsForwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(29);
+  for (const int64_t E : {64, 128}) {
+    SCOPED_TRACE("E = " + std::to_string(E));
+    GpuCase c;
+    c.Hq = 4;
+    c.L = 700;
+    c.S = 900;
+    c.E = E;
+    std::vector<int64_t> ids(static_cast<size_t>(c.S));
+    for (size_t i = 0, d = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(d += std::rand() % 97 == 0);
+    const Tensor doc = tensor(std::vector<double>(ids.begin(), ids.end()), kInt64);
+    const MaskMod m = and_masks({document_mask(doc), causal_mask()});
+    const MaskFn f = [&](int64_t, int64_t, int64_t q, int64_t kv) { return ids[q] == ids[kv] && q >= kv; };
+    {
+      const ScopedEnv on("KILN_FLEX_MASK_BITS", "1");
+      check_cuda(c, kBFloat16, &m, f, ScoreMod(), nullptr);
+      check_cuda(c, kBFloat16, &m, f, softcap(5.0),
+                 [](double x, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(x / 5.0); });
+    }
+    const Tensor q = randn({1, c.Hq, c.L, E}), k = randn({1, c.Hkv, c.S, E}), v = randn({1, c.Hkv, c.S, E}),
+                 cot = randn({1, c.Hq, c.L, E});
+    const BlockMask bm = create_block_mask(m, 1, 1, c.L, c.S);
+    FlexOptions o;
+    o.block_mask = &bm;
+    o.return_lse = true;
+    o.enable_gqa = true;
+    FlexRun base;
+    {
+      const ScopedEnv off("KILN_FLEX_MASK_BITS", "0");
+      base = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+    }
+    const ScopedEnv on("KILN_FLEX_MASK_BITS", "1");
+    const FlexRun other = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+    EXPECT_TRUE(same_bits(base, other)) << "the keep bits changed the forward's bits";
+    const std::vector<double> a = base.lse.to_vector(), b = other.lse.to_vector();
+    EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+  }
 }
 
 // KILN_FLEX_WALK_AHEAD=1: the BlockMask lists' next entries loaded a step ahead.

@@ -33,6 +33,7 @@ struct State {
   std::vector<Tensor> buffers;  // device copies (kept alive)
   const FlexKernels* kernels = nullptr;
   int64_t fwd_smem = 0, bwd_smem = 0, bwd_dq_smem = 0, bwd_dkdv_smem = 0;
+  int64_t mask_bits_words = 0;  // KILN_FLEX_MASK_BITS: the keep bits' size, else 0
   int fwd_threads = kThreads;
   int64_t fwd_q_tiles = 0;
   int64_t grad_numel = 0;
@@ -166,12 +167,12 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
-                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead);
+                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -275,6 +276,20 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.fwd_keepbits = cfg.fwd_tma && keepbits && !std::strcmp(keepbits, "1");
   const char* ahead = env_switch("KILN_FLEX_WALK_AHEAD", "0", "1");
   cfg.walk_ahead = ahead && !std::strcmp(ahead, "1");
+  // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
+  // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB.
+  const char* mbits = env_switch("KILN_FLEX_MASK_BITS", "0", "1");
+  if (mbits && !std::strcmp(mbits, "1") && cfg.fwd_tma && p.mask && p.mask->reads_tensors && !p.all_full) {
+    const auto uses = [&](Op op) {
+      return std::any_of(p.mask->code.begin(), p.mask->code.end(), [&](const detail::Instr& in) { return in.op == op; });
+    };
+    const int64_t words = p.mB * p.mH * p.nQ * p.kv_m * (p.QB * p.KB / 32);
+    if ((!uses(Op::B) || p.mB == p.B) && (!uses(Op::H) || p.mH == p.Hq) && words <= (int64_t{64} << 20)) {
+      cfg.mask_bits = true;
+      st->mask_bits_words = words;
+      cfg.fwd_keepbits = false;  // the keep-bits forward evaluates the mask itself
+    }
+  }
   // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
   // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
   // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
@@ -318,6 +333,12 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
     encode_tile_map(P.qmap, P.q, bf16, st.p.B * st.p.Hq, st.p.L, st.p.E, c.fwd_tile_m);
     encode_tile_map(P.kmap, P.k, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
     encode_tile_map(P.vmap, P.v, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
+  }
+  Tensor bits;
+  if (st.mask_bits_words > 0) {  // the partial blocks' keep bits, one CTA per (mask row, slot)
+    bits = empty({st.mask_bits_words}, TensorOptions().dtype(kInt32).device(st.device));
+    P.mbits = static_cast<uint32_t*>(bits.data_ptr());
+    launch(st.kernels->mask_bits, st.p.mB * st.p.mH * st.p.nQ * st.p.kv_m, 128, 0, stream_of(st), &P);
   }
   const Tensor prof = attach_profile_counters(st, P);
   launch(st.kernels->fwd, st.p.B * st.p.Hq * st.fwd_q_tiles, st.fwd_threads, st.fwd_smem, stream_of(st), &P);

@@ -37,6 +37,7 @@ struct FlexParams {
   double* slots;    // [nslots][kWarps][grad_numel] per-warp captured-gradient slots
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
   unsigned long long* prof;  // KILN_FLEX_PROFILE: per-phase cycle counters (kProfileSlots), else null
+  uint32_t* mbits;  // KILN_FLEX_MASK_BITS: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
   int64_t B, Hq, Hkv, L, S, G;
   int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -93,6 +94,9 @@ struct KernelConfig {
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;
+  // TMA forward: partial blocks of a mask that reads captured tensors take their keep bits from
+  // flex_mask_bits, run before the forward (KILN_FLEX_MASK_BITS=1, a measurement switch).
+  bool mask_bits = false;
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead

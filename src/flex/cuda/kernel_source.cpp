@@ -48,6 +48,7 @@ struct FlexParams {
   double* slots;
   double* capgrad;
   unsigned long long* prof;
+  unsigned* mbits;
   i64 B, Hq, Hkv, L, S, G;
   i64 QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   i64 q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -331,6 +332,9 @@ __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
   return (P.mB == 1 ? 0 : b) * P.mH + (P.mH == 1 ? 0 : h);
 }
 
+#ifndef MASK_BITS
+#define MASK_BITS 0  // TMA forward: partial blocks' keep bits from flex_mask_bits (P.mbits)
+#endif
 #ifndef WALK_AHEAD
 #define WALK_AHEAD 0  // the lists' next entries loaded a step ahead (KILN_FLEX_WALK_AHEAD=1)
 #endif
@@ -339,7 +343,8 @@ __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
 // reads registers and its global load's latency hides behind the tile's work.
 struct BlockWalk {
   const int *pa, *pe, *fa, *fe;
-  int va, vf;
+  const int* p0;  // the partial list's start: a partial block's slot is its offset from here
+  int va, vf, slot;
   i64 next, count;
   bool all;
   __device__ __forceinline__ BlockWalk(const FlexParams& P, const int* num, const int* idx, i64 m, const int* fnum,
@@ -347,10 +352,10 @@ struct BlockWalk {
     all = P.all_full != 0;
     next = 0;
     count = total;
-    pa = pe = fa = fe = 0;
-    va = vf = 0;
+    pa = pe = fa = fe = p0 = 0;
+    va = vf = slot = 0;
     if (!all) {
-      pa = idx + row * m;
+      pa = p0 = idx + row * m;
       pe = pa + num[row];
       fa = fidx + row * fm;
       fe = fa + fnum[row];
@@ -372,6 +377,9 @@ struct BlockWalk {
     if (fa == fe || (pa < pe && va < vf)) {
       j = va;
       partial = true;
+#if MASK_BITS
+      slot = (int)(pa - p0);
+#endif
       ++pa;
       va = pa < pe ? *pa : 0;
     } else {
@@ -382,6 +390,9 @@ struct BlockWalk {
     }
 #else
     if (fa == fe || (pa < pe && *pa < *fa)) {
+#if MASK_BITS
+      slot = (int)(pa - p0);
+#endif
       j = *pa++;
       partial = true;
     } else {
@@ -400,7 +411,8 @@ struct TileWalk {
   bool part;
   __device__ __forceinline__ TileWalk(const BlockWalk& walk, i64 block, i64 n, i64 step = TILE_N)
       : w(walk), c(0), cend(0), blk(block), total(n), step_n(step), part(false) {}
-  __device__ __forceinline__ bool next(i64& c0, bool& partial) {
+  // slot: the partial list's slot of the tile's block (MASK_BITS), when asked for.
+  __device__ __forceinline__ bool next(i64& c0, bool& partial, int* slot = nullptr) {
     while (c >= cend) {
       int j;
       if (!w.step(j, part)) return false;
@@ -409,6 +421,9 @@ struct TileWalk {
     }
     c0 = c;
     partial = part;
+#if MASK_BITS
+    if (slot) *slot = w.slot;
+#endif
     c += step_n;
     return true;
   }
@@ -584,12 +599,75 @@ __device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FW
 }
 #endif
 
+// KILN_FLEX_MASK_BITS=1 (a measurement switch, masks that read captured tensors): one CTA per
+// (mask row, slot) of the kv lists' partial blocks writes the block's keep bits (in bounds and
+// mask, of the element clamped into the lengths as mod_score), QB rows of KB / 32 words, at
+// P.mbits + (row * kv_m + slot) * QB * KB / 32. The forward then reads two rows of words per
+// thread instead of evaluating the mask (a document mask's partial tile: ~2000 instructions).
+extern "C" __global__ void __launch_bounds__(128) flex_mask_bits(const FlexParams P) {
+#if HAS_MASK
+  const i64 row = blockIdx.x / P.kv_m, slot = blockIdx.x % P.kv_m;
+  if (slot >= P.kv_num[row]) return;
+  const i64 i = row % P.nQB, mbh = row / P.nQB, b = mbh / P.mH, h = mbh % P.mH;
+  const i64 kb0 = (i64)P.kv_idx[row * P.kv_m + slot] * P.KB, qb0 = i * P.QB, wpr = P.KB / 32;
+  unsigned* out = P.mbits + (row * P.kv_m + slot) * P.QB * wpr;
+  for (i64 w = threadIdx.x; w < P.QB * wpr; w += blockDim.x) {
+    const i64 q = qb0 + w / wpr, c = kb0 + (w % wpr) * 32;
+    unsigned bits = 0u;
+    for (int x = 0; x < 32; ++x) {
+      const i64 kv = c + x;
+      const bool in = q < P.L && kv < P.S;
+      const i64 qc = q < P.L ? q : P.L - 1, kvc = kv < P.S ? kv : P.S - 1;
+      bits |= (unsigned)(in && (bool)mask_mod(b, h, qc, kvc, P)) << x;
+    }
+    out[w] = bits;
+  }
+#endif
+}
+
+#if MASK_BITS
+// A partial block's tile from the block's keep bits `blk` (flex_mask_bits), mod_score's arithmetic
+// otherwise (the same bits): each thread loads its rows' words once.
+__device__ __forceinline__ void fwd_scores_mbits(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const unsigned* blk,
+                                                 i64 b, i64 h, i64 row_base, i64 c0, int t) {
+  const i64 qb0 = row_base - row_base % P.QB, wpr = P.KB / 32, col0 = (c0 % P.KB) / 32;
+  unsigned w[FWD_MT][2][FWD_TILE_N / 32];
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const unsigned* rowp = blk + (row_base + mt * 16 + 8 * r - qb0) * wpr + col0;
+#pragma unroll
+      for (int x = 0; x < FWD_TILE_N / 32; ++x) w[mt][r][x] = rowp[x];
+    }
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[mt][n][e] * (float)P.scale;
+#if HAS_SCORE
+        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
+        x = score_mod(x, b, h, q < P.L ? q : P.L - 1, kv < P.S ? kv : P.S - 1, P);
+#endif
+        const unsigned bit = (w[mt][e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u;
+        s[mt][n][e] = bit ? x : NEG_INF;
+      }
+}
+#endif
+
 // Interior tiles of full blocks need neither the bounds test nor the mask: the same arithmetic
 // as mod_score on the kept elements, so the same bits. The test is per tile, outside the element
 // loops (per element it compiled to a branch each).
+// blk: a partial block's keep bits (MASK_BITS), else null.
 __device__ __forceinline__ void fwd_tile_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], i64 b, i64 h,
-                                                i64 row_base, i64 c0, int t, bool partial, bool rows_in) {
+                                                i64 row_base, i64 c0, int t, bool partial, bool rows_in,
+                                                const unsigned* blk = nullptr) {
   if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
+#if MASK_BITS
+  else if (blk) fwd_scores_mbits(P, s, blk, b, h, row_base, c0, t);
+#endif
   else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
 }
 
@@ -699,13 +777,18 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
   TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
   i64 c0, c_next;
   bool partial, p_next;
-  bool more = walk.next(c0, partial);
+  int slot0 = 0;  // the partial list's slot of c0's block (MASK_BITS)
+  bool more = walk.next(c0, partial, &slot0);
+  // A partial block's keep bits (MASK_BITS and P.mbits), else null.
+#define FWD_BLK(slot, part) \
+  (MASK_BITS && P.mbits && (part) ? P.mbits + (mrow * P.kv_m + (slot)) * (P.QB * P.KB / 32) : (const unsigned*)0)
 #if FWD_TMA
   const i64 bhk = b * P.Hkv + hk;
 #if FWD_KBUF == 2
   i64 c1 = 0;  // the tile after c0, already loading into the other stage
   bool p1 = false;
-  bool more1 = more && walk.next(c1, p1);
+  int slot1 = 0;
+  bool more1 = more && walk.next(c1, p1, &slot1);
 #endif
   if (threadIdx.x == 0) {
     mbar_init_all(bars, 2 * FWD_KBUF);
@@ -825,7 +908,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
 #else
     wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
     PROF_MARK(2);
-    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
+    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in, FWD_BLK(slot0, partial));
 #endif
     float alpha[FWD_MT][2];
     fwd_softmax(s, pk, m, l, alpha);
@@ -838,14 +921,15 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     PROF_MARK(5);
     i64 c2 = 0;
     bool p2 = false;
-    const bool more2 = more1 && walk.next(c2, p2);
+    int slot2 = 0;
+    const bool more2 = more1 && walk.next(c2, p2, &slot2);
     __syncthreads();  // every warp is done with stage x
     if (more2 && threadIdx.x == 0) {
       tma_tile(Kx, P.kmap, &bars[x], c2, bhk, FWD_TILE_N);
       tma_tile(Vx, P.vmap, &bars[2 + x], c2, bhk, FWD_TILE_N);
     }
-    c0 = c1, partial = p1, more = more1;
-    c1 = c2, p1 = p2, more1 = more2;
+    c0 = c1, partial = p1, more = more1, slot0 = slot1;
+    c1 = c2, p1 = p2, more1 = more2, slot1 = slot2;
     x ^= 1;
   }
 #elif FWD_TMA
@@ -864,14 +948,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
 #else
     wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Ks);
     PROF_MARK(2);
-    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
+    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in, FWD_BLK(slot0, partial));
 #endif
     float alpha[FWD_MT][2];
     fwd_softmax(s, pk, m, l, alpha);
     fwd_rescale(o, alpha);
     PROF_MARK(3);
     __syncthreads();  // everyone is done with Ks
-    more = walk.next(c_next, p_next);
+    more = walk.next(c_next, p_next, &slot0);  // slot0 is read again only for c_next
     if (more && threadIdx.x == 0) tma_tile(Ks, P.kmap, &bars[0], c_next, bhk, FWD_TILE_N);
     mbar_wait(&bars[1], vphase);  // V(c0) landed
     vphase ^= 1;
@@ -955,6 +1039,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
       if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? m[mt][r] + logf(lr) : NEG_INF;
     }
 #undef FWD_ROW
+#undef FWD_BLK
   PROF_MARK(6);
   PROF_FLUSH(0);
 }
