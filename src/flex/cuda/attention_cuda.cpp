@@ -381,6 +381,12 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     encode_tile_map(P.vmap, P.v, bf16, p.B * p.Hkv, p.S, p.E, kTileN);
   }
 
+  Tensor bits;
+  if (st.mask_bits_words > 0) {  // the dQ kernel's keep bits of partial blocks, as the forward's
+    bits = empty({st.mask_bits_words}, dev.dtype(kInt32));
+    P.mbits = static_cast<uint32_t*>(bits.data_ptr());
+    launch(st.kernels->mask_bits, p.mB * p.mH * p.nQ * p.kv_m, 128, 0, stream, &P);
+  }
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);

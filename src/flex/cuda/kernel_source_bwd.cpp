@@ -69,10 +69,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexPa
 // lse log2(e) of its row (+inf when the row is fully masked: p = 0). kInterior:
 // an element of a full block inside both lengths, which needs neither the bounds test nor the mask
 // (the same arithmetic as mod_score on kept elements, so the same bits).
-template <bool kInterior>
+// kBits (MASK_BITS): a partial block's element whose keep bit is `bit` (mod_score's arithmetic
+// with the mask read from flex_mask_bits, the same bits).
+template <bool kInterior, bool kBits = false>
 __device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i64 b, i64 h, i64 q, i64 kv,
                                      bool partial, float lse2, float delta, float* p_out, float* ds_post_out,
-                                     float* ds_out) {
+                                     float* ds_out, bool bit = true) {
   bool keep = true;
   float y;
   if (kInterior) {
@@ -80,6 +82,12 @@ __device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i
 #if HAS_SCORE
     y = score_mod(y, b, h, q, kv, P);
 #endif
+  } else if (kBits) {
+    y = raw * (float)P.scale;
+#if HAS_SCORE
+    y = score_mod(y, b, h, q < P.L ? q : P.L - 1, kv < P.S ? kv : P.S - 1, P);
+#endif
+    y = bit ? y : NEG_INF;
   } else {
     y = mod_score(P, raw, b, h, q, kv, partial, &keep);
   }
@@ -109,6 +117,31 @@ __device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], c
       s[n][e] = ds;
     }
 }
+
+#if MASK_BITS
+// dQ's tile of a partial block from the block's keep bits `blk` (flex_mask_bits): each thread loads
+// its two rows' words once.
+__device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
+                                                const i64* rows, i64 c0, int t, const float* lse2, const float* delta,
+                                                const unsigned* blk) {
+  const i64 qb0 = rows[0] - rows[0] % P.QB, wpr = P.KB / 32, col0 = (c0 % P.KB) / 32;
+  unsigned w[2][TILE_N / 32];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int x = 0; x < TILE_N / 32; ++x) w[r][x] = blk[(rows[r] - qb0) * wpr + col0 + x];
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p, ds_post, ds;
+      const bool bit = (w[e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u;
+      p_ds<false, true>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), true, lse2[e >> 1],
+                        delta[e >> 1], &p, &ds_post, &ds, bit);
+      s[n][e] = ds;
+    }
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
   PROF_DECL
@@ -144,7 +177,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
   TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
   i64 c0, c_next;
   bool partial, p_next;
-  bool more = walk.next(c0, partial);
+  int slot0 = 0, s_next = 0;  // the partial list's slot of c0's block (MASK_BITS)
+  bool more = walk.next(c0, partial, &slot0);
 #if BWD_TMA
   // bars[0]: Q (joining the first K's phase), then K tiles; bars[1]: dO, then V tiles. Loads from
   // thread 0 into the one K and one V buffer, each once every warp is done with it.
@@ -169,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
     PROF_MARK(1);
     BWD_ABT(dp, dOs, Vs, LDSM_B_Q);
     PROF_MARK(2);
-    more = walk.next(c_next, p_next);
+    more = walk.next(c_next, p_next, &s_next);
     __syncthreads();  // everyone is done with Vs
     if (more && threadIdx.x == 0) tma_tile(Vs, P.vmap, &bars[1], c_next, bhk, TILE_N);
     mbar_wait(&bars[0], kphase);  // K(c0) (and Q on the first tile) landed
@@ -178,6 +212,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
     BWD_ABT(s, Qs, Ks, LDSM_B_Q);
     PROF_MARK(4);
     if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+#if MASK_BITS
+    else if (P.mbits && partial)
+      dq_tile_ds_bits(P, s, dp, b, h, rows, c0, t, lse2, delta,
+                      P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
+#endif
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
     PROF_MARK(5);
     BWD_PB(dq, s, Ks, LDSM_B_Q);  // dQ += dS K
@@ -186,6 +225,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
     PROF_MARK(6);
     c0 = c_next;
     partial = p_next;
+    slot0 = s_next;
   }
 #else
   if (more) BWD_LOAD_TILE(Vs, vg, c0, P.S, TILE_N);
