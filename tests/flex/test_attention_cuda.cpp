@@ -489,6 +489,21 @@ TEST(FlexAttentionCuda, BackwardIsBitwiseDeterministic) {
       << "full vs partial classification changes the CUDA result";
 }
 
+// The same call with `var`=`off` and with `var`=`on` gives the same bits (out, lse, gradients).
+void expect_same_bits_across(const char* var, const char* on, const char* off, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const Tensor& cot, const FlexOptions& o) {
+  FlexRun base;
+  {
+    const ScopedEnv unset(var, off);
+    base = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+  }
+  const ScopedEnv set(var, on);
+  const FlexRun other = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+  EXPECT_TRUE(same_bits(base, other)) << var << "=" << on << " changed the bits";
+  const std::vector<double> a = base.lse.to_vector(), b = other.lse.to_vector();
+  EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+}
+
 // A kernel variant switched on by `var`=`on`: against the reference, with rows that attend
 // nothing and tiles of one block, and bit for bit (out, lse, gradients; GQA) the kernels with
 // `var`=`off` (the same operations in the same order, only issued or loaded differently).
@@ -514,16 +529,8 @@ void check_kernel_variant(const char* var, const char* on = "1", const char* off
     o.block_mask = &bm;
     o.return_lse = true;
     o.enable_gqa = true;
-    FlexRun base;
-    {
-      const ScopedEnv unset(var, off);
-      base = run_on(kGpu, kBFloat16, q, k, v, o, cot);
-    }
-    const ScopedEnv set(var, on);
-    const FlexRun other = run_on(kGpu, kBFloat16, q, k, v, o, cot);
-    EXPECT_TRUE(same_bits(base, other)) << var << ", E = " << E << ": the forward's bits changed";
-    const std::vector<double> a = base.lse.to_vector(), b = other.lse.to_vector();
-    EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+    SCOPED_TRACE("E = " + std::to_string(E));
+    expect_same_bits_across(var, on, off, q, k, v, cot, o);
   }
 }
 
@@ -613,16 +620,7 @@ TEST(FlexAttentionCuda, MaskBitsForwardMatchesReferenceAndDefaultBits) {
     o.block_mask = &bm;
     o.return_lse = true;
     o.enable_gqa = true;
-    FlexRun base;
-    {
-      const ScopedEnv off("KILN_FLEX_MASK_BITS", "0");
-      base = run_on(kGpu, kBFloat16, q, k, v, o, cot);
-    }
-    const ScopedEnv on("KILN_FLEX_MASK_BITS", "1");
-    const FlexRun other = run_on(kGpu, kBFloat16, q, k, v, o, cot);
-    EXPECT_TRUE(same_bits(base, other)) << "the keep bits changed the forward's bits";
-    const std::vector<double> a = base.lse.to_vector(), b = other.lse.to_vector();
-    EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+    expect_same_bits_across("KILN_FLEX_MASK_BITS", "1", "0", q, k, v, cot, o);
   }
 }
 

@@ -54,6 +54,12 @@ const char* env_switch(const char* var, const char* a, const char* b) {
   return v;
 }
 
+// A 0 / 1 switch: `dflt` when the variable is unset.
+bool env_flag(const char* var, bool dflt) {
+  const char* v = env_switch(var, "0", "1");
+  return v ? v[0] == '1' : dflt;
+}
+
 // Whether kernels use wgmma: on sm_90 unless KILN_FLEX_<part>_MMA=mma (part FWD or BWD).
 bool use_wgmma(const char* var, int major) {
   const char* v = env_switch(var, "wgmma", "mma");
@@ -260,26 +266,21 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.index32 = index32;
   cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
-  const char* overlap = env_switch("KILN_FLEX_FWD_OVERLAP", "0", "1");
-  cfg.fwd_overlap = cfg.fwd_wgmma && overlap && !std::strcmp(overlap, "1");
+  cfg.fwd_overlap = cfg.fwd_wgmma && env_flag("KILN_FLEX_FWD_OVERLAP", false);
   // TMA tiles by default in the wgmma forward (H200, session 7: causal 4x16x8192x128 fwd 3.818 ->
   // 2.806 ms, 16 documents 2.335 -> 2.072, window 256 0.195 -> 0.154, training shape 0.345 ->
   // 0.346); KILN_FLEX_FWD_TMA=0 keeps cp.async.
-  const char* tma = env_switch("KILN_FLEX_FWD_TMA", "0", "1");
-  cfg.fwd_tma = cfg.fwd_wgmma && !cfg.fwd_overlap && !(tma && !std::strcmp(tma, "0"));
+  cfg.fwd_tma = cfg.fwd_wgmma && !cfg.fwd_overlap && env_flag("KILN_FLEX_FWD_TMA", true);
   // With TMA two K / V stages by default (H200, session 8, fwd ms against one stage in one call:
   // causal 4x16x8192x128 2.753 -> 2.592, 16 documents 2.068 -> 1.953, window 256 0.180 -> 0.169,
   // training shape 0.393 -> 0.379); KILN_FLEX_FWD_KBUF=1 keeps one. The cp.async forward keeps
   // one K buffer unless set.
   cfg.fwd_kbuf = std::getenv("KILN_FLEX_FWD_KBUF") || !cfg.fwd_tma ? k_buffers("KILN_FLEX_FWD_KBUF") : 2;
-  const char* keepbits = env_switch("KILN_FLEX_FWD_KEEPBITS", "0", "1");
-  cfg.fwd_keepbits = cfg.fwd_tma && keepbits && !std::strcmp(keepbits, "1");
-  const char* ahead = env_switch("KILN_FLEX_WALK_AHEAD", "0", "1");
-  cfg.walk_ahead = ahead && !std::strcmp(ahead, "1");
+  cfg.fwd_keepbits = cfg.fwd_tma && env_flag("KILN_FLEX_FWD_KEEPBITS", false);
+  cfg.walk_ahead = env_flag("KILN_FLEX_WALK_AHEAD", false);
   // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB.
-  const char* mbits = env_switch("KILN_FLEX_MASK_BITS", "0", "1");
-  if (mbits && !std::strcmp(mbits, "1") && cfg.fwd_tma && p.mask && p.mask->reads_tensors && !p.all_full) {
+  if (env_flag("KILN_FLEX_MASK_BITS", false) && cfg.fwd_tma && p.mask && p.mask->reads_tensors && !p.all_full) {
     const auto uses = [&](Op op) {
       return std::any_of(p.mask->code.begin(), p.mask->code.end(), [&](const detail::Instr& in) { return in.op == op; });
     };
@@ -293,8 +294,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
   // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
   // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
-  const char* bwd_tma = env_switch("KILN_FLEX_BWD_TMA", "0", "1");
-  cfg.bwd_tma = cfg.bwd_wgmma && !(bwd_tma && !std::strcmp(bwd_tma, "0"));
+  cfg.bwd_tma = cfg.bwd_wgmma && env_flag("KILN_FLEX_BWD_TMA", true);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).
@@ -317,6 +317,20 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   return st;
 }
 
+namespace {
+
+// KILN_FLEX_MASK_BITS: flex_mask_bits writes the partial blocks' keep bits into a buffer that
+// P.mbits points at (returned, to live until the kernels that read it have run); else nothing.
+Tensor launch_mask_bits(const State& st, FlexParams& P, void* stream) {
+  if (st.mask_bits_words == 0) return Tensor();
+  Tensor bits = empty({st.mask_bits_words}, TensorOptions().dtype(kInt32).device(st.device));
+  P.mbits = static_cast<uint32_t*>(bits.data_ptr());
+  launch(st.kernels->mask_bits, st.p.mB * st.p.mH * st.p.nQ * st.p.kv_m, 128, 0, stream, &P);
+  return bits;
+}
+
+}  // namespace
+
 bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
   kiln::cuda::DeviceGuard guard(st.device.index);
   FlexParams P = st.base;
@@ -334,12 +348,7 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
     encode_tile_map(P.kmap, P.k, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
     encode_tile_map(P.vmap, P.v, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
   }
-  Tensor bits;
-  if (st.mask_bits_words > 0) {  // the partial blocks' keep bits, one CTA per (mask row, slot)
-    bits = empty({st.mask_bits_words}, TensorOptions().dtype(kInt32).device(st.device));
-    P.mbits = static_cast<uint32_t*>(bits.data_ptr());
-    launch(st.kernels->mask_bits, st.p.mB * st.p.mH * st.p.nQ * st.p.kv_m, 128, 0, stream_of(st), &P);
-  }
+  const Tensor bits = launch_mask_bits(st, P, stream_of(st));
   const Tensor prof = attach_profile_counters(st, P);
   launch(st.kernels->fwd, st.p.B * st.p.Hq * st.fwd_q_tiles, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
   if (st.profile) {
@@ -381,12 +390,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     encode_tile_map(P.vmap, P.v, bf16, p.B * p.Hkv, p.S, p.E, kTileN);
   }
 
-  Tensor bits;
-  if (st.mask_bits_words > 0) {  // the dQ kernel's keep bits of partial blocks, as the forward's
-    bits = empty({st.mask_bits_words}, dev.dtype(kInt32));
-    P.mbits = static_cast<uint32_t*>(bits.data_ptr());
-    launch(st.kernels->mask_bits, p.mB * p.mH * p.nQ * p.kv_m, 128, 0, stream, &P);
-  }
+  const Tensor bits = launch_mask_bits(st, P, stream);  // the dQ kernel's, as the forward's
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);

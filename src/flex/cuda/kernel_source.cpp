@@ -784,6 +784,23 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
   (MASK_BITS && P.mbits && (part) ? P.mbits + (mrow * P.kv_m + (slot)) * (P.QB * P.KB / 32) : (const unsigned*)0)
 #if FWD_TMA
   const i64 bhk = b * P.Hkv + hk;
+  // The TMA loops' S = Q K^T of the tile at Kbuf, its scores and online softmax into s / pk.
+#if FWD_KEEPBITS
+#define FWD_TMA_SOFTMAX(Kbuf)                                                  \
+  fwd_qk_scores(P, s, Qs, Kbuf, warp, b, h, row_base, c0, t, partial, rows_in); \
+  PROF_MARK(2);                                                                \
+  float alpha[FWD_MT][2];                                                      \
+  fwd_softmax(s, pk, m, l, alpha);                                             \
+  fwd_rescale(o, alpha);
+#else
+#define FWD_TMA_SOFTMAX(Kbuf)                                                                   \
+  wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kbuf);                             \
+  PROF_MARK(2);                                                                                 \
+  fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in, FWD_BLK(slot0, partial));      \
+  float alpha[FWD_MT][2];                                                                       \
+  fwd_softmax(s, pk, m, l, alpha);                                                              \
+  fwd_rescale(o, alpha);
+#endif
 #if FWD_KBUF == 2
   i64 c1 = 0;  // the tile after c0, already loading into the other stage
   bool p1 = false;
@@ -902,17 +919,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     PROF_MARK(1);
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-#if FWD_KEEPBITS
-    fwd_qk_scores(P, s, Qs, Kx, warp, b, h, row_base, c0, t, partial, rows_in);
-    PROF_MARK(2);
-#else
-    wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
-    PROF_MARK(2);
-    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in, FWD_BLK(slot0, partial));
-#endif
-    float alpha[FWD_MT][2];
-    fwd_softmax(s, pk, m, l, alpha);
-    fwd_rescale(o, alpha);
+    FWD_TMA_SOFTMAX(Kx)
     PROF_MARK(3);
     mbar_wait(&bars[2 + x], (kphase >> x) & 1);  // V(c0) landed
     kphase ^= 1u << x;
@@ -942,17 +949,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     PROF_MARK(1);
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-#if FWD_KEEPBITS
-    fwd_qk_scores(P, s, Qs, Ks, warp, b, h, row_base, c0, t, partial, rows_in);
-    PROF_MARK(2);
-#else
-    wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Ks);
-    PROF_MARK(2);
-    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in, FWD_BLK(slot0, partial));
-#endif
-    float alpha[FWD_MT][2];
-    fwd_softmax(s, pk, m, l, alpha);
-    fwd_rescale(o, alpha);
+    FWD_TMA_SOFTMAX(Ks)
     PROF_MARK(3);
     __syncthreads();  // everyone is done with Ks
     more = walk.next(c_next, p_next, &slot0);  // slot0 is read again only for c_next
@@ -1040,6 +1037,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     }
 #undef FWD_ROW
 #undef FWD_BLK
+#undef FWD_TMA_SOFTMAX
   PROF_MARK(6);
   PROF_FLUSH(0);
 }
