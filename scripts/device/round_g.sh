@@ -8,6 +8,7 @@
 #   compare: torch side by side on the issue's flex rows (CMP_ROWS, default 0,1,2,3,4,5,6);
 #   ab:      interleaved A/B rounds of AB_SETTINGS (default: defaults, MASK_BITS=1, FWD_KEEPBITS=1, WALK_AHEAD=1) on
 #            the four kiln rows, 50 repetitions each, AB_ROUNDS (3) rounds;
+#   swtests: the CUDA flex suite once more with SWTEST_ENV (e.g. "KILN_FLEX_MASK_BITS=1,KILN_FLEX_WALK_AHEAD=1");
 #   train:   the training job beside torch eager and torch.compile (round_c.sh's train part);
 #   lce:     bench_lce speed / memory / gemm3 / phases at 8192 x 4096 x 128256, nsys kernel sums;
 #   ncu:     Nsight Compute on the forward of the 16-document row and on the three kernels of the
@@ -50,7 +51,7 @@ for part in ${PARTS:-tests rows}; do
       fi ;;
     ab)  # interleaved A/B of switch settings on the flex rows (AB_SETTINGS, AB_ROUNDS rounds, 50 reps each)
       for round in $(seq ${AB_ROUNDS:-3}); do
-        for setting in ${AB_SETTINGS:-"X=0 KILN_FLEX_MASK_BITS=1 KILN_FLEX_FWD_KEEPBITS=1 KILN_FLEX_WALK_AHEAD=1"}; do
+        for setting in ${AB_SETTINGS:-X=0 KILN_FLEX_MASK_BITS=1 KILN_FLEX_FWD_KEEPBITS=1 KILN_FLEX_WALK_AHEAD=1}; do  # unquoted: one setting a word
           for row in "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal" \
                      "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16" \
                      "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256" \
@@ -63,6 +64,10 @@ for part in ${PARTS:-tests rows}; do
         done
       done
       stamp ;;
+    swtests)  # the CUDA flex suite with SWTEST_ENV's switches set (commas join)
+      env ${SWTEST_ENV//,/ } timeout 200 build-gpu/tests/test_flex --gtest_filter='FlexAttentionCuda*' > "$OUT/flex_tests_swtests.log" 2>&1
+      echo "tests with $SWTEST_ENV: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests_swtests.log" | head -3 | tr '\n' ' ')"
+      grep -E "Failure" -A4 "$OUT/flex_tests_swtests.log" | head -12; stamp ;;
     train) SKIP_BUILD=1 PARTS=train bash scripts/device/round_c.sh; stamp ;;
     compare)
       SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-330} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,3,4,5,6}" bash scripts/device/round_c.sh
