@@ -639,6 +639,27 @@ TEST(FlexAttentionCuda, TmaBackwardMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_BWD_TMA");
 }
 
+// KILN_FLEX_FWD_PERSIST=1: the persistent forward. Beside the variant checks, more q tiles than
+// CTAs fit at once (several units a CTA, with units that list no block between them; GQA), bit
+// for bit against the one-unit-a-CTA forward.
+TEST(FlexAttentionCuda, PersistentForwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(29);
+  check_kernel_variant("KILN_FLEX_FWD_PERSIST");
+  const MaskMod late([](Expr, Expr, Expr q, Expr kv) { return (kv < q - 1500) & (kv > q - 2600); });
+  for (const int64_t E : {64, 128}) {
+    const int64_t L = 4000, S = 3000;
+    const Tensor q = randn({2, 8, L, E}), k = randn({2, 4, S, E}), v = randn({2, 4, S, E}), cot = randn({2, 8, L, E});
+    const BlockMask bm = create_block_mask(late, 1, 1, L, S);
+    FlexOptions o;
+    o.block_mask = &bm;
+    o.return_lse = true;
+    o.enable_gqa = true;
+    SCOPED_TRACE("E = " + std::to_string(E));
+    expect_same_bits_across("KILN_FLEX_FWD_PERSIST", "1", "0", q, k, v, cot, o);
+  }
+}
+
 // E = 64 rows listing 6 or more blocks take the 64 x 128 forward tile by default (8 blocks here).
 TEST(FlexAttentionCuda, LongRowsAtE64MatchReference) {
   KILN_REQUIRE_CUDA();

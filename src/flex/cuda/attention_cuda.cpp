@@ -36,6 +36,7 @@ struct State {
   int64_t mask_bits_words = 0;  // KILN_FLEX_MASK_BITS: the keep bits' size, else 0
   int fwd_threads = kThreads;
   int64_t fwd_q_tiles = 0;
+  int64_t fwd_grid = 0;  // CTAs of the forward: one per q tile, or what fits at once (fwd_persist)
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
   bool profile = false;        // KILN_FLEX_PROFILE: print the kernels' phase cycles
@@ -173,12 +174,12 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
-                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits);
+                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -278,6 +279,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.fwd_kbuf = std::getenv("KILN_FLEX_FWD_KBUF") || !cfg.fwd_tma ? k_buffers("KILN_FLEX_FWD_KBUF") : 2;
   cfg.fwd_keepbits = cfg.fwd_tma && env_flag("KILN_FLEX_FWD_KEEPBITS", false);
   cfg.walk_ahead = env_flag("KILN_FLEX_WALK_AHEAD", false);
+  cfg.fwd_persist = cfg.fwd_tma && cfg.fwd_kbuf == 2 && env_flag("KILN_FLEX_FWD_PERSIST", false);
   // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB.
   if (env_flag("KILN_FLEX_MASK_BITS", false) && cfg.fwd_tma && p.mask && p.mask->reads_tensors && !p.all_full) {
@@ -299,7 +301,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).
   const int64_t fwd_kv_tiles = cfg.fwd_overlap || (cfg.fwd_tma && cfg.fwd_kbuf == 2) ? 4 : 1 + cfg.fwd_kbuf;
-  st->fwd_smem = cfg.fwd_wgmma ? (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
+  const int64_t q_bufs = cfg.fwd_persist ? 2 : 1;  // the persistent forward's second Q buffer
+  st->fwd_smem = cfg.fwd_wgmma ? (q_bufs * cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
                                : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;
   st->fwd_threads = cfg.fwd_threads();
   st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
@@ -314,6 +317,13 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, device.index, st->fwd_smem, st->bwd_smem);
+  st->fwd_grid = p.B * p.Hq * st->fwd_q_tiles;
+  if (cfg.fwd_persist) {
+    int sms = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
+    const int per_sm = max_active_blocks(st->kernels->fwd, st->fwd_threads, st->fwd_smem);
+    st->fwd_grid = std::min<int64_t>(st->fwd_grid, int64_t{sms} * std::max(per_sm, 1));
+  }
   return st;
 }
 
@@ -350,7 +360,7 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   }
   const Tensor bits = launch_mask_bits(st, P, stream_of(st));
   const Tensor prof = attach_profile_counters(st, P);
-  launch(st.kernels->fwd, st.p.B * st.p.Hq * st.fwd_q_tiles, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
+  launch(st.kernels->fwd, st.fwd_grid, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
   if (st.profile) {
     static const char* const names[] = {"prologue", "wait K", "S=QK^T", "softmax", "wait V", "PV", "epilogue", nullptr};
     print_profile("fwd", read_counters(prof), 0, names);

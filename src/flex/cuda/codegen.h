@@ -88,6 +88,10 @@ struct KernelConfig {
   // TMA forward only: a tile that is not interior gets its mask's keep bits while QK^T is in flight
   // (KILN_FLEX_FWD_KEEPBITS=1, a measurement switch; see docs/benchmarks.md, session 8).
   bool fwd_keepbits = false;
+  // TMA forward with two stages only: a CTA per SM slot walks several q tiles, loading the next
+  // tile's Q and first K / V during the last tiles of the one before (KILN_FLEX_FWD_PERSIST=1, a
+  // measurement switch).
+  bool fwd_persist = false;
   // wgmma backward only: Q, dO, K and V tiles of both backward kernels by TMA (dK/dV's lse2 / delta
   // rows stay on cp.async; the default on sm_90, KILN_FLEX_BWD_TMA=0 turns it off).
   bool bwd_tma = false;
@@ -116,12 +120,13 @@ std::string generate_mod_functions(const detail::Program* score, const detail::P
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask);
 
 // The kernel templates: prelude, wgmma helpers (kernel_source_wgmma.cpp), forward, backward
-// kernels (kernel_source_bwd.cpp), concatenated once by kernel_template() (kernel_source.cpp).
+// kernels (kernel_source_bwd.cpp) and the persistent forward (kernel_source_persist.cpp), concatenated once by kernel_template() (kernel_source.cpp).
 const std::string& kernel_template();
 const char* params_struct_source();
 const char* kernel_prelude();
 const char* wgmma_helpers_source();
 const char* kernel_forward();
+const char* kernel_forward_persist();
 const char* backward_kernels_source();
 
 }  // namespace kiln::flex::cuda

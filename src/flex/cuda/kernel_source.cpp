@@ -487,6 +487,9 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
 #ifndef FWD_TMA
 #define FWD_TMA 0  // wgmma only, not with FWD_OVERLAP: Q, K and V tiles by TMA
 #endif
+#ifndef FWD_PERSIST
+#define FWD_PERSIST 0  // TMA with two stages only: one CTA walks several q tiles (kernel_source_persist.cpp)
+#endif
 #ifndef FWD_KEEPBITS
 #define FWD_KEEPBITS 0  // TMA only: a non-interior tile's keep bits while QK^T is in flight
 #endif
@@ -724,6 +727,29 @@ __device__ __forceinline__ void fwd_rescale(float (&o)[FWD_MT][HEAD_DIM / 8][4],
     }
 }
 
+// The output rows of one q tile (this thread's o, m, l; row_base as FWD_ROW) and their lse.
+__device__ __forceinline__ void fwd_store(const FlexParams& P, const float (&o)[FWD_MT][HEAD_DIM / 8][4],
+                                          const float (&m)[FWD_MT][2], const float (&l)[FWD_MT][2], i64 bh,
+                                          i64 row_base, int t) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const i64 row = row_base + mt * 16 + 8 * r;
+      if (row >= P.L) continue;
+      const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
+      u16* og = (u16*)P.out + (bh * P.L + row) * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n)
+        *(u32*)(og + n * 8 + 2 * t) = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+      if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? m[mt][r] + logf(lr) : NEG_INF;
+    }
+}
+
+#if !FWD_PERSIST  // else flex_fwd is the persistent kernel of kernel_source_persist.cpp
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -1019,28 +1045,14 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     }
   }
 #endif  // FWD_OVERLAP
-#pragma unroll
-  for (int mt = 0; mt < FWD_MT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float lr = l[mt][r];
-      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-      const i64 row = FWD_ROW(mt, r);
-      if (row >= P.L) continue;
-      const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
-      u16* og = (u16*)P.out + (bh * P.L + row) * HEAD_DIM;
-#pragma unroll
-      for (int n = 0; n < HEAD_DIM / 8; ++n)
-        *(u32*)(og + n * 8 + 2 * t) = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
-      if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? m[mt][r] + logf(lr) : NEG_INF;
-    }
+  fwd_store(P, o, m, l, bh, row_base, t);
 #undef FWD_ROW
 #undef FWD_BLK
 #undef FWD_TMA_SOFTMAX
   PROF_MARK(6);
   PROF_FLUSH(0);
 }
+#endif  // !FWD_PERSIST
 
 #endif  // KILN_BUILD_FWD
 
@@ -1049,7 +1061,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
 
 const std::string& kernel_template() {
   static const std::string source =
-      std::string(kernel_prelude()) + wgmma_helpers_source() + kernel_forward() + backward_kernels_source();
+      std::string(kernel_prelude()) + wgmma_helpers_source() + kernel_forward() + kernel_forward_persist() +
+      backward_kernels_source();
   return source;
 }
 

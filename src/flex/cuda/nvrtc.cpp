@@ -62,6 +62,7 @@ using PfnSetAttr = CUresult (*)(CUfunction, CUfunction_attribute, int);
 using PfnLaunch = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                CUstream, void**, void**);
 using PfnErrorString = CUresult (*)(CUresult, const char**);
+using PfnOccupancy = CUresult (*)(int*, CUfunction, int, size_t);
 using PfnEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -73,6 +74,7 @@ struct Driver {
   PfnLaunch launch = nullptr;
   PfnErrorString error_string = nullptr;
   PfnEncodeTiled encode_tiled = nullptr;
+  PfnOccupancy occupancy = nullptr;
 };
 
 void* entry(const char* name) {
@@ -93,6 +95,7 @@ const Driver& driver() {
     r.launch = reinterpret_cast<PfnLaunch>(entry("cuLaunchKernel"));
     r.error_string = reinterpret_cast<PfnErrorString>(entry("cuGetErrorString"));
     r.encode_tiled = reinterpret_cast<PfnEncodeTiled>(entry("cuTensorMapEncodeTiled"));
+    r.occupancy = reinterpret_cast<PfnOccupancy>(entry("cuOccupancyMaxActiveBlocksPerMultiprocessor"));
     return r;
   }();
   return d;
@@ -320,6 +323,12 @@ void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int6
                                       const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+int max_active_blocks(void* function, int block, int64_t smem) {
+  int n = 0;
+  KILN_CU_CHECK(driver().occupancy(&n, static_cast<CUfunction>(function), block, static_cast<size_t>(smem)));
+  return n;
 }
 
 void launch(void* function, int64_t grid, int block, int64_t smem, void* stream, void* params) {

@@ -54,6 +54,8 @@ const FlexKernels& load_kernels_by_id(const std::string& id, const std::function
 // 64-byte aligned 128-byte CUtensorMap; throws kiln::Error naming flex_attention on failure.
 void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int64_t rows, int64_t cols, int box_rows);
 
+// How many CTAs of `block` threads and `smem` dynamic bytes fit one SM at once.
+int max_active_blocks(void* function, int block, int64_t smem);
 // cuLaunchKernel with one argument (the parameter block) on `stream` (a cudaStream_t).
 void launch(void* function, int64_t grid, int block, int64_t smem, void* stream, void* params);
 

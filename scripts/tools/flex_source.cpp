@@ -1,0 +1,42 @@
+// Prints the generated FlexAttention CUDA source of one configuration, to inspect registers and
+// SASS without a GPU:
+//   g++ -std=c++20 -O1 -Iinclude -Isrc scripts/tools/flex_source.cpp build/libkiln.a -o /tmp/flex_source \
+//     -L/usr/local/cuda/lib64 -lhwy -lnvrtc -lcudart -lcublasLt -lcublas -lopenblas -fopenmp -lpthread -ldl -lcuda
+//   /tmp/flex_source 128 document persist,mask_bits > /tmp/f.cu
+//   (echo '#define KILN_BUILD_BWD 0'; cat /tmp/f.cu) > /tmp/fwd.cu && nvcc -arch=sm_90a -cubin -Xptxas -v /tmp/fwd.cu
+// Usage: flex_source HEAD_DIM causal|document|window [switches: persist,mask_bits,keepbits,kbuf1,walk_ahead]
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "flex/cuda/codegen.h"
+#include "flex/ir.h"
+#include "kiln/kiln.h"
+
+int main(int argc, char** argv) {
+  if (argc < 3) return 2;
+  using namespace kiln;
+  const std::string mask_name = argv[2], sw = argc > 3 ? argv[3] : "";
+  const auto has = [&](const char* s) { return sw.find(s) != std::string::npos; };
+  std::vector<double> ids(1024);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<double>(i / 64);
+  const Tensor doc = tensor(ids, kInt64);
+  const flex::MaskMod mask = mask_name == "document" ? flex::and_masks({flex::document_mask(doc), flex::causal_mask()})
+                             : mask_name == "window" ? flex::sliding_window_mask(256)
+                                                     : flex::causal_mask();
+  const flex::detail::Program prog = flex::detail::compile(mask.expr);
+  flex::cuda::KernelConfig cfg;
+  cfg.head_dim = std::atoi(argv[1]);
+  cfg.fwd_wgmma = cfg.bwd_wgmma = true;
+  if (cfg.head_dim == 128) cfg.fwd_tile_m = cfg.fwd_tile_n = 128;
+  cfg.fwd_tma = cfg.bwd_tma = true;
+  cfg.fwd_kbuf = has("kbuf1") ? 1 : 2;
+  cfg.index_check = false;
+  cfg.index32 = true;
+  cfg.fwd_persist = has("persist");
+  cfg.mask_bits = has("mask_bits");
+  cfg.fwd_keepbits = has("keepbits");
+  cfg.walk_ahead = has("walk_ahead");
+  std::fputs(flex::cuda::generate_source(nullptr, &prog, cfg).c_str(), stdout);
+}
