@@ -4,8 +4,10 @@
 //   memory, speed: kiln::nn::functional::linear_cross_entropy with that strategy;
 //   unfused:       CPU: kiln's own ops through autograd, cross_entropy(linear(x, W), y) and its
 //                  backward ([N, V] logits and their gradient materialised); CUDA: the fused kernels
-//                  over ONE [N, V] chunk (materialised fp32 logits and dz), what an unfused op holds;
-//   gemm3:         the three GEMMs alone (logits, dx, dW) on preallocated buffers (no loss).
+//                  over ONE [N, V] chunk (materialised logits and dz), what an unfused op holds;
+//   gemm3:         the three GEMMs alone (logits, dx, dW) on preallocated buffers (no loss; CUDA
+//                  logits in fp32);
+//   phases:        (CUDA) one speed chunk's GEMMs and kernels timed one by one (cuda_phases).
 #include "bench_lce.h"
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include "ops/cpu/gemm.h"
 #ifdef KILN_WITH_CUDA
 #include "lce/cuda/lce_kernels.h"
+#include "lce/lce_internal.h"
 #include "ops/cuda/gemm.h"
 #endif
 
@@ -95,43 +98,63 @@ void print(const Args& a, const char* variant, const Result& r, int64_t grad_byt
 }
 
 #ifdef KILN_WITH_CUDA
-// Where a fused step's time goes: the phases of one speed-strategy chunk of --chunk-tokens tokens
-// (default 1024) over the whole vocabulary, each timed alone with CUDA events (median of 5).
+// Where a fused step's time goes: the phases of one speed-strategy chunk over the whole
+// vocabulary (--chunk-tokens, default the op's own chunk for this shape), each timed alone with
+// CUDA events (median of 5). Tiles of the op's type (16-bit for 16-bit inputs unless
+// KILN_LCE_TILE32=1), dz written over them in place as the op does; the logits GEMM is also timed
+// into both tile types.
 void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& y) {
+  int64_t N = a.chunk_tokens;
+  if (N <= 0) {
+    LinearCrossEntropyOptions o;
+    o.strategy = LceStrategy::Speed;
+    N = nn::functional::linear_cross_entropy_with_stats(x, w, y, o).chunk_tokens;
+  }
+  N = std::min(N, a.n);
   NoGradGuard ng;
-  const int64_t N = std::min<int64_t>(a.chunk_tokens > 0 ? a.chunk_tokens : 1024, a.n), H = a.h, V = a.v;
-  const int64_t ld = (V + 7) / 8 * 8;
+  const int64_t H = a.h, V = a.v;
+  const DType tt = lce::cuda_tile_dtype(x.dtype()), dzt = is_low_precision(x.dtype()) ? x.dtype() : kFloat32;
+  const int64_t pad = std::max<int64_t>(8, 32 / static_cast<int64_t>(element_size(tt)));
+  const int64_t ld = (V + pad - 1) / pad * pad, ldz = ld * static_cast<int64_t>(element_size(tt) / element_size(dzt));
+  const int64_t ld32 = (V + 7) / 8 * 8;
   const int dev = x.device().index;
   void* stream = cuda::current_stream(dev).handle();
   const TensorOptions f32 = TensorOptions().dtype(kFloat32).device(x.device());
-  Tensor z = empty({N, ld}, f32), dz = empty({N, ld}, x.options()), dx = empty({N, H}, x.options());
+  Tensor z = empty({N, ld}, TensorOptions().dtype(tt).device(x.device())), dx = empty({N, H}, x.options());
+  Tensor other = empty({N, ld32}, f32);  // the logits GEMM into either tile type, outside the op's buffers
   Tensor dw = empty({V, H}, x.options()), dwa = empty({V, H}, f32);
   Tensor state = empty({4, N}, f32), lse = empty({N}, f32), terms = empty({2, N}, f32), tot = empty({4}, f32);
   lce::Consts k;
   k.n = N, k.h = H, k.v = V;
   auto mm = [&](bool ta, bool tb, int64_t m, int64_t n, int64_t kk, const void* A, int64_t lda, const void* B,
-                int64_t ldb, const Tensor& C, int64_t ldc, double beta) {
+                int64_t ldb, DType ab, void* C, DType ct, int64_t ldc, double beta) {
     cuda::GemmParams p;
     p.trans_a = ta, p.trans_b = tb, p.m = m, p.n = n, p.k = kk;
-    p.a = A, p.lda = lda, p.b = B, p.ldb = ldb, p.c = C.data_ptr(), p.ldc = ldc;
-    p.ab_type = x.dtype(), p.c_type = C.dtype(), p.device = dev, p.stream = stream, p.beta = beta;
+    p.a = A, p.lda = lda, p.b = B, p.ldb = ldb, p.c = C, p.ldc = ldc;
+    p.ab_type = ab, p.c_type = ct, p.device = dev, p.stream = stream, p.beta = beta;
     cuda::gemm(p);
   };
+  const DType t = x.dtype();
   const int64_t* yp = y.data_ptr<int64_t>();
-  lce_k::prepare(x.dtype(), yp, nullptr, k, tot.data_ptr(), stream);
+  void* zp = z.data_ptr();
+  lce_k::prepare(t, yp, nullptr, k, tot.data_ptr(), stream);
   const std::vector<std::pair<const char*, std::function<void()>>> phases = {
-      {"logits_gemm_f32", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, z, ld, 0.0); }},
-      {"stats", [&] { lce_k::stats(x.dtype(), z.data_ptr(), N, V, ld, 0, nullptr, nullptr, yp, k, true,
-                                   state.data_ptr(), N, stream); }},
-      {"finalize", [&] { lce_k::finalize(x.dtype(), N, 0, state.data_ptr(), N, yp, nullptr, tot.data_ptr(), k,
+      {"logits_gemm", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, zp, tt, ld, 0.0); }},
+      {"stats", [&] { lce_k::stats(t, tt, zp, N, V, ld, 0, nullptr, nullptr, yp, k, true, state.data_ptr(), N,
+                                   stream); }},
+      {"finalize", [&] { lce_k::finalize(t, N, 0, state.data_ptr(), N, yp, nullptr, tot.data_ptr(), k,
                                          lse.data_ptr(), terms.data_ptr(), N, stream); }},
-      {"grad", [&] { lce_k::grad(x.dtype(), z.data_ptr(), N, V, ld, 0, 0, nullptr, nullptr, yp, lse.data_ptr(),
-                                 nullptr, false, tot.data_ptr(), k, dz.data_ptr(), ld, stream); }},
-      {"dx_gemm", [&] { mm(false, false, N, H, V, dz.data_ptr(), ld, w.data_ptr(), H, dx, H, 0.0); }},
-      {"dw_gemm_store", [&] { mm(true, false, V, H, N, dz.data_ptr(), ld, x.data_ptr(), H, dw, H, 0.0); }},
-      {"dw_gemm_acc_bf16", [&] { mm(true, false, V, H, N, dz.data_ptr(), ld, x.data_ptr(), H, dw, H, 1.0); }},
-      {"dw_gemm_acc_f32", [&] { mm(true, false, V, H, N, dz.data_ptr(), ld, x.data_ptr(), H, dwa, H, 1.0); }},
-      {"logits_gemm_16bit", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, dz, ld, 0.0); }},
+      {"grad", [&] { lce_k::grad(t, tt, zp, N, V, ld, 0, 0, nullptr, nullptr, yp, lse.data_ptr(), nullptr, false,
+                                 tot.data_ptr(), k, zp, ldz, stream); }},
+      {"dx_gemm", [&] { mm(false, false, N, H, V, zp, ldz, w.data_ptr(), H, dzt, dx.data_ptr(), t, H, 0.0); }},
+      {"dw_gemm_store", [&] { mm(true, false, V, H, N, zp, ldz, x.data_ptr(), H, dzt, dw.data_ptr(), t, H, 0.0); }},
+      {"dw_gemm_acc_bf16", [&] { mm(true, false, V, H, N, zp, ldz, x.data_ptr(), H, dzt, dw.data_ptr(), t, H, 1.0); }},
+      {"dw_gemm_acc_f32", [&] { mm(true, false, V, H, N, zp, ldz, x.data_ptr(), H, dzt, dwa.data_ptr(), kFloat32, H,
+                                   1.0); }},
+      {"logits_gemm_f32", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, other.data_ptr(),
+                                   kFloat32, ld32, 0.0); }},
+      {"logits_gemm_16bit", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, other.data_ptr(), t,
+                                     ld, 0.0); }},
   };
   for (const auto& [name, fn] : phases) {
     fn();
@@ -145,8 +168,8 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
       ts.push_back(e0.elapsed_ms(e1));
     }
     std::sort(ts.begin(), ts.end());
-    std::printf("{\"variant\": \"phase\", \"phase\": \"%s\", \"tokens\": %lld, \"ms\": %.4f}\n", name,
-                static_cast<long long>(N), ts[2]);
+    std::printf("{\"variant\": \"phase\", \"phase\": \"%s\", \"tokens\": %lld, \"tile\": \"%s\", \"ms\": %.4f}\n", name,
+                static_cast<long long>(N), dtype_name(tt), ts[2]);
   }
   std::fflush(stdout);
 }

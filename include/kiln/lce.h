@@ -31,6 +31,8 @@
 //           kMinSpeedChunk tokens (plus, on the CPU, a V x H fp32 accumulator for 16-bit weights)
 //           fits memory_budget; memory otherwise (and always without gradients: the forward is
 //           then one GEMM pass).
+// On CUDA the logit tiles of 16-bit inputs are in the input dtype (each logit rounded once, as
+// torch's linear rounds it; KILN_LCE_TILE32=1 keeps fp32 tiles): twice the tokens per budget.
 #include <cstdint>
 
 #include "kiln/ops.h"  // nn_functional.h (Reduction) needs the other op headers
@@ -61,6 +63,7 @@ struct LinearCrossEntropyResult {
   Tensor lse;     // target's shape, fp32 (fp64 for fp64 inputs), detached, every token
   Tensor z_loss;  // the z-loss term included in `loss`, reduced like it; fp32 (fp64), detached
   LceStrategy strategy = LceStrategy::Memory;  // the strategy that ran
+  int64_t chunk_tokens = 0, chunk_vocab = 0;   // its logit tile: tokens x classes (speed: all V)
 };
 
 // input: [N, H] or [B, T, H]; linear_weight: [V, H] (input's dtype and device);

@@ -4,14 +4,32 @@
 #include "kiln/lce.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "autograd/engine.h"
 #include "core/dispatch.h"
+#include "core/env.h"
 #include "core/tensor_impl.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "lce/lce_internal.h"
+
+namespace kiln::lce {
+namespace {
+std::atomic<int> tile32_override{-1};
+}  // namespace
+
+DType cuda_tile_dtype(DType t) {
+  if (!is_low_precision(t)) return t == kFloat64 ? kFloat64 : kFloat32;
+  static const bool tile32 = detail::env_flag("linear_cross_entropy", "KILN_LCE_TILE32", false);
+  const int o = tile32_override.load();
+  return (o < 0 ? tile32 : o == 1) ? kFloat32 : t;
+}
+
+void set_tile32_override(int v) { tile32_override.store(v); }
+
+}  // namespace kiln::lce
 
 namespace kiln::nn {
 namespace functional {
@@ -89,14 +107,16 @@ struct Plan {
 };
 
 // Chunk sizes and the strategy. Memory tiles: big enough that each GEMM fills the device (CUDA
-// up to 8192 tokens x an 88 MiB-bounded width, 2816 classes at N = 8192: ~190 GFLOP per logit tile
-// at H = 4096, and with all tokens in one chunk each dW slice is one GEMM; CPU 2048 x 1024: 16 of
-// cpu::gemm's tasks). Speed: token chunks of fp32 logits over the whole vocabulary within the budget (CUDA
-// default 512 MiB, about torch.compile's working memory at 8192 x 128k; CPU 32 MiB: on the dev
-// machine 256-token chunks at V = 32000 ran as fast as 512 (2.44 s, 0.94x kiln's unfused path) in
-// half the memory, 1/12 of the unfused path's), equal-sized.
+// up to 8192 tokens x an 88 MiB-bounded width, 5632 classes of 16-bit logits at N = 8192: ~380
+// GFLOP per logit tile at H = 4096, and with all tokens in one chunk each dW slice is one GEMM; CPU
+// 2048 x 1024: 16 of cpu::gemm's tasks). Speed: token chunks of logits over the whole vocabulary
+// within the budget (CUDA default 512 MiB, about torch.compile's working memory at 8192 x 128k:
+// 2048-token chunks of bf16 logits; CPU 32 MiB: on the dev machine 256-token chunks at V = 32000
+// ran as fast as 512 (2.44 s, 0.94x kiln's unfused path) in half the memory, 1/12 of the unfused
+// path's), equal-sized. Logits count 4 bytes except in 16-bit CUDA tiles (lce::cuda_tile_dtype).
 Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& o, const lce::Needs& nd) {
   const bool cuda = x.is_cuda();
+  const int64_t tile_bytes = cuda && is_low_precision(lce::cuda_tile_dtype(x.dtype())) ? 2 : 4;
   Plan p;
   p.chunk_v = o.chunk_vocab > 0 ? o.chunk_vocab : (cuda ? 2048 : 1024);
   const int64_t n = std::max<int64_t>(s.n, 1);
@@ -105,7 +125,7 @@ Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& 
   int64_t speed_chunk = 0;
   if (speed_ok) {
     const bool low = is_low_precision(x.dtype());
-    const int64_t per_token = s.v * 4;  // fp32 logits (CUDA writes 16-bit dz over them in place)
+    const int64_t per_token = s.v * tile_bytes;  // dz is written over the logits in place
     if (o.chunk_tokens > 0) {
       speed_chunk = std::min(o.chunk_tokens, n);
     } else {
@@ -130,11 +150,11 @@ Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& 
     p.strategy = LceStrategy::Memory;
     p.chunk_n = o.chunk_tokens > 0 ? o.chunk_tokens : (cuda ? 8192 : 2048);
     if (cuda && o.chunk_vocab <= 0) {
-      // The widest tile (fewest fp32 dx accumulations) whose fp32 logits, plus the fp32 dW slice
-      // when the tokens span several chunks, fit 88 MiB: with the [N, H] fp32 dx accumulator and
+      // The widest tile (fewest fp32 dx accumulations) whose logits, plus the fp32 dW slice when
+      // the tokens span several chunks, fit 88 MiB: with the [N, H] fp32 dx accumulator and
       // cuBLASLt's 32 MiB workspace, working memory stays within N*H*4 + 128 MiB.
       const int64_t nc = std::min(p.chunk_n, n);
-      const int64_t per_class = nc * 4 + (nc < n ? s.h * 4 : 0);
+      const int64_t per_class = nc * tile_bytes + (nc < n ? s.h * 4 : 0);
       p.chunk_v = std::clamp<int64_t>((int64_t{88} << 20) / per_class / 128 * 128, 128, 8192);
     }
   }
@@ -194,6 +214,7 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
   prob->k.red = to_red(o.reduction);
   prob->chunk_n = pl.chunk_n;
   prob->chunk_v = pl.chunk_v;
+  prob->tile = input.is_cuda() ? lce::cuda_tile_dtype(input.dtype()) : prob->acc_dtype();
 
   const bool speed = pl.strategy == LceStrategy::Speed;
   lce::Forward f;
@@ -205,6 +226,8 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
 
   LinearCrossEntropyResult r;
   r.strategy = pl.strategy;
+  r.chunk_tokens = std::min(pl.chunk_n, std::max<int64_t>(s.n, 1));
+  r.chunk_vocab = speed ? s.v : std::min(pl.chunk_v, s.v);
   const Shape tshape = target.sizes();
   r.loss = o.reduction == Reduction::None ? f.loss.reshape(tshape) : f.loss;
   r.lse = f.lse.reshape(tshape);

@@ -15,8 +15,16 @@ struct Problem {
   Consts k;
   int64_t chunk_n = 0;  // tokens per tile
   int64_t chunk_v = 0;  // vocabulary entries per tile (memory strategy)
+  DType tile = kFloat32;  // CUDA logit tiles: T for 16-bit T (see cuda_tile_dtype), else the acc dtype
   DType acc_dtype() const { return x.dtype() == kFloat64 ? kFloat64 : kFloat32; }
 };
+
+// The element type of CUDA logit tiles for inputs of dtype t: t itself when 16-bit (cuBLASLt
+// rounds the fp32 sums once, as torch's linear does), unless KILN_LCE_TILE32=1 (read once per
+// process) keeps fp32 tiles; the acc dtype otherwise. The chunk choice follows it.
+DType cuda_tile_dtype(DType t);
+// Test hook: 1 forces fp32 tiles for 16-bit inputs, 0 forces 16-bit tiles, -1 follows the switch.
+void set_tile32_override(int v);
 
 struct Needs {
   bool dx = false, dw = false, db = false;

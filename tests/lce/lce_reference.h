@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kiln/dtype.h"
 #include "kiln/lce.h"
 
 namespace kiln::lce_test {
@@ -14,7 +15,17 @@ struct RefIn {
   std::vector<double> x, w, b, cw;  // b, cw empty when absent
   std::vector<int64_t> y;
   nn::functional::LinearCrossEntropyOptions o;
+  // The type the op stores x W^T in before bias and soft-cap: bf16/fp16 for 16-bit CUDA tiles
+  // (one rounding of the fp32 sum, as torch's linear makes); kFloat64 keeps the logits exact.
+  DType logits = kFloat64;
 };
+
+inline double round_logit(double z, DType d) {
+  const float f = static_cast<float>(z);  // the GEMM's fp32 sum, then one rounding to d
+  if (d == kBFloat16) return static_cast<float>(BFloat16(f));
+  if (d == kFloat16) return static_cast<float>(Half(f));
+  return z;
+}
 
 struct RefOut {
   std::vector<double> loss;  // 1 element (mean/sum) or n (none)
@@ -47,8 +58,9 @@ inline RefOut reference(const RefIn& in, const std::vector<double>& cot) {
   for (int64_t i = 0; i < N; ++i) {
     double m = -INFINITY;
     for (int64_t j = 0; j < V; ++j) {
-      double z = in.b.empty() ? 0.0 : in.b[j];
+      double z = 0;
       for (int64_t k = 0; k < H; ++k) z += in.x[i * H + k] * in.w[j * H + k];
+      z = round_logit(z, in.logits) + (in.b.empty() ? 0.0 : in.b[j]);
       srows[i][j] = cap > 0 ? cap * std::tanh(z / cap) : z;
       m = std::max(m, srows[i][j]);
     }

@@ -8,6 +8,7 @@
 
 #include "kiln/kiln.h"
 #include "kiln/lce.h"
+#include "lce/lce_internal.h"
 #include "lce_reference.h"
 #include "support/testing.h"
 
@@ -141,10 +142,24 @@ std::vector<Case> all_cases(bool peaked) {
   return cases;
 }
 
+// What the reference rounds the logits to (RefIn::logits): what the op's tiles hold. On CUDA,
+// 16-bit inputs get 16-bit tiles (lce::cuda_tile_dtype): each logit rounded once, |dz| <= 2^-8 |z|
+// for bf16, as torch's unfused bf16 linear rounds it. A peaked token's loss l ~ sum_{v!=y} p_v
+// then moves by sum_{v!=y} p_v (dz_v - dz_y): relative ~|z_y| 2^-8, and its gradients alike (an
+// emulation of these cases, |z_y| ~ 8: 0.016-0.027 against exact logits, over the bf16 tolerance
+// 1e-2; 0.007 against rounded ones, as fp32 tiles against exact). So the reference rounds the
+// logits as it rounds the inputs and the tolerances stay: they bound the op's own error, and the
+// distance to exact logits is at most that plus the rounding torch's unfused path makes too.
+DType ref_logits(DType dt, const Device& dev) {
+  const DType t = dev.is_cuda() ? lce::cuda_tile_dtype(dt) : kFloat64;
+  return is_low_precision(t) ? t : kFloat64;
+}
+
 void check_all(DType dt, LceStrategy strategy, bool peaked, Device dev = kCPU) {
   manual_seed(peaked ? 11 : 7);
   for (const Case& c : all_cases(peaked)) {
-    const RefIn in = make_inputs(c, dt);
+    RefIn in = make_inputs(c, dt);
+    in.logits = ref_logits(dt, dev);
     const std::vector<double> cot = cotangent(c, dt);
     const RefOut ref = lce_test::reference(in, cot);
     const LceRun got = run(in, dt, strategy, cot, dev);
@@ -440,7 +455,8 @@ TEST(LinearCrossEntropyCuda, AllIgnoredMeanIsNaN) {
 void check_cuda_chunks(const Case& c, int64_t chunk_n, int64_t chunk_v, const char* what) {
   for (DType dt : {kFloat32, kBFloat16})
     for (LceStrategy s : {LceStrategy::Memory, LceStrategy::Speed}) {
-      const RefIn in = make_inputs(c, dt);
+      RefIn in = make_inputs(c, dt);
+      in.logits = ref_logits(dt, Device("cuda"));
       const std::vector<double> cot = cotangent(c, dt);
       const RefOut ref = lce_test::reference(in, cot);
       const LceRun got = run(in, dt, s, cot, Device("cuda"), chunk_n, chunk_v);
@@ -498,6 +514,70 @@ void check_speed_retain_graph(const Device& dev) {
 }
 
 TEST(LinearCrossEntropy, SpeedRetainGraphGivesSameGradients) { check_speed_retain_graph(kCPU); }
+
+// Sets lce::set_tile32_override for a scope (-1 again after it, even when a check fails).
+struct Tile32Override {
+  explicit Tile32Override(int v) { lce::set_tile32_override(v); }
+  ~Tile32Override() { lce::set_tile32_override(-1); }
+};
+
+TEST(LinearCrossEntropy, CudaTileDtypeFollowsTheOverride) {
+  for (int v : {0, 1}) {
+    const Tile32Override o(v);
+    EXPECT_EQ(lce::cuda_tile_dtype(kBFloat16), v ? kFloat32 : kBFloat16);
+    EXPECT_EQ(lce::cuda_tile_dtype(kFloat16), v ? kFloat32 : kFloat16);
+    EXPECT_EQ(lce::cuda_tile_dtype(kFloat32), kFloat32);
+    EXPECT_EQ(lce::cuda_tile_dtype(kFloat64), kFloat64);
+  }
+}
+
+// Both tile types (KILN_LCE_TILE32 off and on, through the override) for bf16 and fp16, every
+// option combination, both strategies, random and peaked: fp32 tiles against exact logits,
+// 16-bit tiles against logits rounded once to T (ref_logits), at the same tolerances.
+TEST(LinearCrossEntropyCuda, BothTileTypesAgainstReference) {
+  KILN_REQUIRE_CUDA();
+  for (int tile32 : {0, 1}) {
+    const Tile32Override o(tile32);
+    for (DType dt : {kBFloat16, kFloat16})
+      for (LceStrategy s : {LceStrategy::Memory, LceStrategy::Speed})
+        for (bool peaked : {false, true}) {
+          SCOPED_TRACE(detail::str_cat("tile32=", tile32, " ", dtype_name(dt)));
+          check_all(dt, s, peaked, Device("cuda"));
+          if (::testing::Test::HasFailure()) return;
+        }
+  }
+}
+
+// The default chunks at the benchmark's vocabulary: 16-bit tiles hold twice the logits in the
+// same budget (speed: 2048-token chunks at V = 128256 and 512 MiB, fp32 tiles 1024; memory:
+// 5632-class tiles at N = 8192 within 88 MiB, fp32 2816), and the speed forward's working memory
+// (peak minus inputs' gradients and outputs) stays within the budget plus cuBLASLt's workspace.
+TEST(LinearCrossEntropyCuda, SixteenBitTilesDoubleTheChunks) {
+  KILN_REQUIRE_CUDA();
+  const Device dev("cuda");
+  const int64_t N = 8192, H = 64, V = 128256;
+  manual_seed(8);
+  const TensorOptions bf = TensorOptions().dtype(kBFloat16).device(dev);
+  Tensor x = randn({N, H}, bf).requires_grad_(true);
+  Tensor w = (randn({V, H}, bf) * 0.125).detach().requires_grad_(true);
+  Tensor y = randint(0, V, {N}, TensorOptions().dtype(kInt64).device(dev));
+  for (int tile32 : {0, 1}) {
+    const Tile32Override o(tile32);
+    LinearCrossEntropyOptions opt;
+    opt.strategy = LceStrategy::Speed;
+    nn::functional::linear_cross_entropy_with_stats(x, w, y, opt);  // warm-up: cuBLASLt plans, workspace
+    const int64_t base = memory_allocated(dev);
+    reset_peak_memory_stats(dev);
+    const auto r = nn::functional::linear_cross_entropy_with_stats(x, w, y, opt);
+    const int64_t grads = (N + V) * H * 2, outs = static_cast<int64_t>(r.loss.nbytes() + r.lse.nbytes());
+    EXPECT_EQ(r.chunk_tokens, tile32 ? 1024 : 2048) << "tile32=" << tile32;
+    EXPECT_LE(max_memory_allocated(dev) - base - grads - outs, (int64_t{512} << 20) + (int64_t{33} << 20))
+        << "tile32=" << tile32;
+    opt.strategy = LceStrategy::Memory;
+    EXPECT_EQ(nn::functional::linear_cross_entropy_with_stats(x, w, y, opt).chunk_vocab, tile32 ? 2816 : 5632)
+        << "tile32=" << tile32;
+  }
+}
 
 TEST(LinearCrossEntropyCuda, SpeedRetainGraphGivesSameGradients) {
   KILN_REQUIRE_CUDA();

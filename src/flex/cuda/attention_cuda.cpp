@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "core/cuda/check.h"
+#include "core/env.h"
 #include "core/tensor_impl.h"
 #include "flex/cuda/codegen.h"
 #include "flex/cuda/nvrtc.h"
@@ -47,19 +48,11 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// A measurement switch from the environment: its value (one of `a`, `b`), or nullptr when unset.
+// Measurement switches (core/env.h) whose errors name flex_attention.
 const char* env_switch(const char* var, const char* a, const char* b) {
-  const char* v = std::getenv(var);
-  KILN_CHECK(!v || !std::strcmp(v, a) || !std::strcmp(v, b), kOp, var, " must be ", a, " or ", b, ", got '",
-             v ? v : "", "'");
-  return v;
+  return kiln::detail::env_switch(kOp, var, a, b);
 }
-
-// A 0 / 1 switch: `dflt` when the variable is unset.
-bool env_flag(const char* var, bool dflt) {
-  const char* v = env_switch(var, "0", "1");
-  return v ? v[0] == '1' : dflt;
-}
+bool env_flag(const char* var, bool dflt) { return kiln::detail::env_flag(kOp, var, dflt); }
 
 // Whether kernels use wgmma: on sm_90 unless KILN_FLEX_<part>_MMA=mma (part FWD or BWD).
 bool use_wgmma(const char* var, int major) {

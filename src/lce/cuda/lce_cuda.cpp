@@ -1,8 +1,10 @@
 // CUDA fused linear cross-entropy: the loop structure of the two strategies around cuda::gemm
 // (cuBLASLt, cached plans) and the kernels of lce_kernels.cu, all on the current stream of the
-// input's device. GEMM types: T in (bf16/fp16/fp32/fp64), fp32 (fp64) logit tiles; the dx/dW GEMMs
-// take dz in T's type for 16-bit inputs (bf16 x bf16 -> fp32 accumulate), in fp32 otherwise (TF32
-// only when set_float32_matmul_precision("high")); dz is written over its logit tile in place.
+// input's device. GEMM types: T in (bf16/fp16/fp32/fp64), fp32 accumulation; logit tiles in T for
+// 16-bit T (half the bytes to write and read, twice the tokens per chunk; the one rounding torch's
+// unfused linear makes), in fp32 with KILN_LCE_TILE32=1 and for fp32 (fp64 for fp64). The dx/dW
+// GEMMs take dz in T's type for 16-bit inputs (bf16 x bf16 -> fp32 accumulate), in fp32 otherwise
+// (TF32 only when set_float32_matmul_precision("high")); dz is written over its logit tile in place.
 // Accumulators: dx_acc [N, H] fp32 (memory, 16-bit x only; fp32 x accumulates in dx itself),
 // dW_t [Vc, H] fp32 per vocabulary tile when the tokens span several chunks (else the GEMM writes
 // the dW slice in T); the speed strategy sums dW over token chunks in T itself.
@@ -22,8 +24,8 @@ namespace {
 
 struct Ctx {
   const lce::Problem& p;
-  DType t, acc;
-  bool low;  // 16-bit T: dz has its own T buffer
+  DType t, acc, tile;  // tile: the logit tiles' type (Problem::tile)
+  bool low;            // 16-bit T: dz in T
   int device;
   void* stream;
   bool tf32;
@@ -31,12 +33,23 @@ struct Ctx {
       : p(pr),
         t(pr.x.dtype()),
         acc(pr.acc_dtype()),
+        tile(pr.tile),
         low(is_low_precision(pr.x.dtype())),
         device(pr.x.device().index),
         stream(current_raw_stream(pr.x.device().index)),
         tf32(get_float32_matmul_precision() == "high") {}
   size_t esize() const { return element_size(t); }
   size_t asize() const { return element_size(acc); }
+  // Row stride of logit tiles: a multiple of 8 elements and of 32 bytes, so rows start aligned
+  // for the kernels' vector loads (two 16-byte vectors per thread) and for cuBLASLt's fastest
+  // 16-bit operand paths.
+  int64_t padded(int64_t cols) const {
+    const int64_t e = std::max<int64_t>(8, 32 / static_cast<int64_t>(element_size(tile)));
+    return (std::max<int64_t>(cols, 1) + e - 1) / e * e;
+  }
+  // dz's row stride when written over a tile of row stride ld: the same bytes per row.
+  int64_t dz_stride(int64_t ld) const { return ld * static_cast<int64_t>(element_size(tile) / element_size(dzt())); }
+  DType dzt() const { return low ? t : acc; }
   const char* xp(int64_t row) const { return static_cast<const char*>(p.x.data_ptr()) + row * p.k.h * esize(); }
   const char* wp(int64_t row) const { return static_cast<const char*>(p.w.data_ptr()) + row * p.k.h * esize(); }
   const void* bias() const { return p.bias.defined() ? p.bias.data_ptr() : nullptr; }
@@ -72,10 +85,6 @@ struct Ctx {
   }
 };
 
-// Row stride of logit tiles: a multiple of 8 elements, so rows start 16-byte aligned for the
-// vector loads of the kernels and for cuBLASLt's fastest 16-bit operand paths.
-int64_t padded(int64_t cols) { return (std::max<int64_t>(cols, 1) + 7) / 8 * 8; }
-
 Tensor make_totals(const Ctx& c) {
   Tensor tot = c.buf({4}, c.acc);
   lce_k::prepare(c.t, c.target(), c.cw(), c.p.k, tot.data_ptr(), c.stream);
@@ -99,17 +108,17 @@ lce::Forward lce_forward_memory(const lce::Problem& p) {
   const lce::Consts& k = p.k;
   const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1)),
                 Vc = std::min(p.chunk_v, V);
-  const int64_t ld = padded(Vc);
+  const int64_t ld = c.padded(Vc);
   const Tensor tot = make_totals(c);
-  Tensor tile = c.buf({Nc, ld}, c.acc), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
+  Tensor tile = c.buf({Nc, ld}, c.tile), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
     for (int64_t v0 = 0; v0 < V; v0 += Vc) {
       const int64_t cols = std::min(Vc, V - v0);
-      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.acc, 0.0);
-      lce_k::stats(c.t, tile.data_ptr(), rows, cols, ld, v0, c.bias(), c.cw(), c.target() + n0, k, v0 == 0,
+      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.tile, 0.0);
+      lce_k::stats(c.t, c.tile, tile.data_ptr(), rows, cols, ld, v0, c.bias(), c.cw(), c.target() + n0, k, v0 == 0,
                    state.data_ptr(), Nc, c.stream);
     }
     lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
@@ -141,15 +150,15 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
     if (nd.dx) c.zero(out.dx);
     return out;
   }
-  const int64_t ld = padded(Vc);
+  const int64_t ld = c.padded(Vc);
   const Tensor tot = make_totals(c);
-  Tensor tile = c.buf({Nc, ld}, c.acc);
+  Tensor tile = c.buf({Nc, ld}, c.tile);
   void* dz = tile.data_ptr();                // dz overwrites the tile in place
-  const int64_t ldz = c.low ? 2 * ld : ld;   // 16-bit dz: the first half of each fp32 tile row
+  const int64_t ldz = c.dz_stride(ld);       // 16-bit dz over fp32 tiles: the first half of each row
   const bool one_chunk = Nc >= N;            // dW slices written in T directly, no fp32 tile
   Tensor dwt = nd.dw && c.low && !one_chunk ? c.buf({Vc, H}, c.acc) : Tensor();
   Tensor dbt = nd.db ? c.buf({Vc}, c.acc) : Tensor();
-  const DType dzt = c.low ? c.t : c.acc;
+  const DType dzt = c.dzt();
   const bool per_token = k.red == lce::Red::None;
   for (int64_t v0 = 0; v0 < V; v0 += Vc) {
     const int64_t cols = std::min(Vc, V - v0);
@@ -157,8 +166,8 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
     void* dws = nd.dw ? (dw_acc ? dwt.data_ptr() : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize()) : nullptr;
     for (int64_t n0 = 0; n0 < N; n0 += Nc) {
       const int64_t rows = std::min(Nc, N - n0);
-      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.acc, 0.0);
-      lce_k::grad(c.t, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
+      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.tile, 0.0);
+      lce_k::grad(c.t, c.tile, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
                   grad.data_ptr(), per_token, tot.data_ptr(), k, dz, ldz, c.stream);
       if (nd.dx)
         c.mm(false, false, rows, H, cols, dz, ldz, c.wp(v0), H, dzt,
@@ -185,11 +194,11 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   const lce::Consts& k = p.k;
   const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1));
   const Tensor tot = make_totals(c);
-  const int64_t ld = padded(V);
-  Tensor logits = c.buf({Nc, ld}, c.acc), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
+  const int64_t ld = c.padded(V);
+  Tensor logits = c.buf({Nc, ld}, c.tile), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
   void* dz = logits.data_ptr();               // dz overwrites the logits in place
-  const int64_t ldz = c.low ? 2 * ld : ld;    // 16-bit dz: the first half of each fp32 row
-  const DType dzt = c.low ? c.t : c.acc;
+  const int64_t ldz = c.dz_stride(ld);        // 16-bit dz over fp32 logits: the first half of each row
+  const DType dzt = c.dzt();
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
   if (nd.dx) f.dx = c.buf({N, H}, c.t);
@@ -204,14 +213,14 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   if (nd.dx && N == 0) c.zero(f.dx);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
-    c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.acc, 0.0);
-    lce_k::stats(c.t, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true, state.data_ptr(),
-                 Nc, c.stream);
+    c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.tile, 0.0);
+    lce_k::stats(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true,
+                 state.data_ptr(), Nc, c.stream);
     lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
                     terms.data_ptr(), N, c.stream);
     if (!nd.any()) continue;
-    lce_k::grad(c.t, logits.data_ptr(), rows, V, ld, 0, n0, c.bias(), c.cw(), c.target(), f.lse.data_ptr(), nullptr,
-                false, tot.data_ptr(), k, dz, ldz, c.stream);
+    lce_k::grad(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, n0, c.bias(), c.cw(), c.target(), f.lse.data_ptr(),
+                nullptr, false, tot.data_ptr(), k, dz, ldz, c.stream);
     if (nd.dx)  // each dx row block is produced once: written in T directly
       c.mm(false, false, rows, H, V, dz, ldz, c.wp(0), H, dzt,
            static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(), H, c.t, 0.0);

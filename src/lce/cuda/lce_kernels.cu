@@ -1,13 +1,16 @@
-// CUDA kernels of the fused linear cross-entropy. The logits exist only as fp32 (fp64) tiles
-// written by cuBLASLt; these kernels read each tile once per pass:
+// CUDA kernels of the fused linear cross-entropy. The logits exist only as tiles written by
+// cuBLASLt: in T for 16-bit T (fp32 sums rounded once, as torch's linear stores them; fp32 with
+// KILN_LCE_TILE32=1), fp32 (fp64) otherwise. These kernels read each tile once per pass, 16-byte
+// vectors converted to A in registers:
 //   stats:   one block per tile row; each thread keeps an online (max, sum exp) over its strided
-//            16-byte column vectors (coalesced, two in flight), applying bias and soft-cap on the fly, plus the weighted logit
-//            sum for label smoothing; the block merges the pairs in a fixed tree, thread 0 merges
-//            into the running row state. Reads the tile, writes O(rows).
+//            16-byte column vectors (coalesced, two in flight), applying bias and soft-cap on the
+//            fly, plus the weighted logit sum for label smoothing; the block merges the pairs in a
+//            fixed tree, thread 0 merges into the running row state. Reads the tile, writes O(rows).
 //   grad:    one block per row: dz = (a p - c w_v - b [v == y]) (1 - (s / cap)^2), p = exp(s - lse),
 //            with the row's a, b, c computed once per thread from (g, lse, target, totals). Reads
-//            the raw tile once, writes dz once, possibly over the tile itself (16-bit for 16-bit inputs: the dx/dW GEMMs take bf16/fp16
-//            operands with fp32 accumulation, as cuBLASLt's fast path wants).
+//            the raw tile once, writes dz once, possibly over the tile itself (16-bit for 16-bit
+//            inputs: the dx/dW GEMMs take bf16/fp16 operands with fp32 accumulation, as cuBLASLt's
+//            fast path wants).
 //   colsum:  bias gradient, one thread per column, rows in order (deterministic, no atomics).
 //   prepare/reduce: single-block reductions in a fixed order (double accumulation).
 // 256 threads per block: enough warps to hide latency on a row of a few thousand columns.
@@ -85,20 +88,20 @@ __global__ void prepare_kernel(const int64_t* target, const A* cw, lce::Consts k
   }
 }
 
-// VW consecutive elements of type E moved as one aligned vector (16 bytes for A tiles).
+// VW consecutive elements of type E moved as one aligned vector.
 template <typename E, int VW>
 struct alignas(sizeof(E) * VW) Vec {
   E v[VW];
 };
 
-// Online (max, sum exp) over the row, VW columns per load and two loads in flight per thread
-// (the tile is read once; one scalar load at a time left the kernel latency-bound).
-template <typename T, typename A, int VW>
-__global__ void stats_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0, const T* bias, const A* cw,
+// Online (max, sum exp) over the row of tile elements E, VW columns per load and two loads in
+// flight per thread (the tile is read once; one scalar load at a time left the kernel latency-bound).
+template <typename T, typename A, typename E, int VW>
+__global__ void stats_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0, const T* bias, const A* cw,
                              const int64_t* target, lce::Consts k, bool first, A* state, int64_t st) {
   __shared__ A sm[kThreads], ss[kThreads], sw[kThreads];
   const int64_t r = blockIdx.x;
-  const A* z = tile + r * ld;
+  const E* z = tile + r * ld;
   const A cap = static_cast<A>(k.softcap);
   const int64_t y = target[r] - v0;
   A m = -INFINITY, s = 0, ws = 0;
@@ -117,15 +120,15 @@ __global__ void stats_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0
   const int64_t step = static_cast<int64_t>(blockDim.x) * VW;
   int64_t j = static_cast<int64_t>(threadIdx.x) * VW;
   for (; j + step + VW <= cols; j += 2 * step) {  // two full vectors
-    const Vec<A, VW> a = *reinterpret_cast<const Vec<A, VW>*>(z + j);
-    const Vec<A, VW> b = *reinterpret_cast<const Vec<A, VW>*>(z + j + step);
+    const Vec<E, VW> a = *reinterpret_cast<const Vec<E, VW>*>(z + j);
+    const Vec<E, VW> b = *reinterpret_cast<const Vec<E, VW>*>(z + j + step);
 #pragma unroll
-    for (int e = 0; e < VW; ++e) take(a.v[e], j + e);
+    for (int e = 0; e < VW; ++e) take(convert<A>(a.v[e]), j + e);
 #pragma unroll
-    for (int e = 0; e < VW; ++e) take(b.v[e], j + step + e);
+    for (int e = 0; e < VW; ++e) take(convert<A>(b.v[e]), j + step + e);
   }
   for (; j < cols; j += step)
-    for (int e = 0; e < VW && j + e < cols; ++e) take(z[j + e], j + e);
+    for (int e = 0; e < VW && j + e < cols; ++e) take(convert<A>(z[j + e]), j + e);
   sm[threadIdx.x] = m;
   ss[threadIdx.x] = s;
   sw[threadIdx.x] = ws;
@@ -172,15 +175,16 @@ __global__ void finalize_kernel(int64_t rows, int64_t n0, const A* state, int64_
 }
 
 // One block per tile row, VW columns per thread per segment of blockDim.x * VW columns; the
-// row's coefficients are computed once per thread. In place (dz over the tile, 16-bit dz with
-// twice the row stride): a segment's dz bytes only cover tile columns of this or earlier
-// segments, so one barrier between a segment's loads and its stores keeps every read first.
-template <typename T, typename A, typename DZ, int VW>
-__global__ void grad_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const T* bias,
+// row's coefficients are computed once per thread. In place with a narrower dz (16-bit dz over an
+// fp32 tile, twice the row stride): a segment's dz bytes only cover tile columns of this or
+// earlier segments, so one barrier between a segment's loads and its stores keeps every read
+// first. A dz as wide as the tile overwrites only what its own thread read: no barrier.
+template <typename T, typename A, typename E, typename DZ, int VW>
+__global__ void grad_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const T* bias,
                             const A* cw, const int64_t* target, const A* lse_all, const A* g, bool g_per_token,
-                            const A* totals, lce::Consts k, DZ* dz, int64_t ldz, bool in_place) {
+                            const A* totals, lce::Consts k, DZ* dz, int64_t ldz, bool overlap) {
   const int64_t r = blockIdx.x, i = n0 + r;
-  const A* z = tile + r * ld;
+  const E* z = tile + r * ld;
   DZ* out = dz + r * ldz;
   const int64_t y = target[i];
   const bool dead = lce::is_ignored(y, k) || y < 0 || y >= k.v;  // uniform over the block
@@ -201,15 +205,15 @@ __global__ void grad_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0,
   for (int64_t base = 0; base < cols; base += step) {
     const int64_t j0 = base + static_cast<int64_t>(threadIdx.x) * VW;
     const bool full = j0 + VW <= cols;
-    Vec<A, VW> in;
+    Vec<E, VW> in;
     if (!dead) {
       if (full) {
-        in = *reinterpret_cast<const Vec<A, VW>*>(z + j0);
+        in = *reinterpret_cast<const Vec<E, VW>*>(z + j0);
       } else {
-        for (int e = 0; e < VW; ++e) in.v[e] = j0 + e < cols ? z[j0 + e] : A(0);
+        for (int e = 0; e < VW; ++e) in.v[e] = j0 + e < cols ? z[j0 + e] : convert<E>(A(0));
       }
     }
-    if (in_place) __syncthreads();
+    if (overlap) __syncthreads();
     if (j0 >= cols) continue;
     Vec<DZ, VW> o;
 #pragma unroll
@@ -217,7 +221,7 @@ __global__ void grad_kernel(const A* tile, int64_t cols, int64_t ld, int64_t v0,
       const int64_t j = j0 + e;
       A d = 0;
       if (!dead) {
-        A sv = in.v[e];
+        A sv = convert<A>(in.v[e]);
         if (bias && j < cols) sv += convert<A>(bias[v0 + j]);
         sv = softcap(sv, cap);
         d = c.a * dexp<A>(sv - lse) - c.c * (cw && j < cols ? cw[v0 + j] : A(1)) - (v0 + j == y ? c.b : A(0));
@@ -297,6 +301,17 @@ void with_types(DType t, F&& f) {
   });
 }
 
+// Calls f(E-tag) with the tile's device element type: T when tt is T's 16-bit type, else A.
+template <typename T, typename A, typename F>
+void with_tile(DType t, DType tt, F&& f) {
+  if constexpr (is_16bit_float_v<T>) {
+    if (tt == t) return f(TypeTag<T>{});
+  }
+  KILN_CHECK(element_size(tt) == sizeof(A), "linear_cross_entropy", "logit tiles of ", dtype_name(tt),
+             " for ", dtype_name(t), " inputs");
+  f(TypeTag<A>{});
+}
+
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 // Rows of `ld` elements starting at p can be read as `bytes`-wide aligned vectors.
@@ -316,22 +331,25 @@ void prepare(DType t, const int64_t* target, const void* cw, const lce::Consts& 
   });
 }
 
-void stats(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, const void* bias,
+void stats(DType t, DType tt, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, const void* bias,
            const void* cw, const int64_t* target, const lce::Consts& k, bool first, void* state, int64_t state_stride,
            void* stream) {
   if (rows == 0) return;
-  with_types(t, [&](auto tt, auto at) {
-    using T = typename decltype(tt)::type;
+  with_types(t, [&](auto ttag, auto at) {
+    using T = typename decltype(ttag)::type;
     using A = typename decltype(at)::type;
-    constexpr int VW = 16 / sizeof(A);
-    auto launch = [&](auto kernel) {
-      kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
-          static_cast<const A*>(tile), cols, ld, v0, static_cast<const T*>(bias), static_cast<const A*>(cw), target,
-          k, first, static_cast<A*>(state), state_stride);
-    };
-    if (vector_ok(static_cast<const A*>(tile), ld, 16)) launch(stats_kernel<T, A, VW>);
-    else launch(stats_kernel<T, A, 1>);
-    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+    with_tile<T, A>(t, tt, [&](auto et) {
+      using E = typename decltype(et)::type;
+      constexpr int VW = 16 / sizeof(E);  // 16-byte vectors: 8 elements of a 16-bit tile
+      auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
+            static_cast<const E*>(tile), cols, ld, v0, static_cast<const T*>(bias), static_cast<const A*>(cw),
+            target, k, first, static_cast<A*>(state), state_stride);
+      };
+      if (vector_ok(static_cast<const E*>(tile), ld, 16)) launch(stats_kernel<T, A, E, VW>);
+      else launch(stats_kernel<T, A, E, 1>);
+      KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+    });
   });
 }
 
@@ -348,27 +366,31 @@ void finalize(DType t, int64_t rows, int64_t n0, const void* state, int64_t stat
   });
 }
 
-void grad(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const void* bias,
-          const void* cw, const int64_t* target, const void* lse, const void* g, bool g_per_token, const void* totals,
-          const lce::Consts& k, void* dz, int64_t ldz, void* stream) {
+void grad(DType t, DType tt, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0,
+          const void* bias, const void* cw, const int64_t* target, const void* lse, const void* g, bool g_per_token,
+          const void* totals, const lce::Consts& k, void* dz, int64_t ldz, void* stream) {
   if (rows == 0 || cols == 0) return;
-  with_types(t, [&](auto tt, auto at) {
-    using T = typename decltype(tt)::type;
+  with_types(t, [&](auto ttag, auto at) {
+    using T = typename decltype(ttag)::type;
     using A = typename decltype(at)::type;
     using DZ = std::conditional_t<is_16bit_float_v<T>, T, A>;
-    constexpr int VW = 32 / sizeof(A);  // two 16-byte loads per thread per segment
-    const bool in_place = dz == tile;
-    auto launch = [&](auto kernel) {
-      kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
-          static_cast<const A*>(tile), cols, ld, v0, n0, static_cast<const T*>(bias), static_cast<const A*>(cw),
-          target, static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token, static_cast<const A*>(totals), k,
-          static_cast<DZ*>(dz), ldz, in_place);
-    };
-    if (vector_ok(static_cast<const A*>(tile), ld, 32) && vector_ok(static_cast<const DZ*>(dz), ldz, VW * sizeof(DZ)))
-      launch(grad_kernel<T, A, DZ, VW>);
-    else
-      launch(grad_kernel<T, A, DZ, 1>);
-    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+    with_tile<T, A>(t, tt, [&](auto et) {
+      using E = typename decltype(et)::type;
+      constexpr int VW = 32 / sizeof(E);  // two 16-byte loads per thread per segment
+      const bool overlap = dz == tile && sizeof(DZ) != sizeof(E);
+      auto launch = [&](auto kernel) {
+        kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
+            static_cast<const E*>(tile), cols, ld, v0, n0, static_cast<const T*>(bias), static_cast<const A*>(cw),
+            target, static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token,
+            static_cast<const A*>(totals), k, static_cast<DZ*>(dz), ldz, overlap);
+      };
+      if (vector_ok(static_cast<const E*>(tile), ld, 32) &&
+          vector_ok(static_cast<const DZ*>(dz), ldz, VW * sizeof(DZ)))
+        launch(grad_kernel<T, A, E, DZ, VW>);
+      else
+        launch(grad_kernel<T, A, E, DZ, 1>);
+      KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
+    });
   });
 }
 
