@@ -5,8 +5,8 @@
 //   unfused:       CPU: kiln's own ops through autograd, cross_entropy(linear(x, W), y) and its
 //                  backward ([N, V] logits and their gradient materialised); CUDA: the fused kernels
 //                  over ONE [N, V] chunk (materialised logits and dz), what an unfused op holds;
-//   gemm3:         the three GEMMs alone (logits, dx, dW) on preallocated buffers (no loss; CUDA
-//                  logits in fp32);
+//   gemm3:         the three GEMMs alone (logits, dx, dW) on preallocated buffers (no loss; logits
+//                  in the input dtype, as torch's gemm3 baseline);
 //   phases:        (CUDA) one speed chunk's GEMMs and kernels timed one by one (cuda_phases).
 #include "bench_lce.h"
 
@@ -262,7 +262,7 @@ int run_bench_lce(int argc, char** argv) {
             const int64_t N = a.n, H = a.h, V = a.v;
             if (dev.is_cuda()) {
 #ifdef KILN_WITH_CUDA
-              Tensor z = empty({N, V}, TensorOptions().dtype(kFloat32).device(dev));
+              Tensor z = empty({N, V}, opt);  // logits in the input dtype, as torch's `x @ W.t()`
               Tensor dz = empty({N, V}, opt), dx = empty({N, H}, opt), dw = empty({V, H}, opt);
               auto mm = [&](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& A, int64_t lda,
                             const Tensor& B, int64_t ldb, const Tensor& C, int64_t ldc) {

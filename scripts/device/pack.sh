@@ -12,7 +12,7 @@ mkdir -p .device
 cp -f ../shared/bench/torch_baselines.py .device/ 2>/dev/null || true
 make build
 rm -rf .device/bin && mkdir -p .device/bin
-for f in build/kiln build/tests/test_flex build/tests/test_ops build/tests/test_train build/bench/bench_memory_bound \
+for f in build/kiln build/tests/test_flex build/tests/test_ops build/tests/test_train build/tests/test_lce build/bench/bench_memory_bound \
          build/bench/bench_lce; do
   strip -o ".device/bin/$(basename "$f")" "$f"
 done

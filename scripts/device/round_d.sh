@@ -20,6 +20,7 @@ B=/tmp/kiln-bin/bin
 ln -sf $B/kiln build-gpu/kiln; ln -sf $B/test_flex build-gpu/tests/test_flex; ln -sf $B/test_ops build-gpu/tests/test_ops
 ln -sf $B/bench_memory_bound build-gpu/bench/bench_memory_bound
 [ -x $B/test_train ] && ln -sf $B/test_train build-gpu/tests/test_train
+[ -x $B/test_lce ] && ln -sf $B/test_lce build-gpu/tests/test_lce
 # The Python package built on the dev machine for CPython 3.12 (the device's), when carried:
 #   cmake -S . -B build-py312 -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_TESTS=OFF -DKILN_BENCH=OFF -DKILN_PYTHON=ON \
 #     -DPython_EXECUTABLE=$HOME/.pyenv/versions/3.12.1/bin/python3.12 && ninja -C build-py312 kiln_python

@@ -10,7 +10,8 @@
 #            the four kiln rows, 50 repetitions each, AB_ROUNDS (3) rounds;
 #   swtests: the CUDA flex suite once more with SWTEST_ENV (e.g. "KILN_FLEX_MASK_BITS=1,KILN_FLEX_WALK_AHEAD=1");
 #   train:   the training job beside torch eager and torch.compile (round_c.sh's train part);
-#   lce:     bench_lce speed / memory / gemm3 / phases at 8192 x 4096 x 128256, nsys kernel sums;
+#   lcetests: test_lce's CUDA tests;
+#   lce:     (LCE_SETTINGS: default and KILN_LCE_TILE32=1) bench_lce speed / memory / gemm3 / phases at 8192 x 4096 x 128256, nsys kernel sums;
 #   ncu:     Nsight Compute on the forward of the 16-document row and on the three kernels of the
 #            causal row (NCU_ENV: switches for it).
 # Logs under $OUT as all.tgz.
@@ -68,6 +69,10 @@ for part in ${PARTS:-tests rows}; do
       env ${SWTEST_ENV//,/ } timeout 200 build-gpu/tests/test_flex --gtest_filter='FlexAttentionCuda*' > "$OUT/flex_tests_swtests.log" 2>&1
       echo "tests with $SWTEST_ENV: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests_swtests.log" | head -3 | tr '\n' ' ')"
       grep -E "Failure" -A4 "$OUT/flex_tests_swtests.log" | head -12; stamp ;;
+    lcetests)  # the fused loss's CUDA tests
+      timeout 200 build-gpu/tests/test_lce --gtest_filter='*Cuda*' > "$OUT/test_lce_cuda.log" 2>&1
+      echo "test_lce CUDA: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_lce_cuda.log" | head -3 | tr '\n' ' ')"
+      grep -E "Failure" -A6 "$OUT/test_lce_cuda.log" | head -30; stamp ;;
     train) SKIP_BUILD=1 PARTS=train bash scripts/device/round_c.sh; stamp ;;
     compare)
       SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-330} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,3,4,5,6}" bash scripts/device/round_c.sh
@@ -75,7 +80,11 @@ for part in ${PARTS:-tests rows}; do
     lce)  # the fused loss's speed strategy against the three GEMMs, its phases, and an nsys kernel summary
       L=/tmp/kiln-bin/bin/bench_lce
       a="--device cuda --dtype bf16 --tokens 8192 --hidden 4096 --vocab 128256"
-      timeout 120 $L $a --json --iters 3 --variants gemm3,speed,memory,phases > "$OUT/lce.jsonl" 2>&1; cat "$OUT/lce.jsonl" | cut -c1-160
+      for setting in ${LCE_SETTINGS:-X=0 KILN_LCE_TILE32=1}; do  # 16-bit logit tiles (the default) and fp32 tiles
+        f="$OUT/lce_${setting//[^A-Za-z0-9]/_}.jsonl"
+        env $setting timeout 120 $L $a --json --iters 3 --variants gemm3,speed,memory,phases > "$f" 2>&1
+        echo "== lce $setting"; cut -c1-160 "$f"
+      done
       nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
       if [ -n "$nsys" ]; then
         for v in speed memory; do
