@@ -85,6 +85,9 @@ for part in ${PARTS:-tests rows}; do
         env $setting timeout 120 $L $a --json --iters 3 --variants gemm3,speed,memory,phases > "$f" 2>&1
         echo "== lce $setting"; cut -c1-160 "$f"
       done
+      for ch in ${LCE_CHUNKS:-}; do  # the speed strategy at other token chunks (default settings)
+        echo "== lce speed, chunk $ch: $(timeout 60 $L $a --json --iters 3 --variants speed --chunk-tokens $ch 2>&1 | cut -c1-160)"
+      done
       nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
       if [ -n "$nsys" ]; then
         for v in speed memory; do
