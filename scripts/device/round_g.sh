@@ -8,7 +8,7 @@
 #   compare: torch side by side on the issue's flex rows (CMP_ROWS, default 0,1,2,3,4,5,6);
 #   ab:      interleaved A/B rounds of AB_SETTINGS (default: defaults, MASK_BITS=1, FWD_KEEPBITS=1, WALK_AHEAD=1) on
 #            the four kiln rows, 50 repetitions each, AB_ROUNDS (3) rounds;
-#   swtests: the CUDA flex suite once more with SWTEST_ENV (e.g. "KILN_FLEX_MASK_BITS=1,KILN_FLEX_WALK_AHEAD=1");
+#   swtests: the CUDA flex suite (or SWTEST_FILTER's tests) once more with SWTEST_ENV (e.g. "KILN_FLEX_MASK_BITS=1,KILN_FLEX_WALK_AHEAD=1");
 #   train:   the training job beside torch eager and torch.compile (round_c.sh's train part);
 #   lcetests: test_lce's CUDA tests;
 #   lce:     (LCE_SETTINGS: default and KILN_LCE_TILE32=1) bench_lce speed / memory / gemm3 / phases at 8192 x 4096 x 128256, nsys kernel sums;
@@ -66,9 +66,10 @@ for part in ${PARTS:-tests rows}; do
       done
       stamp ;;
     swtests)  # the CUDA flex suite with SWTEST_ENV's switches set (commas join)
-      env ${SWTEST_ENV//,/ } timeout 200 build-gpu/tests/test_flex --gtest_filter='FlexAttentionCuda*' > "$OUT/flex_tests_swtests.log" 2>&1
-      echo "tests with $SWTEST_ENV: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests_swtests.log" | head -3 | tr '\n' ' ')"
-      grep -E "Failure" -A4 "$OUT/flex_tests_swtests.log" | head -12; stamp ;;
+      env ${SWTEST_ENV//,/ } timeout 200 build-gpu/tests/test_flex --gtest_filter="${SWTEST_FILTER:-FlexAttentionCuda*}" > "$OUT/flex_tests_swtests_${SWTEST_ENV//[^A-Za-z0-9]/_}.log" 2>&1
+      log="$OUT/flex_tests_swtests_${SWTEST_ENV//[^A-Za-z0-9]/_}.log"
+      echo "tests with $SWTEST_ENV (${SWTEST_FILTER:-all}): $(grep -E '^\[  PASSED|^\[  FAILED' "$log" | head -3 | tr '\n' ' ')"
+      grep -E "Failure" -A4 "$log" | head -12; stamp ;;
     lcetests)  # the fused loss's CUDA tests
       timeout 200 build-gpu/tests/test_lce --gtest_filter='*Cuda*' > "$OUT/test_lce_cuda.log" 2>&1
       echo "test_lce CUDA: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_lce_cuda.log" | head -3 | tr '\n' ' ')"
