@@ -4,7 +4,8 @@
 // vectors converted to A in registers:
 //   stats:   one block per tile row; each thread keeps an online (max, sum exp) over its strided
 //            16-byte column vectors (coalesced, two in flight), applying bias and soft-cap on the
-//            fly, plus the weighted logit sum for label smoothing; the block merges the pairs in a
+//            fly, one rescale per vector (its max first), plus the weighted logit sum for label
+//            smoothing; exps are ex2.approx over 16-bit tiles (row_exp); the block merges the pairs in a
 //            fixed tree, thread 0 merges into the running row state. Reads the tile, writes O(rows).
 //   grad:    one block per row: dz = (a p - c w_v - b [v == y]) (1 - (s / cap)^2), p = exp(s - lse),
 //            with the row's a, b, c computed once per thread from (g, lse, target, totals). Reads
@@ -16,6 +17,7 @@
 // 256 threads per block: enough warps to hide latency on a row of a few thousand columns.
 #include <cfloat>
 #include <cmath>
+#include <type_traits>
 
 #include "core/cuda/check.h"
 #include "core/cuda/device_types.cuh"
@@ -94,8 +96,17 @@ struct alignas(sizeof(E) * VW) Vec {
   E v[VW];
 };
 
+// exp of the row passes: ex2.approx (__expf) over 16-bit tiles, whose logits already carry a 2^-8
+// rounding (the accurate expf made both passes compute-bound: ~1.2 TB/s); expf / exp otherwise.
+template <typename A, typename E>
+__device__ __forceinline__ A row_exp(A x) {
+  if constexpr (sizeof(E) == 2 && std::is_same_v<A, float>) return __expf(x);
+  else return dexp<A>(x);
+}
+
 // Online (max, sum exp) over the row of tile elements E, VW columns per load and two loads in
 // flight per thread (the tile is read once; one scalar load at a time left the kernel latency-bound).
+// Per vector: its max first, one rescale of the running sum when it moves, then VW exps.
 template <typename T, typename A, typename E, int VW>
 __global__ void stats_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0, const T* bias, const A* cw,
                              const int64_t* target, lce::Consts k, bool first, A* state, int64_t st) {
@@ -104,31 +115,52 @@ __global__ void stats_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0
   const E* z = tile + r * ld;
   const A cap = static_cast<A>(k.softcap);
   const int64_t y = target[r] - v0;
+  const bool smooth = k.eps != 0.0;
   A m = -INFINITY, s = 0, ws = 0;
-  auto take = [&](A v, int64_t j) {
+  // Column j's logit: bias and soft-cap applied.
+  auto logit = [&](E raw, int64_t j) {
+    A v = convert<A>(raw);
     if (bias) v += convert<A>(bias[v0 + j]);
-    v = softcap(v, cap);
-    if (v > m) {
-      s = s * dexp<A>(m - v) + A(1);
-      m = v;
-    } else {
-      s += dexp<A>(v - m);
+    return softcap(v, cap);
+  };
+  // n logits of columns j.. into the running (m, s) and the weighted sum.
+  auto take = [&](const A (&v)[VW], int n, int64_t j) {
+    A mv = v[0];
+#pragma unroll
+    for (int e = 1; e < VW; ++e)
+      if (e < n) mv = fmax(mv, v[e]);
+    if (mv > m) {
+      s *= row_exp<A, E>(m - mv);
+      m = mv;
     }
-    ws += cw ? cw[v0 + j] * v : v;
-    if (j == y) state[2 * st + r] = v;  // exactly one thread of one tile holds the target
+#pragma unroll
+    for (int e = 0; e < VW; ++e)
+      if (e < n) s += row_exp<A, E>(v[e] - m);
+    if (smooth)
+#pragma unroll
+      for (int e = 0; e < VW; ++e)
+        if (e < n) ws += cw ? cw[v0 + j + e] * v[e] : v[e];
   };
   const int64_t step = static_cast<int64_t>(blockDim.x) * VW;
   int64_t j = static_cast<int64_t>(threadIdx.x) * VW;
   for (; j + step + VW <= cols; j += 2 * step) {  // two full vectors
     const Vec<E, VW> a = *reinterpret_cast<const Vec<E, VW>*>(z + j);
     const Vec<E, VW> b = *reinterpret_cast<const Vec<E, VW>*>(z + j + step);
+    A va[VW], vb[VW];
 #pragma unroll
-    for (int e = 0; e < VW; ++e) take(convert<A>(a.v[e]), j + e);
-#pragma unroll
-    for (int e = 0; e < VW; ++e) take(convert<A>(b.v[e]), j + step + e);
+    for (int e = 0; e < VW; ++e) va[e] = logit(a.v[e], j + e), vb[e] = logit(b.v[e], j + step + e);
+    take(va, VW, j);
+    take(vb, VW, j + step);
   }
-  for (; j < cols; j += step)
-    for (int e = 0; e < VW && j + e < cols; ++e) take(convert<A>(z[j + e]), j + e);
+  for (; j < cols; j += step) {
+    const int n = static_cast<int>(cols - j < VW ? cols - j : VW);
+    A v[VW];
+#pragma unroll
+    for (int e = 0; e < VW; ++e) v[e] = e < n ? logit(z[j + e], j + e) : A(0);
+    take(v, n, j);
+  }
+  // The target's logit, when this tile holds it (one tile does: the first one zeroes it otherwise).
+  if (threadIdx.x == 0 && y >= 0 && y < cols) state[2 * st + r] = logit(z[y], y);
   sm[threadIdx.x] = m;
   ss[threadIdx.x] = s;
   sw[threadIdx.x] = ws;
@@ -148,7 +180,7 @@ __global__ void stats_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0
     merge(mm, sv, sm[0], ss[0]);
     state[r] = mm;
     state[st + r] = sv;
-    state[3 * st + r] = (first ? A(0) : state[3 * st + r]) + (k.eps != 0.0 ? sw[0] : A(0));
+    state[3 * st + r] = (first ? A(0) : state[3 * st + r]) + (smooth ? sw[0] : A(0));
     if (first && !(y >= 0 && y < cols)) state[2 * st + r] = A(0);
   }
 }
@@ -201,6 +233,7 @@ __global__ void grad_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0,
     c = lce::row_coef<A>(gl, gz, lse, cw ? cw[y] : A(1), tot.class_sum, k);
   }
   const A cap = static_cast<A>(k.softcap);
+  const bool smooth = c.c != A(0);  // the smoothing term (c is 0 without label smoothing)
   const int64_t step = static_cast<int64_t>(blockDim.x) * VW;
   for (int64_t base = 0; base < cols; base += step) {
     const int64_t j0 = base + static_cast<int64_t>(threadIdx.x) * VW;
@@ -224,7 +257,9 @@ __global__ void grad_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0,
         A sv = convert<A>(in.v[e]);
         if (bias && j < cols) sv += convert<A>(bias[v0 + j]);
         sv = softcap(sv, cap);
-        d = c.a * dexp<A>(sv - lse) - c.c * (cw && j < cols ? cw[v0 + j] : A(1)) - (v0 + j == y ? c.b : A(0));
+        d = c.a * row_exp<A, E>(sv - lse);
+        if (smooth) d -= c.c * (cw && j < cols ? cw[v0 + j] : A(1));
+        if (v0 + j == y) d -= c.b;
         if (cap > A(0)) d *= A(1) - (sv / cap) * (sv / cap);
       }
       o.v[e] = convert<DZ>(d);
