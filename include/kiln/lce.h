@@ -55,7 +55,7 @@ struct LinearCrossEntropyOptions {
   int64_t chunk_tokens = 0;           // 0: chosen from the shapes and the device
   int64_t chunk_vocab = 0;            // 0: chosen (memory strategy's V-tile)
   int64_t memory_budget = 0;          // bytes auto/speed may use for working buffers; 0: 32 MiB
-                                      // on the CPU, 512 MiB on CUDA
+                                      // on the CPU, 768 MiB on CUDA
 };
 
 struct LinearCrossEntropyResult {
