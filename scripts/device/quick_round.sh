@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# A short round for the last seconds of a session's device budget (carry [".device"]): the flex
+# rows with and without QUICK_ENV (default the persistent forward), its bitwise test, the LCE chunk
+# test and the LCE speed strategy against gemm3. Output lines go to stdout and $OUT/quick.log as
+# they come, so a run cut short still reports what it finished.
+set -uo pipefail
+OUT=${OUT:-/tmp/kiln-out}
+mkdir -p "$OUT"
+PARTS=none bash scripts/device/round_d.sh > /dev/null 2>&1
+export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:$(dirname "$(find /usr/local /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)")
+log() { echo "$*" | tee -a "$OUT/quick.log"; }
+log "commit $(cat .device/commit)"
+for row in "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal" \
+           "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16" \
+           "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256" \
+           "train_doc|--batch 4 --heads 12 --seq 4096 --head-dim 64 --mask document:4"; do
+  name=${row%%|*}; args=${row#*|}
+  for setting in X=0 ${QUICK_ENV:-KILN_FLEX_FWD_PERSIST=1}; do
+    log "  $setting $name $(env ${setting//,/ } timeout 30 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 30 --flex-only 2>&1 | grep -E '"variant": "flex"' | cut -c1-80)"
+  done
+done
+log "persistent test: $(timeout 60 build-gpu/tests/test_flex --gtest_filter='*Persistent*' 2>&1 | grep -E '^\[  (PASSED|FAILED)' | tr '\n' ' ')"
+log "lce chunk test: $(timeout 60 build-gpu/tests/test_lce --gtest_filter='*SixteenBit*' 2>&1 | grep -E '^\[  (PASSED|FAILED)|Failure|Expected|Which' | head -6 | tr '\n' ' ')"
+log "lce: $(timeout 60 /tmp/kiln-bin/bin/bench_lce --device cuda --dtype bf16 --json --iters 3 --tokens 8192 --hidden 4096 --vocab 128256 --variants gemm3,speed 2>&1 | cut -c1-110 | tr '\n' ' ')"
