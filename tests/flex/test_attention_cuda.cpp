@@ -155,7 +155,14 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     cfg.mask_bits = true;  // partial blocks' keep bits from flex_mask_bits (a mask reading a tensor)
     const detail::Program dp = detail::compile(masks[2].expr);
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &dp, cfg), "sm_90a"));
+    cfg.fwd_kbuf = 2;
+    cfg.fwd_persist = true;  // the persistent forward: with the mask bits, then the keep bits
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &dp, cfg), "sm_90a"));
     cfg.mask_bits = false;
+    cfg.fwd_keepbits = true;
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
+    cfg.fwd_persist = cfg.fwd_keepbits = false;
+    cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
     cfg.bwd_tma = false;
