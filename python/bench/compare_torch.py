@@ -215,6 +215,7 @@ def bench_lce(runner, args):
         }
         rows.append({"name": f"lce N={N} H={H} V={V} {str(dtype).split('.')[-1]}", "shape": shp,
                      "variants": variants, "ratios": ratios})
+        print_row(rows[-1])
         del x, w, t
         gc.collect()
     return rows
@@ -387,6 +388,7 @@ def bench_flex(runner, args):
             if name in variants:
                 ratios[f"kiln_vs_{name}_fwd_bwd"] = ratio(variants["kiln_flex"], variants[name], "fwd_bwd_ms")
         rows.append({"name": row_name(r), "shape": r, "variants": variants, "ratios": ratios, "info": info})
+        print_row(rows[-1])
         del q, k, v, dout
         gc.collect()
     return rows
@@ -405,10 +407,11 @@ def peak(v):
     return fmt(v["kiln_peak_mib"], ".1f") + "k" if v.get("kiln_peak_mib") is not None else "-"
 
 
-def print_table(rows, file=sys.stdout):
+def print_table(rows, file=sys.stdout, header=True):
     head = f"{'benchmark':<48} {'variant':<24} {'fwd ms':>9} {'fwd+bwd ms':>11} {'peak MiB':>10}  notes"
-    print(head, file=file)
-    print("-" * len(head), file=file)
+    if header:
+        print(head, file=file)
+        print("-" * len(head), file=file)
     for row in rows:
         for i, (name, v) in enumerate(row["variants"].items()):
             notes = "; ".join(v[k] for k in ("error", "fwd_error", "fwd_bwd_error") if v.get(k))
@@ -421,6 +424,12 @@ def print_table(rows, file=sys.stdout):
         if rs or info:
             print(f"{'':<48} {'ratios':<24} {'; '.join(x for x in (rs, info) if x)}", file=file)
     print(file=file)
+
+
+def print_row(row):
+    """One row as soon as it is measured (a run cut short by a time limit still reports it)."""
+    print_table([row], header=False)
+    sys.stdout.flush()
 
 
 def main(argv=None):
