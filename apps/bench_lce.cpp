@@ -114,9 +114,8 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
   NoGradGuard ng;
   const int64_t H = a.h, V = a.v;
   const DType tt = lce::cuda_tile_dtype(x.dtype()), dzt = is_low_precision(x.dtype()) ? x.dtype() : kFloat32;
-  const int64_t pad = std::max<int64_t>(8, 32 / static_cast<int64_t>(element_size(tt)));
-  const int64_t ld = (V + pad - 1) / pad * pad, ldz = ld * static_cast<int64_t>(element_size(tt) / element_size(dzt));
-  const int64_t ld32 = (V + 7) / 8 * 8;
+  const int64_t ld = lce::tile_stride(V, tt), ldz = ld * static_cast<int64_t>(element_size(tt) / element_size(dzt));
+  const int64_t ld32 = lce::tile_stride(V, kFloat32);
   const int dev = x.device().index;
   void* stream = cuda::current_stream(dev).handle();
   const TensorOptions f32 = TensorOptions().dtype(kFloat32).device(x.device());

@@ -10,10 +10,8 @@ PARTS=none bash scripts/device/round_d.sh > /dev/null 2>&1
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:$(dirname "$(find /usr/local /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)")
 log() { echo "$*" | tee -a "$OUT/quick.log"; }
 log "commit $(cat .device/commit)"
-for row in "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal" \
-           "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16" \
-           "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256" \
-           "train_doc|--batch 4 --heads 12 --seq 4096 --head-dim 64 --mask document:4"; do
+. scripts/device/flex_rows.sh
+for row in "${FLEX_ROWS[@]}"; do
   name=${row%%|*}; args=${row#*|}
   for setting in X=0 ${QUICK_ENV:-KILN_FLEX_FWD_PERSIST=1}; do
     log "  $setting $name $(env ${setting//,/ } timeout 30 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 30 --flex-only 2>&1 | grep -E '"variant": "flex"' | cut -c1-80)"

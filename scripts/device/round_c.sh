@@ -17,12 +17,8 @@ OUT=${OUT:-/tmp/kiln-out}
 [ -n "${SKIP_BUILD:-}" ] || BUILD_TARGETS=${BUILD_TARGETS:-"kiln_cli test_flex"} bash scripts/device/gpu_round.sh none || exit 1  # round_d.sh: prebuilt
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export KILN_CACHE_DIR=/tmp/kiln-cache-c
-rows=(
-  "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal"
-  "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16"
-  "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256"
-  "train_doc|--batch 4 --heads 12 --seq 4096 --head-dim 64 --mask document:4"
-)
+. scripts/device/flex_rows.sh
+rows=("${FLEX_ROWS[@]}")
 run_tests() {  # $1 fwd mma, $2 bwd mma
   KILN_FLEX_FWD_MMA=$1 KILN_FLEX_BWD_MMA=$2 timeout 150 build-gpu/tests/test_flex --gtest_filter='FlexAttentionCuda*' > "$OUT/flex_tests_$1_$2.log" 2>&1
   echo "tests fwd $1 bwd $2: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests_$1_$2.log" | head -3 | tr '\n' ' ')"

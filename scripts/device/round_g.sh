@@ -6,7 +6,7 @@
 #   rows:    kiln's flex rows with the defaults and with ENV_ROWS' switches (default: two-stage TMA
 #            forward, TMA backward, both), and each row's phase profile;
 #   compare: torch side by side on the issue's flex rows (CMP_ROWS, default 0,1,2,3,4,5,6);
-#   ab:      interleaved A/B rounds of AB_SETTINGS (default: defaults, MASK_BITS=1, FWD_KEEPBITS=1, WALK_AHEAD=1) on
+#   ab:      interleaved A/B rounds of AB_SETTINGS (default: the defaults, FWD_PERSIST=1, WALK_AHEAD=1) on
 #            the four kiln rows, 50 repetitions each, AB_ROUNDS (3) rounds;
 #   swtests: the CUDA flex suite (or SWTEST_FILTER's tests) once more with SWTEST_ENV (e.g. "KILN_FLEX_MASK_BITS=1,KILN_FLEX_WALK_AHEAD=1");
 #   train:   the training job beside torch eager and torch.compile (round_c.sh's train part);
@@ -22,6 +22,7 @@ stamp() { echo "  [t=$(( $(date +%s) - T0 )) s]"; }
 PARTS=none bash scripts/device/round_d.sh
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:$(dirname "$(find /usr/local /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)")
 [ -d /tmp/kiln-py ] && export KILN_PY=/tmp/kiln-py
+. scripts/device/flex_rows.sh
 for part in ${PARTS:-tests rows}; do
   case $part in
     tests)
@@ -40,10 +41,7 @@ for part in ${PARTS:-tests rows}; do
       if [ -f .device/bin_base.tar.xz ]; then  # an earlier commit's kiln (.device/commit_base) on the same rows
         rm -rf /tmp/kiln-base && mkdir -p /tmp/kiln-base && tar xJf .device/bin_base.tar.xz -C /tmp/kiln-base
         echo "== base $(cat .device/commit_base 2>/dev/null)"
-        for row in "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal" \
-                   "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16" \
-                   "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256" \
-                   "train_doc|--batch 4 --heads 12 --seq 4096 --head-dim 64 --mask document:4"; do
+        for row in "${FLEX_ROWS[@]}"; do
           name=${row%%|*}; args=${row#*|}
           KILN_CACHE_DIR=/tmp/kiln-cache-base timeout 60 /tmp/kiln-base/bin/kiln bench flex --device cuda $args --dtype bf16 --json --reps 10 --flex-only > "$OUT/base_$name.jsonl" 2>&1
           echo "  base $name $(grep -E '"variant": "flex"' "$OUT/base_$name.jsonl" | cut -c1-150)"
@@ -52,11 +50,8 @@ for part in ${PARTS:-tests rows}; do
       fi ;;
     ab)  # interleaved A/B of switch settings on the flex rows (AB_SETTINGS, AB_ROUNDS rounds, 50 reps each)
       for round in $(seq ${AB_ROUNDS:-3}); do
-        for setting in ${AB_SETTINGS:-X=0 KILN_FLEX_MASK_BITS=1 KILN_FLEX_FWD_KEEPBITS=1 KILN_FLEX_WALK_AHEAD=1}; do  # unquoted: one setting a word
-          for row in "causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal" \
-                     "document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16" \
-                     "sliding256|--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256" \
-                     "train_doc|--batch 4 --heads 12 --seq 4096 --head-dim 64 --mask document:4"; do
+        for setting in ${AB_SETTINGS:-X=0 KILN_FLEX_FWD_PERSIST=1 KILN_FLEX_WALK_AHEAD=1}; do  # unquoted: one setting a word
+          for row in "${FLEX_ROWS[@]}"; do
             name=${row%%|*}; args=${row#*|}
             f="$OUT/ab_${name}_${setting//[^A-Za-z0-9]/_}_$round.jsonl"
             env ${setting//,/ } timeout 60 build-gpu/kiln bench flex --device cuda $args --dtype bf16 --json --reps 50 --flex-only > "$f" 2>&1
@@ -66,8 +61,8 @@ for part in ${PARTS:-tests rows}; do
       done
       stamp ;;
     swtests)  # the CUDA flex suite with SWTEST_ENV's switches set (commas join)
-      env ${SWTEST_ENV//,/ } timeout 200 build-gpu/tests/test_flex --gtest_filter="${SWTEST_FILTER:-FlexAttentionCuda*}" > "$OUT/flex_tests_swtests_${SWTEST_ENV//[^A-Za-z0-9]/_}.log" 2>&1
       log="$OUT/flex_tests_swtests_${SWTEST_ENV//[^A-Za-z0-9]/_}.log"
+      env ${SWTEST_ENV//,/ } timeout 200 build-gpu/tests/test_flex --gtest_filter="${SWTEST_FILTER:-FlexAttentionCuda*}" > "$log" 2>&1
       echo "tests with $SWTEST_ENV (${SWTEST_FILTER:-all}): $(grep -E '^\[  PASSED|^\[  FAILED' "$log" | head -3 | tr '\n' ' ')"
       grep -E "Failure" -A4 "$log" | head -12; stamp ;;
     lcetests)  # the fused loss's CUDA tests

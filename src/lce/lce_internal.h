@@ -1,6 +1,8 @@
 #pragma once
 // What the API (lce.cpp) hands the CPU and CUDA backends: validated, contiguous, detached
 // tensors and the call's scalars. Plain C++ (no CUDA headers).
+#include <algorithm>
+
 #include "kiln/tensor.h"
 #include "lce/lce_math.h"
 
@@ -25,6 +27,13 @@ struct Problem {
 DType cuda_tile_dtype(DType t);
 // Test hook: 1 forces fp32 tiles for 16-bit inputs, 0 forces 16-bit tiles, -1 follows the switch.
 void set_tile32_override(int v);
+// Row stride of CUDA logit tiles of `cols` columns: a multiple of 8 elements and of 32 bytes, so
+// rows start aligned for the kernels' vector loads (two 16-byte vectors per thread) and for
+// cuBLASLt's fastest 16-bit operand paths.
+inline int64_t tile_stride(int64_t cols, DType tile) {
+  const int64_t e = std::max<int64_t>(8, 32 / static_cast<int64_t>(element_size(tile)));
+  return (std::max<int64_t>(cols, 1) + e - 1) / e * e;
+}
 
 struct Needs {
   bool dx = false, dw = false, db = false;

@@ -86,7 +86,7 @@ struct KernelConfig {
   // KILN_FLEX_FWD_TMA=0 turns it off).
   bool fwd_tma = false;
   // TMA forward only: a tile that is not interior gets its mask's keep bits while QK^T is in flight
-  // (KILN_FLEX_FWD_KEEPBITS=1, a measurement switch; see docs/benchmarks.md, session 8).
+  // (the default on sm_90, KILN_FLEX_FWD_KEEPBITS=0 turns it off; docs/benchmarks.md, session 9).
   bool fwd_keepbits = false;
   // TMA forward with two stages only: a CTA per SM slot walks several q tiles, loading the next
   // tile's Q and first K / V during the last tiles of the one before (KILN_FLEX_FWD_PERSIST=1, a
@@ -99,7 +99,7 @@ struct KernelConfig {
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;
   // TMA forward: partial blocks of a mask that reads captured tensors take their keep bits from
-  // flex_mask_bits, run before the forward (KILN_FLEX_MASK_BITS=1, a measurement switch).
+  // flex_mask_bits, run before the forward (the default on sm_90, KILN_FLEX_MASK_BITS=0 turns it off).
   bool mask_bits = false;
   // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
   int bwd_kbuf = 1;

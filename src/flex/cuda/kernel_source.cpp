@@ -539,8 +539,18 @@ __device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_T
       }
 }
 
+// mod_score's arithmetic on element (q, kv) of s given its keep bit (the same bits).
+__device__ __forceinline__ float fwd_kept_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv,
+                                                bool keep) {
+  float x = raw * (float)P.scale;
+#if HAS_SCORE
+  x = score_mod(x, b, h, q < P.L ? q : P.L - 1, kv < P.S ? kv : P.S - 1, P);
+#endif
+  return keep ? x : NEG_INF;
+}
+
 #if FWD_TMA && FWD_KEEPBITS
-// KILN_FLEX_FWD_KEEPBITS=1 (a measurement switch): the keep bits of a tile that is not interior
+// FWD_KEEPBITS (the sm_90 default; KILN_FLEX_FWD_KEEPBITS=0 turns it off): the keep bits of a tile that is not interior
 // (bit i % 32 of kb[i / 32] for element i = (mt * FWD_TILE_N / 8 + n) * 4 + e): inside the lengths
 // and, on partial blocks, the mask (of the element clamped into the lengths, as mod_score).
 // Computed while S = QK^T is in flight, each test folded into its bit at once: with the tests
@@ -567,7 +577,7 @@ __device__ __forceinline__ void fwd_keep_bits(const FlexParams& P, u32 (&kb)[FWD
         kb[i >> 5] |= (u32)k << (i & 31);
       }
 }
-// mod_score's arithmetic with the keep bits of fwd_keep_bits (the same bits).
+// The tile's scores with the keep bits of fwd_keep_bits.
 __device__ __forceinline__ void fwd_scores_bits(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4],
                                                 const u32 (&kb)[FWD_KB_WORDS], i64 b, i64 h, i64 row_base, i64 c0,
                                                 int t) {
@@ -577,13 +587,9 @@ __device__ __forceinline__ void fwd_scores_bits(const FlexParams& P, float (*s)[
     for (int n = 0; n < FWD_TILE_N / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = s[mt][n][e] * (float)P.scale;
-#if HAS_SCORE
-        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
-        x = score_mod(x, b, h, q < P.L ? q : P.L - 1, kv < P.S ? kv : P.S - 1, P);
-#endif
         const int i = (mt * (FWD_TILE_N / 8) + n) * 4 + e;
-        s[mt][n][e] = (kb[i >> 5] >> (i & 31)) & 1u ? x : NEG_INF;
+        s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, row_base + mt * 16 + 8 * (e >> 1),
+                                     c0 + n * 8 + 2 * t + (e & 1), (kb[i >> 5] >> (i & 31)) & 1u);
       }
 }
 // S = Q K^T of the tile at Kx into s with its modified, masked scores: a tile that is not interior
@@ -602,7 +608,7 @@ __device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FW
 }
 #endif
 
-// KILN_FLEX_MASK_BITS=1 (a measurement switch, masks that read captured tensors): one CTA per
+// MASK_BITS (masks that read captured tensors; the sm_90 default, KILN_FLEX_MASK_BITS=0 turns it off): one CTA per
 // (mask row, slot) of the kv lists' partial blocks writes the block's keep bits (in bounds and
 // mask, of the element clamped into the lengths as mod_score), QB rows of KB / 32 words, at
 // P.mbits + (row * kv_m + slot) * QB * KB / 32. The forward then reads two rows of words per
@@ -648,15 +654,10 @@ __device__ __forceinline__ void fwd_scores_mbits(const FlexParams& P, float (*s)
 #pragma unroll
     for (int n = 0; n < FWD_TILE_N / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[mt][n][e] * (float)P.scale;
-#if HAS_SCORE
-        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
-        x = score_mod(x, b, h, q < P.L ? q : P.L - 1, kv < P.S ? kv : P.S - 1, P);
-#endif
-        const unsigned bit = (w[mt][e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u;
-        s[mt][n][e] = bit ? x : NEG_INF;
-      }
+      for (int e = 0; e < 4; ++e)
+        s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, row_base + mt * 16 + 8 * (e >> 1),
+                                     c0 + n * 8 + 2 * t + (e & 1),
+                                     (w[mt][e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u);
 }
 #endif
 
@@ -726,6 +727,33 @@ __device__ __forceinline__ void fwd_rescale(float (&o)[FWD_MT][HEAD_DIM / 8][4],
       }
     }
 }
+
+#if FWD_TMA
+// A partial block's keep bits from flex_mask_bits (MASK_BITS and P.mbits), else null.
+__device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i64 mrow, int slot, bool partial) {
+  return MASK_BITS && P.mbits && partial ? P.mbits + (mrow * P.kv_m + slot) * (P.QB * P.KB / 32) : (const unsigned*)0;
+}
+// The TMA loops' S = Q K^T (Q at Qbuf, K at Kbuf), the tile's scores (part: its block is partial;
+// slot: that block's slot in the partial list) and the online softmax into s / pk, o rescaled. Both
+// TMA forwards' loops use it with their own P, s, pk, m, l, o, warp, b, h, row_base, c0, t,
+// rows_in and mrow.
+#if FWD_KEEPBITS
+#define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                 \
+  fwd_qk_scores(P, s, Qbuf, Kbuf, warp, b, h, row_base, c0, t, part, rows_in); \
+  PROF_MARK(2);                                                                \
+  float alpha[FWD_MT][2];                                                      \
+  fwd_softmax(s, pk, m, l, alpha);                                             \
+  fwd_rescale(o, alpha);
+#else
+#define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                                  \
+  wg_abt<FWD_TILE_N>(s[0], Qbuf, FWD_TILE_M, (warp >> 2) * 64, Kbuf);                            \
+  PROF_MARK(2);                                                                                  \
+  fwd_tile_scores(P, s, b, h, row_base, c0, t, part, rows_in, fwd_block_bits(P, mrow, slot, part)); \
+  float alpha[FWD_MT][2];                                                                        \
+  fwd_softmax(s, pk, m, l, alpha);                                                               \
+  fwd_rescale(o, alpha);
+#endif
+#endif  // FWD_TMA
 
 // The output rows of one q tile (this thread's o, m, l; row_base as FWD_ROW) and their lse.
 __device__ __forceinline__ void fwd_store(const FlexParams& P, const float (&o)[FWD_MT][HEAD_DIM / 8][4],
@@ -805,28 +833,8 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
   bool partial, p_next;
   int slot0 = 0;  // the partial list's slot of c0's block (MASK_BITS)
   bool more = walk.next(c0, partial, &slot0);
-  // A partial block's keep bits (MASK_BITS and P.mbits), else null.
-#define FWD_BLK(slot, part) \
-  (MASK_BITS && P.mbits && (part) ? P.mbits + (mrow * P.kv_m + (slot)) * (P.QB * P.KB / 32) : (const unsigned*)0)
 #if FWD_TMA
   const i64 bhk = b * P.Hkv + hk;
-  // The TMA loops' S = Q K^T of the tile at Kbuf, its scores and online softmax into s / pk.
-#if FWD_KEEPBITS
-#define FWD_TMA_SOFTMAX(Kbuf)                                                  \
-  fwd_qk_scores(P, s, Qs, Kbuf, warp, b, h, row_base, c0, t, partial, rows_in); \
-  PROF_MARK(2);                                                                \
-  float alpha[FWD_MT][2];                                                      \
-  fwd_softmax(s, pk, m, l, alpha);                                             \
-  fwd_rescale(o, alpha);
-#else
-#define FWD_TMA_SOFTMAX(Kbuf)                                                                   \
-  wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kbuf);                             \
-  PROF_MARK(2);                                                                                 \
-  fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in, FWD_BLK(slot0, partial));      \
-  float alpha[FWD_MT][2];                                                                       \
-  fwd_softmax(s, pk, m, l, alpha);                                                              \
-  fwd_rescale(o, alpha);
-#endif
 #if FWD_KBUF == 2
   i64 c1 = 0;  // the tile after c0, already loading into the other stage
   bool p1 = false;
@@ -945,7 +953,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     PROF_MARK(1);
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-    FWD_TMA_SOFTMAX(Kx)
+    FWD_TMA_SOFTMAX(Qs, Kx, partial, slot0)
     PROF_MARK(3);
     mbar_wait(&bars[2 + x], (kphase >> x) & 1);  // V(c0) landed
     kphase ^= 1u << x;
@@ -975,7 +983,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     PROF_MARK(1);
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-    FWD_TMA_SOFTMAX(Ks)
+    FWD_TMA_SOFTMAX(Qs, Ks, partial, slot0)
     PROF_MARK(3);
     __syncthreads();  // everyone is done with Ks
     more = walk.next(c_next, p_next, &slot0);  // slot0 is read again only for c_next
@@ -1047,8 +1055,6 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
 #endif  // FWD_OVERLAP
   fwd_store(P, o, m, l, bh, row_base, t);
 #undef FWD_ROW
-#undef FWD_BLK
-#undef FWD_TMA_SOFTMAX
   PROF_MARK(6);
   PROF_FLUSH(0);
 }

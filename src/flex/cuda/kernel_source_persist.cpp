@@ -47,7 +47,6 @@ struct UnitStream {
         unit = u;
         return true;
       }
-      if (u >= units) return false;
       u += gridDim.x;
       if (u >= units) return false;
       tw = walk_of(P, q_tiles, u);
@@ -134,19 +133,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
     PROF_MARK(1);
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-#if FWD_KEEPBITS
-    fwd_qk_scores(P, s, Qx, Kx, warp, b, h, row_base, c0, t, p0, rows_in);
-    PROF_MARK(2);
-#else
-    wg_abt<FWD_TILE_N>(s[0], Qx, FWD_TILE_M, (warp >> 2) * 64, Kx);
-    PROF_MARK(2);
-    fwd_tile_scores(P, s, b, h, row_base, c0, t, p0, rows_in,
-                    MASK_BITS && P.mbits && p0 ? P.mbits + (mrow * P.kv_m + s0) * (P.QB * P.KB / 32)
-                                               : (const unsigned*)0);
-#endif
-    float alpha[FWD_MT][2];
-    fwd_softmax(s, pk, m, l, alpha);
-    fwd_rescale(o, alpha);
+    FWD_TMA_SOFTMAX(Qx, Kx, p0, s0)
     PROF_MARK(3);
     mbar_wait(&bars[2 + x], (kphase >> x) & 1);  // V(c0) landed
     kphase ^= 1u << x;

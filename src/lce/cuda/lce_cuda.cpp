@@ -40,13 +40,7 @@ struct Ctx {
         tf32(get_float32_matmul_precision() == "high") {}
   size_t esize() const { return element_size(t); }
   size_t asize() const { return element_size(acc); }
-  // Row stride of logit tiles: a multiple of 8 elements and of 32 bytes, so rows start aligned
-  // for the kernels' vector loads (two 16-byte vectors per thread) and for cuBLASLt's fastest
-  // 16-bit operand paths.
-  int64_t padded(int64_t cols) const {
-    const int64_t e = std::max<int64_t>(8, 32 / static_cast<int64_t>(element_size(tile)));
-    return (std::max<int64_t>(cols, 1) + e - 1) / e * e;
-  }
+  int64_t padded(int64_t cols) const { return lce::tile_stride(cols, tile); }
   // dz's row stride when written over a tile of row stride ld: the same bytes per row.
   int64_t dz_stride(int64_t ld) const { return ld * static_cast<int64_t>(element_size(tile) / element_size(dzt())); }
   DType dzt() const { return low ? t : acc; }
