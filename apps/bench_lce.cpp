@@ -145,6 +145,10 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
                                          lse.data_ptr(), terms.data_ptr(), N, stream); }},
       {"grad", [&] { lce_k::grad(t, tt, zp, N, V, ld, 0, 0, nullptr, nullptr, yp, lse.data_ptr(), nullptr, false,
                                  tot.data_ptr(), k, zp, ldz, stream); }},
+      {"rowpass", [&] {  // the fused pass (stats, finalize, grad) where it applies, else nothing
+         lce_k::rowpass(t, zp, N, V, ld, 0, nullptr, nullptr, yp, k, tot.data_ptr(), lse.data_ptr(), terms.data_ptr(),
+                        N, stream);
+       }},
       {"dx_gemm", [&] { mm(false, false, N, H, V, zp, ldz, w.data_ptr(), H, dzt, dx.data_ptr(), t, H, 0.0); }},
       {"dw_gemm_store", [&] { mm(true, false, V, H, N, zp, ldz, x.data_ptr(), H, dzt, dw.data_ptr(), t, H, 0.0); }},
       {"dw_gemm_acc_bf16", [&] { mm(true, false, V, H, N, zp, ldz, x.data_ptr(), H, dzt, dw.data_ptr(), t, H, 1.0); }},

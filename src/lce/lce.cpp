@@ -18,6 +18,7 @@
 namespace kiln::lce {
 namespace {
 std::atomic<int> tile32_override{-1};
+std::atomic<int> overlaps_override{-1};
 }  // namespace
 
 DType cuda_tile_dtype(DType t) {
@@ -28,6 +29,20 @@ DType cuda_tile_dtype(DType t) {
 }
 
 void set_tile32_override(int v) { tile32_override.store(v); }
+
+bool fused_row_pass() {
+  static const bool on = detail::env_flag("linear_cross_entropy", "KILN_LCE_ROWPASS", true);
+  const int o = overlaps_override.load();
+  return o < 0 ? on : o == 1;
+}
+
+bool side_stream_dw() {
+  static const bool on = detail::env_flag("linear_cross_entropy", "KILN_LCE_SIDE_STREAM", true);
+  const int o = overlaps_override.load();
+  return o < 0 ? on : o == 1;
+}
+
+void set_speed_overlaps_override(int v) { overlaps_override.store(v); }
 
 }  // namespace kiln::lce
 

@@ -580,6 +580,57 @@ TEST(LinearCrossEntropyCuda, SixteenBitTilesDoubleTheChunks) {
   }
 }
 
+// Sets lce::set_speed_overlaps_override for a scope (-1 again after it, even when a check fails).
+struct OverlapsOverride {
+  explicit OverlapsOverride(int v) { lce::set_speed_overlaps_override(v); }
+  ~OverlapsOverride() { lce::set_speed_overlaps_override(-1); }
+};
+
+TEST(LinearCrossEntropy, SpeedOverlapsFollowTheOverride) {
+  for (int v : {0, 1}) {
+    const OverlapsOverride o(v);
+    EXPECT_EQ(lce::fused_row_pass(), v == 1);
+    EXPECT_EQ(lce::side_stream_dw(), v == 1);
+  }
+}
+
+// The speed strategy with its fused row pass and side-stream dW GEMMs, and without (the three
+// passes, one stream), against float64: every option combination in bf16 and fp16 (one-CTA rows),
+// and long ragged rows that take a cluster of 8 CTAs (V = 100003: 25 KB slices, the last vector
+// partial) over several token chunks (the side stream's joins).
+TEST(LinearCrossEntropyCuda, SpeedOverlapsAgainstReference) {
+  KILN_REQUIRE_CUDA();
+  for (int on : {1, 0}) {
+    const OverlapsOverride o(on);
+    SCOPED_TRACE(detail::str_cat("overlaps=", on));
+    for (DType dt : {kBFloat16, kFloat16})
+      for (bool peaked : {false, true}) check_all(dt, LceStrategy::Speed, peaked, Device("cuda"));
+    manual_seed(12);
+    for (int bits = 0; bits < 4; ++bits) {
+      Case c;
+      c.n = 70;
+      c.h = 32;
+      c.v = 100003;
+      c.ignore = true;
+      c.bias = bits & 1;
+      c.cw = bits & 1;
+      c.eps = bits & 2 ? 0.1 : 0.0;
+      c.cap = bits & 2 ? 20.0 : 0.0;
+      c.z = bits & 2 ? 1e-3 : 0.0;
+      RefIn in = make_inputs(c, kBFloat16);
+      in.logits = ref_logits(kBFloat16, Device("cuda"));
+      const std::vector<double> cot = cotangent(c, kBFloat16);
+      const RefOut ref = lce_test::reference(in, cot);
+      const LceRun got = run(in, kBFloat16, LceStrategy::Speed, cot, Device("cuda"), 32, 0);
+      expect_matches(got, in, ref, kBFloat16, "long rows, " + describe(c));
+      const LceRun again = run(in, kBFloat16, LceStrategy::Speed, cot, Device("cuda"), 32, 0);
+      EXPECT_TRUE(bytes(got.loss) == bytes(again.loss) && bytes(got.dx) == bytes(again.dx) &&
+                  bytes(got.dw) == bytes(again.dw) && bytes(got.lse) == bytes(again.lse));
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 TEST(LinearCrossEntropyCuda, SpeedRetainGraphGivesSameGradients) {
   KILN_REQUIRE_CUDA();
   check_speed_retain_graph(Device("cuda"));

@@ -11,9 +11,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
 
 #include "core/cuda/check.h"
 #include "kiln/autograd.h"
+#include "kiln/cuda.h"
 #include "kiln/ops/linalg.h"
 #include "lce/cuda/lce_kernels.h"
 #include "lce/lce_internal.h"
@@ -51,9 +55,9 @@ struct Ctx {
   const int64_t* target() const { return p.target.data_ptr<int64_t>(); }
   Tensor buf(const Shape& s, DType d) const { return empty(s, TensorOptions().dtype(d).device(p.x.device())); }
 
-  // C[m, n] (c_type, ldc) = op(A) op(B) + beta C.
+  // C[m, n] (c_type, ldc) = op(A) op(B) + beta C, on `on` (default: the current stream).
   void mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
-          DType ab, void* c, int64_t ldc, DType ct, double beta) const {
+          DType ab, void* c, int64_t ldc, DType ct, double beta, void* on = nullptr) const {
     GemmParams g;
     g.trans_a = ta;
     g.trans_b = tb;
@@ -71,12 +75,50 @@ struct Ctx {
     g.beta = beta;
     g.allow_tf32 = tf32;
     g.device = device;
-    g.stream = stream;
+    g.stream = on ? on : stream;
     gemm(g);
   }
   void zero(const Tensor& z) const {
     if (z.numel() > 0) KILN_CUDA_CHECK(cudaMemsetAsync(z.data_ptr(), 0, z.nbytes(), static_cast<cudaStream_t>(stream)));
   }
+};
+
+// A second stream of the device for the speed strategy's dW GEMMs (created once per device, kept
+// for the process), joined to the op's stream through one event: follow() orders the side after
+// the work queued so far on the main stream, join() the main stream after the side's. The
+// destructor joins too, so buffers freed on the main stream (stream-ordered) outlive the side's
+// reads even when an error unwinds the loop.
+class SideStream {
+ public:
+  SideStream(int device, void* main) : main_(static_cast<cudaStream_t>(main)), side_(stream_of(device)) {
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
+  }
+  ~SideStream() {
+    if (cudaEventRecord(ev_, side_) != cudaSuccess || cudaStreamWaitEvent(main_, ev_, 0) != cudaSuccess)
+      cudaGetLastError();
+    cudaEventDestroy(ev_);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  void* stream() const { return side_; }
+  void follow() { order(main_, side_); }
+  void join() { order(side_, main_); }
+
+ private:
+  void order(cudaStream_t before, cudaStream_t after) {
+    KILN_CUDA_CHECK(cudaEventRecord(ev_, before));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(after, ev_, 0));
+  }
+  static cudaStream_t stream_of(int device) {
+    static std::mutex mu;
+    static auto* streams = new std::unordered_map<int, Stream>;  // process lifetime
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = streams->find(device);
+    if (it == streams->end()) it = streams->emplace(device, Stream::create(device)).first;
+    return static_cast<cudaStream_t>(it->second.handle());
+  }
+  cudaStream_t main_, side_;
+  cudaEvent_t ev_ = nullptr;
 };
 
 Tensor make_totals(const Ctx& c) {
@@ -202,26 +244,39 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   // per chunk (the memory strategy rounds once); a [V, H] fp32 accumulator would cost more
   // memory than the logits chunk and a slower GEMM epilogue.
   Tensor db_acc = nd.db ? c.buf({V}, c.acc) : Tensor();
+  const bool fused_rows = lce::fused_row_pass() && c.low && c.tile == c.t;
+  std::optional<SideStream> side;
+  if (nd.dw && lce::side_stream_dw() && N > Nc) side.emplace(c.device, c.stream);  // one chunk: nothing to overlap
   if (nd.db && N == 0) c.zero(db_acc);
   if (nd.dw && N == 0) c.zero(f.dw);
   if (nd.dx && N == 0) c.zero(f.dx);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
+    if (nd.dw && side) side->join();  // the chunk's logits overwrite the dz the last dW GEMM read
     c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.tile, 0.0);
-    lce_k::stats(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true,
-                 state.data_ptr(), Nc, c.stream);
-    lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
-                    terms.data_ptr(), N, c.stream);
-    if (!nd.any()) continue;
-    lce_k::grad(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, n0, c.bias(), c.cw(), c.target(), f.lse.data_ptr(),
-                nullptr, false, tot.data_ptr(), k, dz, ldz, c.stream);
+    const bool fused = nd.any() && fused_rows &&
+                       lce_k::rowpass(c.t, logits.data_ptr(), rows, V, ld, n0, c.bias(), c.cw(), c.target(), k,
+                                      tot.data_ptr(), f.lse.data_ptr(), terms.data_ptr(), N, c.stream);
+    if (!fused) {
+      lce_k::stats(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true,
+                   state.data_ptr(), Nc, c.stream);
+      lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
+                      terms.data_ptr(), N, c.stream);
+      if (!nd.any()) continue;
+      lce_k::grad(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, n0, c.bias(), c.cw(), c.target(),
+                  f.lse.data_ptr(), nullptr, false, tot.data_ptr(), k, dz, ldz, c.stream);
+    }
+    if (nd.dw) {  // on the side stream when there is one: its tiles fill the dx GEMM's last wave
+      if (side) side->follow();
+      c.mm(true, false, V, H, rows, dz, ldz, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t, n0 == 0 ? 0.0 : 1.0,
+           side ? side->stream() : nullptr);
+    }
     if (nd.dx)  // each dx row block is produced once: written in T directly
       c.mm(false, false, rows, H, V, dz, ldz, c.wp(0), H, dzt,
            static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(), H, c.t, 0.0);
-    if (nd.dw)
-      c.mm(true, false, V, H, rows, dz, ldz, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t, n0 == 0 ? 0.0 : 1.0);
     if (nd.db) lce_k::colsum(c.t, dz, rows, V, ldz, n0 == 0, db_acc.data_ptr(), c.stream);
   }
+  if (nd.dw && side) side->join();  // dW complete before anyone reads it or frees a buffer
   if (nd.db) lce_k::store(c.t, db_acc.data_ptr(), f.db.data_ptr(), V, c.stream);
   outputs(c, terms, tot, f);
   return f;

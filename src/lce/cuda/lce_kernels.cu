@@ -22,6 +22,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/device_types.cuh"
 #include "core/dispatch.h"
+#include "lce/cuda/lce_device.cuh"
 #include "lce/cuda/lce_kernels.h"
 
 namespace kiln::cuda::lce_k {
@@ -29,23 +30,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kReduceThreads = 1024;
-
-template <typename A> __device__ __forceinline__ A dexp(A x) { return exp(x); }
-template <> __device__ __forceinline__ float dexp<float>(float x) { return expf(x); }
-template <typename A> __device__ __forceinline__ A dlog(A x) { return log(x); }
-template <> __device__ __forceinline__ float dlog<float>(float x) { return logf(x); }
-template <typename A> __device__ __forceinline__ A dtanh(A x) { return tanh(x); }
-template <> __device__ __forceinline__ float dtanh<float>(float x) { return tanhf(x); }
-
-template <typename A>
-__device__ __forceinline__ A softcap(A z, A cap) {
-  return cap > A(0) ? cap * dtanh<A>(z / cap) : z;
-}
-
-template <typename A>
-__device__ __forceinline__ void merge(A& m, A& s, A m2, A s2) {
-  lce::lse_merge(m, s, m2, s2, [](A e) { return dexp<A>(e); });
-}
 
 // Block-wide sum in a fixed order (shared-memory tree); all threads get the result.
 template <typename A>
@@ -88,20 +72,6 @@ __global__ void prepare_kernel(const int64_t* target, const A* cw, lce::Consts k
     totals[2] = static_cast<A>(cw ? cs : static_cast<double>(k.v));
     totals[3] = static_cast<A>(bad);
   }
-}
-
-// VW consecutive elements of type E moved as one aligned vector.
-template <typename E, int VW>
-struct alignas(sizeof(E) * VW) Vec {
-  E v[VW];
-};
-
-// exp of the row passes: ex2.approx (__expf) over 16-bit tiles, whose logits already carry a 2^-8
-// rounding (the accurate expf made both passes compute-bound: ~1.2 TB/s); expf / exp otherwise.
-template <typename A, typename E>
-__device__ __forceinline__ A row_exp(A x) {
-  if constexpr (sizeof(E) == 2 && std::is_same_v<A, float>) return __expf(x);
-  else return dexp<A>(x);
 }
 
 // Online (max, sum exp) over the row of tile elements E, VW columns per load and two loads in
@@ -190,20 +160,9 @@ __global__ void finalize_kernel(int64_t rows, int64_t n0, const A* state, int64_
                                 const A* cw, const A* totals, lce::Consts k, A* lse, A* terms, int64_t n_total) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (r >= rows) return;
-  const int64_t i = n0 + r, y = target[i];
-  const A l = state[r] + dlog<A>(state[st + r]);
-  lse[i] = l;
-  A loss = 0, zl = 0;
-  if (!lce::is_ignored(y, k)) {
-    if (y < 0 || y >= k.v) {
-      loss = NAN;  // out-of-range target: NaN instead of a host check that would synchronise
-    } else {
-      loss = lce::token_loss<A>(l, state[2 * st + r], cw ? cw[y] : A(1), state[3 * st + r], totals[2], k);
-      zl = static_cast<A>(k.z_coef) * l * l;
-    }
-  }
-  terms[i] = loss;
-  terms[n_total + i] = zl;
+  const int64_t i = n0 + r;
+  finish_token<A>(i, target[i], state[r], state[st + r], state[2 * st + r], state[3 * st + r], cw, totals, k, lse,
+                  terms, n_total);
 }
 
 // One block per tile row, VW columns per thread per segment of blockDim.x * VW columns; the
@@ -219,21 +178,9 @@ __global__ void grad_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0,
   const E* z = tile + r * ld;
   DZ* out = dz + r * ldz;
   const int64_t y = target[i];
-  const bool dead = lce::is_ignored(y, k) || y < 0 || y >= k.v;  // uniform over the block
-  lce::CoefT<A> c;
-  A lse = 0;
-  if (!dead) {
-    lce::Totals<A> tot;
-    tot.weight_sum = totals[0];
-    tot.count = totals[1];
-    tot.class_sum = totals[2];
-    lse = lse_all[i];
-    A gl, gz;
-    lce::token_scales<A>(g ? g[g_per_token ? i : 0] : A(1), tot, k, gl, gz);
-    c = lce::row_coef<A>(gl, gz, lse, cw ? cw[y] : A(1), tot.class_sum, k);
-  }
+  const RowGrad<A> rg = row_grad<A>(y, lse_all[i], g ? g[g_per_token ? i : 0] : A(1), cw, totals, k);
+  const bool dead = rg.dead;  // uniform over the block
   const A cap = static_cast<A>(k.softcap);
-  const bool smooth = c.c != A(0);  // the smoothing term (c is 0 without label smoothing)
   const int64_t step = static_cast<int64_t>(blockDim.x) * VW;
   for (int64_t base = 0; base < cols; base += step) {
     const int64_t j0 = base + static_cast<int64_t>(threadIdx.x) * VW;
@@ -253,14 +200,10 @@ __global__ void grad_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0,
     for (int e = 0; e < VW; ++e) {
       const int64_t j = j0 + e;
       A d = 0;
-      if (!dead) {
+      if (!dead && j < cols) {
         A sv = convert<A>(in.v[e]);
-        if (bias && j < cols) sv += convert<A>(bias[v0 + j]);
-        sv = softcap(sv, cap);
-        d = c.a * row_exp<A, E>(sv - lse);
-        if (smooth) d -= c.c * (cw && j < cols ? cw[v0 + j] : A(1));
-        if (v0 + j == y) d -= c.b;
-        if (cap > A(0)) d *= A(1) - (sv / cap) * (sv / cap);
+        if (bias) sv += convert<A>(bias[v0 + j]);
+        d = element_grad<A, E>(softcap(sv, cap), v0 + j, y, rg, cw, cap);
       }
       o.v[e] = convert<DZ>(d);
     }

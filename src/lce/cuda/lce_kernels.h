@@ -28,6 +28,13 @@ void finalize(DType t, int64_t rows, int64_t n0, const void* state, int64_t stat
 void grad(DType t, DType tt, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0,
           const void* bias, const void* cw, const int64_t* target, const void* lse, const void* g, bool g_per_token,
           const void* totals, const lce::Consts& k, void* dz, int64_t ldz, void* stream);
+// The speed strategy's fused row pass (lce_rowpass.cu, sm_90, 16-bit T with tiles in T): for
+// each row of the [rows, cols] logits chunk (all V columns, row stride ld, rows n0..) the stats,
+// lse / loss terms (as finalize) and dz in place (as grad with g = 1), reading the chunk once.
+// Returns false, having done nothing, where it does not apply (the caller runs the three passes).
+bool rowpass(DType t, void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t n0, const void* bias,
+             const void* cw, const int64_t* target, const lce::Consts& k, const void* totals, void* lse, void* terms,
+             int64_t n_total, void* stream);
 // acc[j] (A) = (first ? 0 : acc[j]) + sum_r dz[r, j], rows in order (dz of the dz type above).
 void colsum(DType t, const void* dz, int64_t rows, int64_t cols, int64_t ld, bool first, void* acc, void* stream);
 // loss (T) and zterm (A) from terms: reduced ([] outputs) or per token ([N]).

@@ -1,0 +1,103 @@
+#pragma once
+// Device helpers shared by the fused linear cross-entropy's kernels (lce_kernels.cu, the fused
+// row pass lce_rowpass.cu): exps and logs in the accumulation type A, the soft-cap, online
+// logsumexp merges, aligned vectors, and the per-token finish / per-row gradient coefficients, so
+// every kernel runs the same FP operations per element.
+#include <cmath>
+#include <type_traits>
+
+#include "core/cuda/device_types.cuh"
+#include "lce/lce_math.h"
+
+namespace kiln::cuda::lce_k {
+
+template <typename A> __device__ __forceinline__ A dexp(A x) { return exp(x); }
+template <> __device__ __forceinline__ float dexp<float>(float x) { return expf(x); }
+template <typename A> __device__ __forceinline__ A dlog(A x) { return log(x); }
+template <> __device__ __forceinline__ float dlog<float>(float x) { return logf(x); }
+template <typename A> __device__ __forceinline__ A dtanh(A x) { return tanh(x); }
+template <> __device__ __forceinline__ float dtanh<float>(float x) { return tanhf(x); }
+
+template <typename A>
+__device__ __forceinline__ A softcap(A z, A cap) {
+  return cap > A(0) ? cap * dtanh<A>(z / cap) : z;
+}
+
+template <typename A>
+__device__ __forceinline__ void merge(A& m, A& s, A m2, A s2) {
+  lce::lse_merge(m, s, m2, s2, [](A e) { return dexp<A>(e); });
+}
+
+// VW consecutive elements of type E moved as one aligned vector.
+template <typename E, int VW>
+struct alignas(sizeof(E) * VW) Vec {
+  E v[VW];
+};
+
+// exp of the row passes: ex2.approx (__expf) over 16-bit tiles, whose logits already carry a 2^-8
+// rounding (the accurate expf made both passes compute-bound: ~1.2 TB/s); expf / exp otherwise.
+template <typename A, typename E>
+__device__ __forceinline__ A row_exp(A x) {
+  if constexpr (sizeof(E) == 2 && std::is_same_v<A, float>) return __expf(x);
+  else return dexp<A>(x);
+}
+
+// Row i's logsumexp from its (max, sum exp) into lse[i], and its loss and z-loss terms into
+// terms[i], terms[n_total + i] (an out-of-range target gives a NaN loss instead of a host check
+// that would synchronise). Returns the lse.
+template <typename A>
+__device__ __forceinline__ A finish_token(int64_t i, int64_t y, A m, A s, A s_y, A ws, const A* cw, const A* totals,
+                                          const lce::Consts& k, A* lse, A* terms, int64_t n_total) {
+  const A l = m + dlog<A>(s);
+  lse[i] = l;
+  A loss = 0, zl = 0;
+  if (!lce::is_ignored(y, k)) {
+    if (y < 0 || y >= k.v) {
+      loss = NAN;
+    } else {
+      loss = lce::token_loss<A>(l, s_y, cw ? cw[y] : A(1), ws, totals[2], k);
+      zl = static_cast<A>(k.z_coef) * l * l;
+    }
+  }
+  terms[i] = loss;
+  terms[n_total + i] = zl;
+  return l;
+}
+
+// One row's gradient coefficients (lce_math.h); a dead row (ignored or out-of-range target) has
+// dz = 0. g_up: the upstream gradient of this token's share.
+template <typename A>
+struct RowGrad {
+  bool dead = true;
+  A lse = 0;
+  lce::CoefT<A> c;
+};
+
+template <typename A>
+__device__ __forceinline__ RowGrad<A> row_grad(int64_t y, A lse, A g_up, const A* cw, const A* totals,
+                                               const lce::Consts& k) {
+  RowGrad<A> r;
+  r.dead = lce::is_ignored(y, k) || y < 0 || y >= k.v;
+  if (r.dead) return r;
+  lce::Totals<A> tot;
+  tot.weight_sum = totals[0];
+  tot.count = totals[1];
+  tot.class_sum = totals[2];
+  r.lse = lse;
+  A gl, gz;
+  lce::token_scales<A>(g_up, tot, k, gl, gz);
+  r.c = lce::row_coef<A>(gl, gz, lse, cw ? cw[y] : A(1), tot.class_sum, k);
+  return r;
+}
+
+// dL/dz of one live element: sv is its logit with bias and soft-cap applied, v its class.
+template <typename A, typename E>
+__device__ __forceinline__ A element_grad(A sv, int64_t v, int64_t y, const RowGrad<A>& rg, const A* cw, A cap) {
+  A d = rg.c.a * row_exp<A, E>(sv - rg.lse);
+  if (rg.c.c != A(0)) d -= rg.c.c * (cw ? cw[v] : A(1));  // label smoothing only
+  if (v == y) d -= rg.c.b;
+  if (cap > A(0)) d *= A(1) - (sv / cap) * (sv / cap);
+  return d;
+}
+
+}  // namespace kiln::cuda::lce_k
