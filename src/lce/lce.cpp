@@ -31,7 +31,8 @@ DType cuda_tile_dtype(DType t) {
 void set_tile32_override(int v) { tile32_override.store(v); }
 
 bool fused_row_pass() {
-  static const bool on = detail::env_flag("linear_cross_entropy", "KILN_LCE_ROWPASS", true);
+  // Off by default: on the H200 it took 1.38 ms a 2752-token chunk against 1.00 for stats + grad.
+  static const bool on = detail::env_flag("linear_cross_entropy", "KILN_LCE_ROWPASS", false);
   const int o = overlaps_override.load();
   return o < 0 ? on : o == 1;
 }

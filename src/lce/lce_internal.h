@@ -27,10 +27,11 @@ struct Problem {
 DType cuda_tile_dtype(DType t);
 // Test hook: 1 forces fp32 tiles for 16-bit inputs, 0 forces 16-bit tiles, -1 follows the switch.
 void set_tile32_override(int v);
-// The CUDA speed strategy's two overlaps, on unless the variable is 0 (read once per process):
-// KILN_LCE_ROWPASS, the fused row pass (stats and dz in one read of each 16-bit chunk, sm_90);
-// KILN_LCE_SIDE_STREAM, dW GEMMs on a second stream beside the dx GEMMs. Test hook: 0 / 1 forces
-// both off / on (as far as they apply), -1 follows the variables.
+// Two overlaps of the CUDA strategies (variables read once per process): KILN_LCE_SIDE_STREAM
+// (default 1), dW GEMMs on a second stream beside the dx GEMMs (both strategies); KILN_LCE_ROWPASS
+// (default 0: measured slower), the speed strategy's fused row pass (stats and dz in one read of
+// each 16-bit chunk, sm_90). Test hook: 0 / 1 forces both off / on (as far as they apply), -1
+// follows the variables.
 bool fused_row_pass();
 bool side_stream_dw();
 void set_speed_overlaps_override(int v);

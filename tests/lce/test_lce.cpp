@@ -594,19 +594,21 @@ TEST(LinearCrossEntropy, SpeedOverlapsFollowTheOverride) {
   }
 }
 
-// The speed strategy with its fused row pass and side-stream dW GEMMs, and without (the three
-// passes, one stream), against float64: every option combination in bf16 and fp16 (one-CTA rows),
-// and long ragged rows that take a cluster of 8 CTAs (V = 100003: 25 KB slices, the last vector
-// partial) over several token chunks (the side stream's joins).
-TEST(LinearCrossEntropyCuda, SpeedOverlapsAgainstReference) {
+// Both strategies with the overlaps (side-stream dW GEMMs; the speed strategy's fused row pass) and
+// without (one stream, three passes), against float64: every option combination in bf16 and fp16
+// (one-CTA rows), and long ragged rows that take a cluster of 8 CTAs (V = 100003: 25 KB slices,
+// the last vector partial) over several token chunks (the side stream's joins).
+TEST(LinearCrossEntropyCuda, OverlapsAgainstReference) {
   KILN_REQUIRE_CUDA();
   for (int on : {1, 0}) {
     const OverlapsOverride o(on);
     SCOPED_TRACE(detail::str_cat("overlaps=", on));
-    for (DType dt : {kBFloat16, kFloat16})
-      for (bool peaked : {false, true}) check_all(dt, LceStrategy::Speed, peaked, Device("cuda"));
+    for (LceStrategy st : {LceStrategy::Memory, LceStrategy::Speed})
+      for (DType dt : {kBFloat16, kFloat16})
+        for (bool peaked : {false, true}) check_all(dt, st, peaked, Device("cuda"));
     manual_seed(12);
-    for (int bits = 0; bits < 4; ++bits) {
+    for (int bits = 0; bits < 8; ++bits) {
+      const LceStrategy st = bits & 4 ? LceStrategy::Memory : LceStrategy::Speed;
       Case c;
       c.n = 70;
       c.h = 32;
@@ -621,9 +623,9 @@ TEST(LinearCrossEntropyCuda, SpeedOverlapsAgainstReference) {
       in.logits = ref_logits(kBFloat16, Device("cuda"));
       const std::vector<double> cot = cotangent(c, kBFloat16);
       const RefOut ref = lce_test::reference(in, cot);
-      const LceRun got = run(in, kBFloat16, LceStrategy::Speed, cot, Device("cuda"), 32, 0);
-      expect_matches(got, in, ref, kBFloat16, "long rows, " + describe(c));
-      const LceRun again = run(in, kBFloat16, LceStrategy::Speed, cot, Device("cuda"), 32, 0);
+      const LceRun got = run(in, kBFloat16, st, cot, Device("cuda"), 32, 0);
+      expect_matches(got, in, ref, kBFloat16, detail::str_cat("long rows, strategy ", static_cast<int>(st), " ", describe(c)));
+      const LceRun again = run(in, kBFloat16, st, cot, Device("cuda"), 32, 0);
       EXPECT_TRUE(bytes(got.loss) == bytes(again.loss) && bytes(got.dx) == bytes(again.dx) &&
                   bytes(got.dw) == bytes(again.dw) && bytes(got.lse) == bytes(again.lse));
       if (::testing::Test::HasFailure()) return;

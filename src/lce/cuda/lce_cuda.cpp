@@ -57,7 +57,7 @@ struct Ctx {
 
   // C[m, n] (c_type, ldc) = op(A) op(B) + beta C, on `on` (default: the current stream).
   void mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
-          DType ab, void* c, int64_t ldc, DType ct, double beta, void* on = nullptr) const {
+          DType ab, void* c, int64_t ldc, DType ct, double beta, void* on = nullptr, bool no_ws = false) const {
     GemmParams g;
     g.trans_a = ta;
     g.trans_b = tb;
@@ -76,6 +76,7 @@ struct Ctx {
     g.allow_tf32 = tf32;
     g.device = device;
     g.stream = on ? on : stream;
+    g.no_workspace = no_ws;
     gemm(g);
   }
   void zero(const Tensor& z) const {
@@ -196,23 +197,31 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
   Tensor dbt = nd.db ? c.buf({Vc}, c.acc) : Tensor();
   const DType dzt = c.dzt();
   const bool per_token = k.red == lce::Red::None;
+  // dW GEMMs on a side stream beside the dx GEMMs, with workspace-free algorithms: a second
+  // cuBLASLt workspace would cost 32 MiB of the strategy's memory bound.
+  std::optional<SideStream> side;
+  if (nd.dw && lce::side_stream_dw() && (V > Vc || N > Nc)) side.emplace(c.device, c.stream);
   for (int64_t v0 = 0; v0 < V; v0 += Vc) {
     const int64_t cols = std::min(Vc, V - v0);
     const bool dw_acc = c.low && !one_chunk;
     void* dws = nd.dw ? (dw_acc ? dwt.data_ptr() : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize()) : nullptr;
     for (int64_t n0 = 0; n0 < N; n0 += Nc) {
       const int64_t rows = std::min(Nc, N - n0);
+      if (side) side->join();  // the tile is overwritten: after the last dW GEMM that read it
       c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.tile, 0.0);
       lce_k::grad(c.t, c.tile, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
                   grad.data_ptr(), per_token, tot.data_ptr(), k, dz, ldz, c.stream);
       if (nd.dx)
         c.mm(false, false, rows, H, cols, dz, ldz, c.wp(v0), H, dzt,
              static_cast<char*>(dx_acc.data_ptr()) + n0 * H * c.asize(), H, c.acc, 1.0);
-      if (nd.dw)
+      if (nd.dw) {
+        if (side) side->follow();
         c.mm(true, false, cols, H, rows, dz, ldz, c.xp(n0), H, dzt, dws, H, dw_acc || !c.low ? c.acc : c.t,
-             n0 == 0 ? 0.0 : 1.0);
+             n0 == 0 ? 0.0 : 1.0, side ? side->stream() : nullptr, side.has_value());
+      }
       if (nd.db) lce_k::colsum(c.t, dz, rows, cols, ldz, n0 == 0, dbt.data_ptr(), c.stream);
     }
+    if (side) side->join();  // the dW slice complete before its store (and before the next tile's GEMM)
     if (nd.dw && dw_acc)
       lce_k::store(c.t, dwt.data_ptr(), static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize(), cols * H,
                      c.stream);
@@ -220,7 +229,7 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
       lce_k::store(c.t, dbt.data_ptr(), static_cast<char*>(out.db.data_ptr()) + v0 * c.esize(), cols, c.stream);
   }
   if (nd.dx && c.low) lce_k::store(c.t, dx_acc.data_ptr(), out.dx.data_ptr(), N * H, c.stream);
-  return out;
+  return out;  // (side's destructor joins the main stream to the side's last dW GEMM)
 }
 
 lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
