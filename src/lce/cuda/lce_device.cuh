@@ -42,6 +42,15 @@ __device__ __forceinline__ A row_exp(A x) {
   else return dexp<A>(x);
 }
 
+// 2^x by the SFU (ex2.approx.ftz: what __expf runs after its multiply). The plain row passes fold
+// exp(s - c) into one FFMA and this: ex2(s log2e - c log2e).
+__device__ __forceinline__ float fast_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+
 // Row i's logsumexp from its (max, sum exp) into lse[i], and its loss and z-loss terms into
 // terms[i], terms[n_total + i] (an out-of-range target gives a NaN loss instead of a host check
 // that would synchronise). Returns the lse.
