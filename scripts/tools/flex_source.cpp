@@ -4,7 +4,9 @@
 //     -L/usr/local/cuda/lib64 -lhwy -lnvrtc -lcudart -lcublasLt -lcublas -lopenblas -fopenmp -lpthread -ldl -lcuda
 //   /tmp/flex_source 128 document persist,mask_bits > /tmp/f.cu
 //   (echo '#define KILN_BUILD_BWD 0'; cat /tmp/f.cu) > /tmp/fwd.cu && nvcc -arch=sm_90a -cubin -Xptxas -v /tmp/fwd.cu
-// Usage: flex_source HEAD_DIM causal|document|window [switches: persist,mask_bits,keepbits,kbuf1,walk_ahead,softcap]
+// Usage: flex_source HEAD_DIM causal|document|window [switches: persist,mask_bits,keepbits,kbuf1,walk_ahead,softcap,alibi,wide]
+// (softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: all int locals 64-bit, as for
+// lengths past the narrow-int bounds)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -26,7 +28,9 @@ int main(int argc, char** argv) {
                              : mask_name == "window" ? flex::sliding_window_mask(256)
                                                      : flex::causal_mask();
   const flex::detail::Program prog = flex::detail::compile(mask.expr);
-  const flex::detail::Program score = flex::detail::compile(flex::softcap(30.0).expr);
+  const Tensor slopes = tensor(std::vector<double>(16, 0.5), kFloat32);
+  const flex::detail::Program score =
+      flex::detail::compile(has("alibi") ? flex::alibi(slopes).expr : flex::softcap(30.0).expr);
   flex::cuda::KernelConfig cfg;
   cfg.head_dim = std::atoi(argv[1]);
   cfg.fwd_wgmma = cfg.bwd_wgmma = true;
@@ -39,5 +43,6 @@ int main(int argc, char** argv) {
   cfg.mask_bits = has("mask_bits");
   cfg.fwd_keepbits = has("keepbits");
   cfg.walk_ahead = has("walk_ahead");
-  std::fputs(flex::cuda::generate_source(has("softcap") ? &score : nullptr, &prog, cfg).c_str(), stdout);
+  cfg.narrow_ints = !has("wide");
+  std::fputs(flex::cuda::generate_source(has("softcap") || has("alibi") ? &score : nullptr, &prog, cfg).c_str(), stdout);
 }

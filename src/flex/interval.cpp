@@ -2,7 +2,8 @@
 // q_idx and kv_idx range over a box (a block, or a run of blocks). A bool result that can only be
 // true marks the box full, only false empty. Loads from captured tensors use the tensor's min/max
 // over the index range (a min/max pyramid along the last dim), so sorted document ids classify
-// exactly except at document boundaries.
+// exactly except at document boundaries. The same evaluation over the narrow index bounds, loads
+// unbounded, tells the CUDA codegen which int locals fit 32 bits.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -161,8 +162,15 @@ void Buffer::range(const int64_t* lo, const int64_t* hi, double* mn_out, double*
   *mx_out = mx;
 }
 
-Interval eval_interval(const Program& p, int64_t bi, int64_t hi, int64_t q0, int64_t q1, int64_t k0, int64_t k1,
-                       std::vector<Interval>& regs) {
+namespace {
+
+// The index box: b, h, q, kv each in [lo, hi]. Without data, loads are unbounded (the bounds then
+// hold for any captured values, as the CUDA codegen needs: its source never depends on data).
+struct Box {
+  int64_t lo[4], hi[4];
+};
+
+void eval_box(const Program& p, const Box& box, bool data, std::vector<Interval>& regs) {
   regs.resize(p.code.size());
   for (size_t k = 0; k < p.code.size(); ++k) {
     const Instr& in = p.code[k];
@@ -173,15 +181,23 @@ Interval eval_interval(const Program& p, int64_t bi, int64_t hi, int64_t q0, int
     const bool is_int = in.kind == Kind::Int;
     switch (in.op) {
       case Op::Score: r.flo = -kInf; r.fhi = kInf; r.nan = true; break;
-      case Op::B: r.ilo = r.ihi = bi; break;
-      case Op::H: r.ilo = r.ihi = hi; break;
-      case Op::QIdx: r.ilo = q0; r.ihi = q1; break;
-      case Op::KvIdx: r.ilo = k0; r.ihi = k1; break;
+      case Op::B: r.ilo = box.lo[0]; r.ihi = box.hi[0]; break;
+      case Op::H: r.ilo = box.lo[1]; r.ihi = box.hi[1]; break;
+      case Op::QIdx: r.ilo = box.lo[2]; r.ihi = box.hi[2]; break;
+      case Op::KvIdx: r.ilo = box.lo[3]; r.ihi = box.hi[3]; break;
       case Op::ConstInt: r.ilo = r.ihi = in.ival; break;
       case Op::ConstFloat: r.flo = r.fhi = in.fval; fix_float(r); break;
       case Op::ConstBool: r = from_bool(in.ival == 0, in.ival != 0); break;
       case Op::ToFloat: r.flo = static_cast<double>(A->ilo); r.fhi = static_cast<double>(A->ihi); break;
       case Op::Load: {
+        if (!data) {
+          r.ilo = -kBig;
+          r.ihi = kBig;
+          r.flo = -kInf;
+          r.fhi = kInf;
+          r.nan = r.can_false = r.can_true = true;
+          break;
+        }
         const Buffer& buf = p.buffers[in.buf];
         int64_t lo[3] = {0, 0, 0}, hv[3] = {0, 0, 0};
         const int32_t ops[3] = {in.a, in.b, in.c};
@@ -334,7 +350,25 @@ Interval eval_interval(const Program& p, int64_t bi, int64_t hi, int64_t q0, int
     }
     regs[k] = r;
   }
+}
+
+}  // namespace
+
+Interval eval_interval(const Program& p, int64_t bi, int64_t hi, int64_t q0, int64_t q1, int64_t k0, int64_t k1,
+                       std::vector<Interval>& regs) {
+  eval_box(p, Box{{bi, hi, q0, k0}, {bi, hi, q1, k1}}, true, regs);
   return regs[p.result];
+}
+
+std::vector<bool> int32_instructions(const Program& p) {
+  std::vector<Interval> regs;
+  eval_box(p, Box{{0, 0, 0, 0}, {kNarrowBH - 1, kNarrowBH - 1, kNarrowQKv - 1, kNarrowQKv - 1}}, false, regs);
+  // INT32_MIN left out: then negation, abs and division of an int local never overflow.
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  std::vector<bool> fits(p.code.size(), false);
+  for (size_t k = 0; k < p.code.size(); ++k)
+    fits[k] = p.code[k].kind == Kind::Int && regs[k].ilo >= -kMax && regs[k].ihi <= kMax;
+  return fits;
 }
 
 bool loads_in_bounds(const Program& p, int64_t B, int64_t H, int64_t L, int64_t S) {

@@ -90,16 +90,19 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
         return where((q - kv) % 3 == 0, max(s, Expr(-0.5)), min(s * Expr(0.5), log(abs(s) + Expr(1.0)))) +
                exp(Expr(-0.1) * abs(q / 4 - kv / 4)) + hh - bb + tanh(s + t[hh][q - kv + 31]) * t[3 - hh][kv % 63];
       })};
-  // The mod functions of every built-in mod and composition (fast: a one-line kernel calls them).
-  for (const MaskMod& m : masks) {
-    SCOPED_TRACE(m.to_string());
-    const detail::Program mp = detail::compile(m.expr);
-    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_mod_check_source(nullptr, &mp), "sm_90a"));
-  }
-  for (const ScoreMod& s : scores) {
-    SCOPED_TRACE(s.to_string());
-    const detail::Program sp = detail::compile(s.expr);
-    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_mod_check_source(&sp, nullptr), "sm_90a"));
+  // The mod functions of every built-in mod and composition (fast: a one-line kernel calls them),
+  // with 64-bit int locals and with the narrow ones.
+  for (bool narrow : {false, true}) {
+    for (const MaskMod& m : masks) {
+      SCOPED_TRACE(m.to_string());
+      const detail::Program mp = detail::compile(m.expr);
+      EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_mod_check_source(nullptr, &mp, narrow), "sm_90a"));
+    }
+    for (const ScoreMod& s : scores) {
+      SCOPED_TRACE(s.to_string());
+      const detail::Program sp = detail::compile(s.expr);
+      EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_mod_check_source(&sp, nullptr, narrow), "sm_90a"));
+    }
   }
   // Whole kernel sources: a captured-gradient score_mod with a tensor-reading composite mask in
   // bf16 / E = 128, fp16 / E = 64, and no mods for sm_80.
@@ -132,10 +135,12 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[flex_attention] the wgmma forward takes"), std::string::npos) << e.what();
   }
-  // The measurement switches: phase counters in every kernel, the forward's second K buffer.
+  // The measurement switches: phase counters in every kernel, the forward's second K buffer; with
+  // narrow int locals, as the host picks for lengths under 2^24.
   {
     detail::Program mp = detail::compile(masks[0].expr);
     cuda::KernelConfig cfg;
+    cfg.narrow_ints = true;
     cfg.profile = true;
     cfg.fwd_kbuf = cfg.bwd_kbuf = 2;
     cfg.fwd_wgmma = cfg.bwd_wgmma = true;
@@ -184,6 +189,64 @@ TEST(FlexCudaCodegen, SourceDoesNotDependOnLengthsOrShapes) {
   const ScoreMod r1 = relative_position_bias(randn({2, 10}), 5), r2 = relative_position_bias(randn({2, 99}), 5);
   EXPECT_EQ(source_for(&r1, nullptr, true, 64), source_for(&r2, nullptr, true, 64));
   EXPECT_NE(source_for(&r1, nullptr, true, 64), source_for(&r1, nullptr, false, 64));
+}
+
+// Float divisions by constants become multiplications by the reciprocal (forward and adjoint),
+// unless the reciprocal is not a normal float; other divisors stay divisions. tanh is the SFU's.
+TEST(FlexCudaCodegen, ConstantDivisorsMultiplyAndTanhIsApprox) {
+  const detail::Program soft = detail::compile(softcap(30.0).expr);
+  const std::string src = cuda::generate_mod_functions(&soft, nullptr);
+  EXPECT_EQ(src.find(" / "), std::string::npos) << src;
+  EXPECT_NE(src.find("v1 * __uint_as_float(0x3d088889u)"), std::string::npos) << src;  // score * (float)(1 / 30)
+  EXPECT_NE(src.find("a3 * __uint_as_float(0x3d088889u)"), std::string::npos) << src;  // its adjoint
+  EXPECT_NE(src.find("kiln_tanh(v3)"), std::string::npos) << src;
+  EXPECT_EQ(src.find("tanhf"), std::string::npos) << src;
+  // A divisor that depends on the indices, and constants whose reciprocal overflows (1e-39 is
+  // subnormal) or is infinite (0): divisions still.
+  const ScoreMod by_q([](Expr s, Expr, Expr, Expr q, Expr) { return s / (q + Expr(1.0)); });
+  const ScoreMod tiny([](Expr s, Expr, Expr, Expr, Expr) { return s / Expr(1e-39) + s / Expr(0.0); });
+  for (const ScoreMod* m : {&by_q, &tiny}) {
+    const detail::Program p = detail::compile(m->expr);
+    const std::string s = cuda::generate_mod_functions(&p, nullptr);
+    EXPECT_NE(s.find(" / v"), std::string::npos) << s;
+    EXPECT_EQ(s.find(" * __uint_as_float"), std::string::npos) << s;
+  }
+  EXPECT_NE(std::string(cuda::params_struct_source()).find("tanh.approx.f32"), std::string::npos);
+}
+
+// Int locals are `int` where the interval analysis proves them within 32 bits (q, kv < 2^24;
+// b, h < 2^16), else and without narrow_ints `long long`; a 64-bit result widens its operands.
+TEST(FlexCudaCodegen, IntLocalsNarrowUnderTheBounds) {
+  const detail::Program causal = detail::compile(causal_mask().expr);
+  const std::string narrow = cuda::generate_mod_functions(nullptr, &causal, true);
+  EXPECT_NE(narrow.find("const int v0 = (int)q;"), std::string::npos) << narrow;
+  EXPECT_NE(narrow.find("const int v1 = (int)kv;"), std::string::npos) << narrow;
+  EXPECT_EQ(narrow.find("const long long v"), std::string::npos) << narrow;
+  const std::string wide = cuda::generate_mod_functions(nullptr, &causal, false);
+  EXPECT_NE(wide.find("const long long v0 = q;"), std::string::npos) << wide;
+  EXPECT_EQ(wide.find("const int v"), std::string::npos) << wide;
+
+  const detail::Program al = detail::compile(alibi(rand({4})).expr);
+  const std::string an = cuda::generate_mod_functions(&al, nullptr, true);
+  EXPECT_NE(an.find("const int v5 = v3 - v4;"), std::string::npos) << an;  // kv - q
+  EXPECT_NE(an.find("const float v6 = (float)v5;"), std::string::npos) << an;
+  EXPECT_EQ(an.find("const long long v"), std::string::npos) << an;
+  const std::string aw = cuda::generate_mod_functions(&al, nullptr, false);
+  EXPECT_NE(aw.find("const long long v5 = v3 - v4;"), std::string::npos) << aw;
+  EXPECT_EQ(aw.find("const int v"), std::string::npos) << aw;
+
+  // q * kv needs 64 bits (its int operands widened); its remainder by 7 is narrow again.
+  const MaskMod mixed([](Expr, Expr, Expr q, Expr kv) { return q * kv % Expr(7) == Expr(0); });
+  const detail::Program mp = detail::compile(mixed.expr);
+  const std::string mn = cuda::generate_mod_functions(nullptr, &mp, true);
+  EXPECT_NE(mn.find("const long long v2 = (long long)v0 * (long long)v1;"), std::string::npos) << mn;
+  EXPECT_NE(mn.find("const int v4 = kiln_floormod(v2, (long long)v3);"), std::string::npos) << mn;
+
+  // The kernel source follows KernelConfig::narrow_ints (and so does the NVRTC cache key).
+  cuda::KernelConfig cfg;
+  const std::string off = cuda::generate_source(nullptr, &causal, cfg);
+  cfg.narrow_ints = true;
+  EXPECT_NE(off, cuda::generate_source(nullptr, &causal, cfg));
 }
 
 TEST(FlexCudaCodegen, DiskCacheServesASecondLookup) {

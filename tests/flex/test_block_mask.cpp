@@ -241,5 +241,31 @@ TEST(FlexIr, LoadsInBoundsByIntervalAnalysis) {
   EXPECT_TRUE(loads_in_bounds(compile(causal_mask().expr), 1, H, L, S));  // no loads
 }
 
+// The ints the CUDA codegen may keep in 32 bits: those bounded under q, kv < 2^24, b, h < 2^16
+// whatever the captured tensors hold (a load's value is unbounded, its index need not be).
+TEST(FlexIr, Int32InstructionsUnderTheNarrowBounds) {
+  using detail::int32_instructions;
+  auto fits = [](const MaskMod& m) {
+    const detail::Program p = detail::compile(m.expr);
+    const std::vector<bool> f = int32_instructions(p);
+    std::string s;  // per instruction: 'i' a 32-bit int, 'L' a 64-bit int, '.' not an int
+    for (size_t k = 0; k < p.code.size(); ++k) s += p.code[k].kind != Kind::Int ? '.' : f[k] ? 'i' : 'L';
+    return s;
+  };
+  EXPECT_EQ(fits(causal_mask()), "ii.");  // q, kv, q >= kv
+  EXPECT_EQ(fits(sliding_window_mask(256)), "ii.ii..");
+  // q * kv reaches 2^48; its remainder by 7 fits again; doc[q] is unbounded, q its index fits.
+  EXPECT_EQ(fits(MaskMod([](Expr, Expr, Expr q, Expr kv) { return q * kv % Expr(7) == Expr(0); })), "iiLiii.");
+  EXPECT_EQ(fits(document_mask(tensor({0, 0, 1}, kInt64))), "iLiL.");
+  // b * h passes 2^31 already. h + 2^31 - 2^16 just fits, one more does not; at the low end
+  // INT32_MIN is left out (its negation and division by -1 overflow).
+  EXPECT_EQ(fits(MaskMod([](Expr b, Expr h, Expr q, Expr) { return b * h * q > Expr(0); })), "iiLiLi.");
+  const int64_t top = int64_t{2147483647} - 65535;
+  EXPECT_EQ(fits(MaskMod([&](Expr, Expr h, Expr, Expr) { return h + Expr(top) > Expr(0); })), "iiii.");
+  EXPECT_EQ(fits(MaskMod([&](Expr, Expr h, Expr, Expr) { return h + Expr(top + 1) > Expr(0); })), "iiLi.");
+  EXPECT_EQ(fits(MaskMod([&](Expr, Expr h, Expr, Expr) { return Expr(-top) - h > Expr(0); })), "iiii.");
+  EXPECT_EQ(fits(MaskMod([&](Expr, Expr h, Expr, Expr) { return Expr(-top - 1) - h > Expr(0); })), "iiLi.");
+}
+
 }  // namespace
 }  // namespace kiln::flex

@@ -1,11 +1,15 @@
 // CUDA code generation for the mod IR: each program instruction becomes one typed local
-// (long long for ints, float for floats, bool for bools) in a straight-line device function, so
+// (long long for ints, or int where interval analysis proves it fits under the narrow index bounds
+// and the host allows it; float for floats, bool for bools) in a straight-line device function, so
 // nvcc's optimiser sees the whole expression; captured-tensor loads clamp their indices and
 // raise the error flag like the CPU's RowEval. score_grad is RowEval::backward written out: the
 // forward again, then one adjoint local per float instruction that needs one, in reverse order;
 // loads of grad-requiring tensors add into a per-warp double slot when the caller passes one.
+// Divisions by constants become multiplications by the reciprocal and tanh the SFU's tanh.approx
+// (the kernels store bf16 / fp16, far coarser than either's error).
 #include "flex/cuda/codegen.h"
 
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -24,6 +28,15 @@ std::string reg(char prefix, int64_t k) {
 
 const char* ctype(Kind k) { return k == Kind::Int ? "long long" : k == Kind::Float ? "float" : "bool"; }
 
+// An instruction's locals and their types: narrow[k] makes int instruction k an `int`.
+struct Locals {
+  const Program& p;
+  std::vector<bool> narrow;
+  Locals(const Program& prog, bool narrow_ints)
+      : p(prog), narrow(narrow_ints ? detail::int32_instructions(prog) : std::vector<bool>(prog.code.size())) {}
+  const char* type(size_t k) const { return narrow[k] ? "int" : ctype(p.code[k].kind); }
+};
+
 std::string int_literal(int64_t v) {
   if (v == INT64_MIN) return "(-9223372036854775807LL - 1LL)";
   std::string s(1, '(');
@@ -41,6 +54,18 @@ std::string float_literal(double v) {
   return buf;
 }
 
+// " * <1/c>" for a float division by constant instruction `o` whose reciprocal is a normal float
+// (then x * (1/c) is within an ulp or so of x / c, with the same infinities, zeros and NaNs), else
+// " / v<o>". An IEEE division is ~10 instructions and a slow-path branch that also blocks CSE.
+std::string div_by(const Program& p, int32_t o) {
+  const Instr& in = p.code[o];
+  if (in.op == Op::ConstFloat) {
+    const double r = 1.0 / static_cast<double>(static_cast<float>(in.fval));
+    if (std::isnormal(static_cast<float>(r))) return " * " + float_literal(r);
+  }
+  return " / " + reg('v', o);
+}
+
 const char* cmp_symbol(Op op) {
   switch (op) {
     case Op::Lt: return "<";
@@ -53,14 +78,20 @@ const char* cmp_symbol(Op op) {
 }
 
 // Emits the forward statements of `p`; `bp` is the buffer field prefix ("s" or "m").
-void emit_forward(const Program& p, const char* bp, std::ostream& os) {
+void emit_forward(const Locals& lc, const char* bp, std::ostream& os) {
+  const Program& p = lc.p;
   for (size_t k = 0; k < p.code.size(); ++k) {
     const Instr& in = p.code[k];
     const std::string v = reg('v', k);
-    auto A = [&] { return reg('v', in.a); };
-    auto B = [&] { return reg('v', in.b); };
-    auto C = [&] { return reg('v', in.c); };
     const bool is_int = in.kind == Kind::Int;
+    // Int arithmetic runs in 64 bits unless the result and every operand are narrow: an int
+    // operand is widened first (else int * int could wrap, or kiln_floordiv's overloads clash).
+    auto wide_int = [&](int32_t o) { return o >= 0 && p.code[o].kind == Kind::Int && !lc.narrow[o]; };
+    const bool wide = is_int && (!lc.narrow[k] || wide_int(in.a) || wide_int(in.b) || wide_int(in.c));
+    auto operand = [&](int32_t o) { return (wide && lc.narrow[o] ? "(long long)" : "") + reg('v', o); };
+    auto A = [&] { return operand(in.a); };
+    auto B = [&] { return operand(in.b); };
+    auto C = [&] { return operand(in.c); };
     if (in.op == Op::Load) {
       // The clamped flat index is its own local (f<k>), reused by score_grad's reverse pass.
       // Clamped with selects; the error flag's store only under KILN_INDEX_CHECK (loads the host
@@ -83,20 +114,24 @@ void emit_forward(const Program& p, const char* bp, std::ostream& os) {
       }
       os << "#if KILN_INDEX_CHECK\n    if (bad) *P.err = 1;\n#endif\n    (void)bad;\n  }\n#endif\n";
       const std::string ptr = std::string("P.") + bp + "ptr[" + std::to_string(in.buf) + "]";
-      os << "  const " << ctype(in.kind) << " " << v << " = ";
+      os << "  const " << lc.type(k) << " " << v << " = ";
       if (in.kind == Kind::Float) os << "((const float*)" << ptr << ")[f" << k << "];\n";
       else if (in.kind == Kind::Int) os << "((const long long*)" << ptr << ")[f" << k << "];\n";
       else os << "(((const long long*)" << ptr << ")[f" << k << "] != 0);\n";
       continue;
     }
-    os << "  const " << ctype(in.kind) << " " << v << " = ";
+    os << "  const " << lc.type(k) << " " << v << " = ";
+    const char* narrowing = lc.narrow[k] ? "(int)" : "";
     switch (in.op) {
       case Op::Score: os << "score"; break;
-      case Op::B: os << "b"; break;
-      case Op::H: os << "h"; break;
-      case Op::QIdx: os << "q"; break;
-      case Op::KvIdx: os << "kv"; break;
-      case Op::ConstInt: os << int_literal(in.ival); break;
+      case Op::B: os << narrowing << "b"; break;
+      case Op::H: os << narrowing << "h"; break;
+      case Op::QIdx: os << narrowing << "q"; break;
+      case Op::KvIdx: os << narrowing << "kv"; break;
+      case Op::ConstInt:
+        if (lc.narrow[k]) os << in.ival;
+        else os << int_literal(in.ival);
+        break;
       case Op::ConstBool: os << (in.ival ? "true" : "false"); break;
       case Op::ConstFloat: os << float_literal(in.fval); break;
       case Op::ToFloat: os << "(float)" << A(); break;
@@ -106,7 +141,7 @@ void emit_forward(const Program& p, const char* bp, std::ostream& os) {
       case Op::Mul: os << A() << " * " << B(); break;
       case Op::Div:
         if (is_int) os << "kiln_floordiv(" << A() << ", " << B() << ")";
-        else os << A() << " / " << B();
+        else os << A() << div_by(p, in.b);
         break;
       case Op::Mod: os << "kiln_floormod(" << A() << ", " << B() << ")"; break;
       case Op::Neg: os << "-" << A(); break;
@@ -129,7 +164,7 @@ void emit_forward(const Program& p, const char* bp, std::ostream& os) {
         if (is_int) os << "(" << A() << " < 0 ? -" << A() << " : " << A() << ")";
         else os << "fabsf(" << A() << ")";
         break;
-      case Op::Tanh: os << "tanhf(" << A() << ")"; break;
+      case Op::Tanh: os << "kiln_tanh(" << A() << ")"; break;
       case Op::Exp: os << "expf(" << A() << ")"; break;
       case Op::Log: os << "logf(" << A() << ")"; break;
     }
@@ -142,25 +177,25 @@ void check_program(const Program& p, const char* what) {
              p.buffers.size(), " captured tensors; CUDA supports at most ", kMaxBuffers);
 }
 
-void emit_mask(const Program* mask, std::ostream& os) {
+void emit_mask(const Program* mask, bool narrow_ints, std::ostream& os) {
   os << "__device__ __forceinline__ bool mask_mod(long long b, long long h, long long q, long long kv, "
         "const FlexParams& P) {\n";
   if (!mask) {
     os << "  return true;\n}\n\n";
     return;
   }
-  emit_forward(*mask, "m", os);
+  emit_forward(Locals(*mask, narrow_ints), "m", os);
   os << "  return v" << mask->result << ";\n";
   os << "}\n\n";
 }
 
-void emit_score(const Program* score, std::ostream& os) {
+void emit_score(const Program* score, bool narrow_ints, std::ostream& os) {
   os << "__device__ __forceinline__ float score_mod(float score, long long b, long long h, long long q, long long kv, "
         "const FlexParams& P) {\n";
   if (!score) {
     os << "  return score;\n}\n\n";
   } else {
-    emit_forward(*score, "s", os);
+    emit_forward(Locals(*score, narrow_ints), "s", os);
     os << "  return v" << score->result << ";\n";
     os << "}\n\n";
   }
@@ -172,7 +207,7 @@ void emit_score(const Program* score, std::ostream& os) {
     return;
   }
   const Program& p = *score;
-  emit_forward(p, "s", os);
+  emit_forward(Locals(p, narrow_ints), "s", os);
   os << "  float dscore = 0.f;\n";
   for (size_t k = 0; k < p.code.size(); ++k)
     if (p.code[k].needs_adj) os << "  float a" << k << " = 0.f;\n";
@@ -204,8 +239,8 @@ void emit_score(const Program* score, std::ostream& os) {
           if (has(in.b)) os << "  " << adj(in.b) << " += " << g << " * " << val(in.a) << ";\n";
           break;
         case Op::Div:
-          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << " / " << val(in.b) << ";\n";
-          if (has(in.b)) os << "  " << adj(in.b) << " -= " << g << " * " << y << " / " << val(in.b) << ";\n";
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << div_by(p, in.b) << ";\n";
+          if (has(in.b)) os << "  " << adj(in.b) << " -= " << g << " * " << y << div_by(p, in.b) << ";\n";
           break;
         case Op::Neg:
           if (has(in.a)) os << "  " << adj(in.a) << " -= " << g << ";\n";
@@ -246,22 +281,22 @@ void emit_score(const Program* score, std::ostream& os) {
 
 }  // namespace
 
-std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask) {
+std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool narrow_ints) {
   if (score) check_program(*score, "score_mod");
   if (mask) check_program(*mask, "mask_mod");
   std::ostringstream os;
-  emit_mask(mask, os);
-  emit_score(score, os);
+  emit_mask(mask, narrow_ints, os);
+  emit_score(score, narrow_ints, os);
   return os.str();
 }
 
-std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask) {
+std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask, bool narrow_ints) {
   std::ostringstream os;
   os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << "#define KILN_INDEX_CHECK 1\n";
   os << params_struct_source();
-  os << generate_mod_functions(score, mask);
+  os << generate_mod_functions(score, mask, narrow_ints);
   os << "extern \"C\" __global__ void flex_mod_check(const FlexParams P, float* out, double* slot) {\n"
         "  const long long q = threadIdx.x, kv = blockIdx.x;\n"
         "  const float s = score_mod(0.25f * (float)(q - kv), 0, 1, q, kv, P);\n"
@@ -358,7 +393,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << params_struct_source();
-  os << generate_mod_functions(score, mask);
+  os << generate_mod_functions(score, mask, cfg.narrow_ints);
   if (cfg.fwd_wgmma || cfg.bwd_wgmma) os << wgmma_wrappers(cfg);
   os << kernel_template();
   return os.str();

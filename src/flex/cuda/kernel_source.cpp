@@ -68,6 +68,26 @@ __device__ __forceinline__ i64 kiln_floordiv(i64 x, i64 y) {
   return q;
 }
 __device__ __forceinline__ i64 kiln_floormod(i64 x, i64 y) { return y == 0 ? 0 : x - kiln_floordiv(x, y) * y; }
+// The narrow-int locals' (never INT32_MIN, so neither x / y nor x % y overflows). The remainder is
+// corrected rather than x - q * y, whose product can leave 32 bits when the result does not.
+__device__ __forceinline__ int kiln_floordiv(int x, int y) {
+  if (y == 0) return 0;
+  int q = x / y;
+  if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
+  return q;
+}
+__device__ __forceinline__ int kiln_floormod(int x, int y) {
+  if (y == 0) return 0;
+  const int r = x % y;
+  return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
+}
+// tanh on the SFU (sm_75+): max relative error ~2^-11, under bf16 / fp16 resolution; tanhf is a
+// polynomial or an exp and a reciprocal, with a branch between them.
+__device__ __forceinline__ float kiln_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 )kiln_src";
 }
