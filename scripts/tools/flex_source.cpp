@@ -5,8 +5,8 @@
 //   /tmp/flex_source 128 document persist,mask_bits > /tmp/f.cu
 //   (echo '#define KILN_BUILD_BWD 0'; cat /tmp/f.cu) > /tmp/fwd.cu && nvcc -arch=sm_90a -cubin -Xptxas -v /tmp/fwd.cu
 // Usage: flex_source HEAD_DIM causal|document|window [switches: persist,mask_bits,keepbits,kbuf1,walk_ahead,softcap,alibi,wide]
-// (softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: all int locals 64-bit, as for
-// lengths past the narrow-int bounds)
+// (softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: without fast_mods, the
+// default until KILN_FLEX_FAST_MODS is measured: 64-bit ints, IEEE divisions, tanhf)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -43,6 +43,6 @@ int main(int argc, char** argv) {
   cfg.mask_bits = has("mask_bits");
   cfg.fwd_keepbits = has("keepbits");
   cfg.walk_ahead = has("walk_ahead");
-  cfg.narrow_ints = !has("wide");
+  cfg.fast_mods = !has("wide");
   std::fputs(flex::cuda::generate_source(has("softcap") || has("alibi") ? &score : nullptr, &prog, cfg).c_str(), stdout);
 }

@@ -140,7 +140,7 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
   {
     detail::Program mp = detail::compile(masks[0].expr);
     cuda::KernelConfig cfg;
-    cfg.narrow_ints = true;
+    cfg.fast_mods = true;
     cfg.profile = true;
     cfg.fwd_kbuf = cfg.bwd_kbuf = 2;
     cfg.fwd_wgmma = cfg.bwd_wgmma = true;
@@ -191,11 +191,16 @@ TEST(FlexCudaCodegen, SourceDoesNotDependOnLengthsOrShapes) {
   EXPECT_NE(source_for(&r1, nullptr, true, 64), source_for(&r1, nullptr, false, 64));
 }
 
-// Float divisions by constants become multiplications by the reciprocal (forward and adjoint),
-// unless the reciprocal is not a normal float; other divisors stay divisions. tanh is the SFU's.
+// With fast_mods, float divisions by constants become multiplications by the reciprocal (forward
+// and adjoint), unless the reciprocal is not a normal float; other divisors stay divisions. tanh
+// is the SFU's. Without, the IEEE division and tanhf.
 TEST(FlexCudaCodegen, ConstantDivisorsMultiplyAndTanhIsApprox) {
   const detail::Program soft = detail::compile(softcap(30.0).expr);
-  const std::string src = cuda::generate_mod_functions(&soft, nullptr);
+  const std::string exact = cuda::generate_mod_functions(&soft, nullptr, false);
+  EXPECT_NE(exact.find("v1 / v2"), std::string::npos) << exact;
+  EXPECT_NE(exact.find("tanhf(v3)"), std::string::npos) << exact;
+  EXPECT_EQ(exact.find("kiln_tanh"), std::string::npos) << exact;
+  const std::string src = cuda::generate_mod_functions(&soft, nullptr, true);
   EXPECT_EQ(src.find(" / "), std::string::npos) << src;
   EXPECT_NE(src.find("v1 * __uint_as_float(0x3d088889u)"), std::string::npos) << src;  // score * (float)(1 / 30)
   EXPECT_NE(src.find("a3 * __uint_as_float(0x3d088889u)"), std::string::npos) << src;  // its adjoint
@@ -207,7 +212,7 @@ TEST(FlexCudaCodegen, ConstantDivisorsMultiplyAndTanhIsApprox) {
   const ScoreMod tiny([](Expr s, Expr, Expr, Expr, Expr) { return s / Expr(1e-39) + s / Expr(0.0); });
   for (const ScoreMod* m : {&by_q, &tiny}) {
     const detail::Program p = detail::compile(m->expr);
-    const std::string s = cuda::generate_mod_functions(&p, nullptr);
+    const std::string s = cuda::generate_mod_functions(&p, nullptr, true);
     EXPECT_NE(s.find(" / v"), std::string::npos) << s;
     EXPECT_EQ(s.find(" * __uint_as_float"), std::string::npos) << s;
   }
@@ -215,7 +220,7 @@ TEST(FlexCudaCodegen, ConstantDivisorsMultiplyAndTanhIsApprox) {
 }
 
 // Int locals are `int` where the interval analysis proves them within 32 bits (q, kv < 2^24;
-// b, h < 2^16), else and without narrow_ints `long long`; a 64-bit result widens its operands.
+// b, h < 2^16), else and without fast_mods `long long`; a 64-bit result widens its operands.
 TEST(FlexCudaCodegen, IntLocalsNarrowUnderTheBounds) {
   const detail::Program causal = detail::compile(causal_mask().expr);
   const std::string narrow = cuda::generate_mod_functions(nullptr, &causal, true);
@@ -242,10 +247,10 @@ TEST(FlexCudaCodegen, IntLocalsNarrowUnderTheBounds) {
   EXPECT_NE(mn.find("const long long v2 = (long long)v0 * (long long)v1;"), std::string::npos) << mn;
   EXPECT_NE(mn.find("const int v4 = kiln_floormod(v2, (long long)v3);"), std::string::npos) << mn;
 
-  // The kernel source follows KernelConfig::narrow_ints (and so does the NVRTC cache key).
+  // The kernel source follows KernelConfig::fast_mods (and so does the NVRTC cache key).
   cuda::KernelConfig cfg;
   const std::string off = cuda::generate_source(nullptr, &causal, cfg);
-  cfg.narrow_ints = true;
+  cfg.fast_mods = true;
   EXPECT_NE(off, cuda::generate_source(nullptr, &causal, cfg));
 }
 

@@ -172,7 +172,7 @@ const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, i
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
-                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.narrow_ints);
+                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -258,10 +258,10 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   cfg.profile = st->profile = std::getenv("KILN_FLEX_PROFILE") != nullptr;
   cfg.index_check = st->check_indices;
   cfg.index32 = index32;
-  // 32-bit int locals where the mods' interval analysis allows it; the kernels call the mods with
-  // b < B, h < Hq, q < L, kv < S only (clamped, or guarded), so those bounds are the proof's.
-  cfg.narrow_ints = p.B <= detail::kNarrowBH && p.Hq <= detail::kNarrowBH && p.L <= detail::kNarrowQKv &&
-                    p.S <= detail::kNarrowQKv;
+  // Cheaper mods (codegen.h), opt-in until measured on a GPU: 32-bit int locals need the kernels'
+  // b < B, h < Hq, q < L, kv < S (clamped, or guarded) within the interval analysis' bounds.
+  cfg.fast_mods = env_flag("KILN_FLEX_FAST_MODS", false) && p.B <= detail::kNarrowBH && p.Hq <= detail::kNarrowBH &&
+                  p.L <= detail::kNarrowQKv && p.S <= detail::kNarrowQKv;
   cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
   cfg.fwd_overlap = cfg.fwd_wgmma && env_flag("KILN_FLEX_FWD_OVERLAP", false);

@@ -29,11 +29,15 @@ std::string reg(char prefix, int64_t k) {
 const char* ctype(Kind k) { return k == Kind::Int ? "long long" : k == Kind::Float ? "float" : "bool"; }
 
 // An instruction's locals and their types: narrow[k] makes int instruction k an `int`.
+// fast: KernelConfig::fast_mods (narrow ints, reciprocal multiplies, tanh.approx).
 struct Locals {
   const Program& p;
+  bool fast;
   std::vector<bool> narrow;
-  Locals(const Program& prog, bool narrow_ints)
-      : p(prog), narrow(narrow_ints ? detail::int32_instructions(prog) : std::vector<bool>(prog.code.size())) {}
+  Locals(const Program& prog, bool fast_mods)
+      : p(prog),
+        fast(fast_mods),
+        narrow(fast_mods ? detail::int32_instructions(prog) : std::vector<bool>(prog.code.size())) {}
   const char* type(size_t k) const { return narrow[k] ? "int" : ctype(p.code[k].kind); }
 };
 
@@ -57,9 +61,10 @@ std::string float_literal(double v) {
 // " * <1/c>" for a float division by constant instruction `o` whose reciprocal is a normal float
 // (then x * (1/c) is within an ulp or so of x / c, with the same infinities, zeros and NaNs), else
 // " / v<o>". An IEEE division is ~10 instructions and a slow-path branch that also blocks CSE.
-std::string div_by(const Program& p, int32_t o) {
+std::string div_by(const Locals& lc, int32_t o) {
+  const Program& p = lc.p;
   const Instr& in = p.code[o];
-  if (in.op == Op::ConstFloat) {
+  if (lc.fast && in.op == Op::ConstFloat) {
     const double r = 1.0 / static_cast<double>(static_cast<float>(in.fval));
     if (std::isnormal(static_cast<float>(r))) return " * " + float_literal(r);
   }
@@ -141,7 +146,7 @@ void emit_forward(const Locals& lc, const char* bp, std::ostream& os) {
       case Op::Mul: os << A() << " * " << B(); break;
       case Op::Div:
         if (is_int) os << "kiln_floordiv(" << A() << ", " << B() << ")";
-        else os << A() << div_by(p, in.b);
+        else os << A() << div_by(lc, in.b);
         break;
       case Op::Mod: os << "kiln_floormod(" << A() << ", " << B() << ")"; break;
       case Op::Neg: os << "-" << A(); break;
@@ -164,7 +169,7 @@ void emit_forward(const Locals& lc, const char* bp, std::ostream& os) {
         if (is_int) os << "(" << A() << " < 0 ? -" << A() << " : " << A() << ")";
         else os << "fabsf(" << A() << ")";
         break;
-      case Op::Tanh: os << "kiln_tanh(" << A() << ")"; break;
+      case Op::Tanh: os << (lc.fast ? "kiln_tanh(" : "tanhf(") << A() << ")"; break;
       case Op::Exp: os << "expf(" << A() << ")"; break;
       case Op::Log: os << "logf(" << A() << ")"; break;
     }
@@ -177,25 +182,25 @@ void check_program(const Program& p, const char* what) {
              p.buffers.size(), " captured tensors; CUDA supports at most ", kMaxBuffers);
 }
 
-void emit_mask(const Program* mask, bool narrow_ints, std::ostream& os) {
+void emit_mask(const Program* mask, bool fast_mods, std::ostream& os) {
   os << "__device__ __forceinline__ bool mask_mod(long long b, long long h, long long q, long long kv, "
         "const FlexParams& P) {\n";
   if (!mask) {
     os << "  return true;\n}\n\n";
     return;
   }
-  emit_forward(Locals(*mask, narrow_ints), "m", os);
+  emit_forward(Locals(*mask, fast_mods), "m", os);
   os << "  return v" << mask->result << ";\n";
   os << "}\n\n";
 }
 
-void emit_score(const Program* score, bool narrow_ints, std::ostream& os) {
+void emit_score(const Program* score, bool fast_mods, std::ostream& os) {
   os << "__device__ __forceinline__ float score_mod(float score, long long b, long long h, long long q, long long kv, "
         "const FlexParams& P) {\n";
   if (!score) {
     os << "  return score;\n}\n\n";
   } else {
-    emit_forward(Locals(*score, narrow_ints), "s", os);
+    emit_forward(Locals(*score, fast_mods), "s", os);
     os << "  return v" << score->result << ";\n";
     os << "}\n\n";
   }
@@ -207,7 +212,8 @@ void emit_score(const Program* score, bool narrow_ints, std::ostream& os) {
     return;
   }
   const Program& p = *score;
-  emit_forward(Locals(p, narrow_ints), "s", os);
+  const Locals lc(p, fast_mods);
+  emit_forward(lc, "s", os);
   os << "  float dscore = 0.f;\n";
   for (size_t k = 0; k < p.code.size(); ++k)
     if (p.code[k].needs_adj) os << "  float a" << k << " = 0.f;\n";
@@ -239,8 +245,8 @@ void emit_score(const Program* score, bool narrow_ints, std::ostream& os) {
           if (has(in.b)) os << "  " << adj(in.b) << " += " << g << " * " << val(in.a) << ";\n";
           break;
         case Op::Div:
-          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << div_by(p, in.b) << ";\n";
-          if (has(in.b)) os << "  " << adj(in.b) << " -= " << g << " * " << y << div_by(p, in.b) << ";\n";
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << div_by(lc, in.b) << ";\n";
+          if (has(in.b)) os << "  " << adj(in.b) << " -= " << g << " * " << y << div_by(lc, in.b) << ";\n";
           break;
         case Op::Neg:
           if (has(in.a)) os << "  " << adj(in.a) << " -= " << g << ";\n";
@@ -281,22 +287,22 @@ void emit_score(const Program* score, bool narrow_ints, std::ostream& os) {
 
 }  // namespace
 
-std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool narrow_ints) {
+std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods) {
   if (score) check_program(*score, "score_mod");
   if (mask) check_program(*mask, "mask_mod");
   std::ostringstream os;
-  emit_mask(mask, narrow_ints, os);
-  emit_score(score, narrow_ints, os);
+  emit_mask(mask, fast_mods, os);
+  emit_score(score, fast_mods, os);
   return os.str();
 }
 
-std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask, bool narrow_ints) {
+std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask, bool fast_mods) {
   std::ostringstream os;
   os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << "#define KILN_INDEX_CHECK 1\n";
   os << params_struct_source();
-  os << generate_mod_functions(score, mask, narrow_ints);
+  os << generate_mod_functions(score, mask, fast_mods);
   os << "extern \"C\" __global__ void flex_mod_check(const FlexParams P, float* out, double* slot) {\n"
         "  const long long q = threadIdx.x, kv = blockIdx.x;\n"
         "  const float s = score_mod(0.25f * (float)(q - kv), 0, 1, q, kv, P);\n"
@@ -393,7 +399,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << params_struct_source();
-  os << generate_mod_functions(score, mask, cfg.narrow_ints);
+  os << generate_mod_functions(score, mask, cfg.fast_mods);
   if (cfg.fwd_wgmma || cfg.bwd_wgmma) os << wgmma_wrappers(cfg);
   os << kernel_template();
   return os.str();

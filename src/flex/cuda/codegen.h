@@ -106,10 +106,12 @@ struct KernelConfig {
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
   // (KILN_FLEX_BWD_QBUF=2).
   int bwd_qbuf = 1;
-  // Int locals the interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are
-  // `int` (64-bit multiplies and conversions cost several instructions each on sm_90); the host
-  // sets it when B, H, L and S are within those bounds.
-  bool narrow_ints = false;
+  // Cheaper mods (KILN_FLEX_FAST_MODS=1; off until the GPU suite has run them): int locals the
+  // interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are `int` (64-bit
+  // multiplies and conversions cost several instructions each on sm_90), float divisions by
+  // constants multiply by the reciprocal, tanh is tanh.approx.f32. The host sets it only when B,
+  // H, L and S are within those bounds.
+  bool fast_mods = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 
@@ -117,12 +119,12 @@ struct KernelConfig {
 // flex_attention when a program cannot run on CUDA (too many captured tensors).
 std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg);
 
-// Only the mod device functions (for tests and debugging); narrow_ints as KernelConfig's.
-std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool narrow_ints = false);
+// Only the mod device functions (for tests and debugging); fast_mods as KernelConfig's.
+std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods = false);
 
 // The mod functions with a one-line kernel calling them: a fast NVRTC check of the codegen alone.
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask,
-                                      bool narrow_ints = false);
+                                      bool fast_mods = false);
 
 // The kernel templates: prelude, wgmma helpers (kernel_source_wgmma.cpp), forward, backward
 // kernels (kernel_source_bwd.cpp) and the persistent forward (kernel_source_persist.cpp), concatenated once by kernel_template() (kernel_source.cpp).
