@@ -2,11 +2,8 @@
 # A short flex round (carry [".device"]): the CUDA flex suite, then kiln alone on the score_mod rows
 # (ALiBi, softcap 30) at 1x16x16384x128 causal; logs to stdout and $OUT/flex_check.log as it goes.
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
-mkdir -p "$OUT"
-PARTS=none bash scripts/device/round_d.sh > /dev/null 2>&1
-export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:$(dirname "$(find /usr/local /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)")
-log() { echo "$*" | tee -a "$OUT/flex_check.log"; }
+LOG_NAME=flex_check.log
+. scripts/device/prelude.sh
 log "commit $(cat .device/commit)"
 timeout ${TEST_TIMEOUT:-100} build-gpu/tests/test_flex --gtest_filter="${FLEX_FILTER:-FlexAttentionCuda*}" > "$OUT/flex_tests.log" 2>&1
 log "flex tests: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests.log" | tr '\n' ' ') $(tail -1 "$OUT/flex_tests.log")"

@@ -5,11 +5,8 @@
 # per-chunk phases, at 8192 x 4096 x 128256 bf16 (LCE_SHAPE). Lines go to stdout and $OUT/lce.log
 # as they come.
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
-mkdir -p "$OUT"
-PARTS=none bash scripts/device/round_d.sh > /dev/null 2>&1
-export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:$(dirname "$(find /usr/local /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)")
-log() { echo "$*" | tee -a "$OUT/lce.log"; }
+LOG_NAME=lce.log
+. scripts/device/prelude.sh
 L=/tmp/kiln-bin/bin/bench_lce
 shape=${LCE_SHAPE:-"--tokens 8192 --hidden 4096 --vocab 128256"}
 log "commit $(cat .device/commit)  $(nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader)"

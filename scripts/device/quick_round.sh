@@ -4,11 +4,8 @@
 # test and the LCE speed strategy against gemm3. Output lines go to stdout and $OUT/quick.log as
 # they come, so a run cut short still reports what it finished.
 set -uo pipefail
-OUT=${OUT:-/tmp/kiln-out}
-mkdir -p "$OUT"
-PARTS=none bash scripts/device/round_d.sh > /dev/null 2>&1
-export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:$(dirname "$(find /usr/local /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)")
-log() { echo "$*" | tee -a "$OUT/quick.log"; }
+LOG_NAME=quick.log
+. scripts/device/prelude.sh
 log "commit $(cat .device/commit)"
 . scripts/device/flex_rows.sh
 for row in "${FLEX_ROWS[@]}"; do

@@ -515,15 +515,17 @@ void check_speed_retain_graph(const Device& dev) {
 
 TEST(LinearCrossEntropy, SpeedRetainGraphGivesSameGradients) { check_speed_retain_graph(kCPU); }
 
-// Sets lce::set_tile32_override for a scope (-1 again after it, even when a check fails).
-struct Tile32Override {
-  explicit Tile32Override(int v) { lce::set_tile32_override(v); }
-  ~Tile32Override() { lce::set_tile32_override(-1); }
+// Sets one of lce's test hooks (set_tile32_override, set_speed_overlaps_override) for a scope: -1
+// again after it, even when a check fails.
+struct HookOverride {
+  void (*set)(int);
+  HookOverride(void (*hook)(int), int v) : set(hook) { set(v); }
+  ~HookOverride() { set(-1); }
 };
 
 TEST(LinearCrossEntropy, CudaTileDtypeFollowsTheOverride) {
   for (int v : {0, 1}) {
-    const Tile32Override o(v);
+    const HookOverride o(lce::set_tile32_override, v);
     EXPECT_EQ(lce::cuda_tile_dtype(kBFloat16), v ? kFloat32 : kBFloat16);
     EXPECT_EQ(lce::cuda_tile_dtype(kFloat16), v ? kFloat32 : kFloat16);
     EXPECT_EQ(lce::cuda_tile_dtype(kFloat32), kFloat32);
@@ -537,7 +539,7 @@ TEST(LinearCrossEntropy, CudaTileDtypeFollowsTheOverride) {
 TEST(LinearCrossEntropyCuda, BothTileTypesAgainstReference) {
   KILN_REQUIRE_CUDA();
   for (int tile32 : {0, 1}) {
-    const Tile32Override o(tile32);
+    const HookOverride o(lce::set_tile32_override, tile32);
     for (DType dt : {kBFloat16, kFloat16})
       for (LceStrategy s : {LceStrategy::Memory, LceStrategy::Speed})
         for (bool peaked : {false, true}) {
@@ -562,7 +564,7 @@ TEST(LinearCrossEntropyCuda, SixteenBitTilesDoubleTheChunks) {
   Tensor w = (randn({V, H}, bf) * 0.125).detach().requires_grad_(true);
   Tensor y = randint(0, V, {N}, TensorOptions().dtype(kInt64).device(dev));
   for (int tile32 : {0, 1}) {
-    const Tile32Override o(tile32);
+    const HookOverride o(lce::set_tile32_override, tile32);
     LinearCrossEntropyOptions opt;
     opt.strategy = LceStrategy::Speed;
     nn::functional::linear_cross_entropy_with_stats(x, w, y, opt);  // warm-up: cuBLASLt plans, workspace
@@ -580,15 +582,9 @@ TEST(LinearCrossEntropyCuda, SixteenBitTilesDoubleTheChunks) {
   }
 }
 
-// Sets lce::set_speed_overlaps_override for a scope (-1 again after it, even when a check fails).
-struct OverlapsOverride {
-  explicit OverlapsOverride(int v) { lce::set_speed_overlaps_override(v); }
-  ~OverlapsOverride() { lce::set_speed_overlaps_override(-1); }
-};
-
 TEST(LinearCrossEntropy, SpeedOverlapsFollowTheOverride) {
   for (int v : {0, 1}) {
-    const OverlapsOverride o(v);
+    const HookOverride o(lce::set_speed_overlaps_override, v);
     EXPECT_EQ(lce::fused_row_pass(), v == 1);
     EXPECT_EQ(lce::side_stream_dw(), v == 1);
   }
@@ -601,7 +597,7 @@ TEST(LinearCrossEntropy, SpeedOverlapsFollowTheOverride) {
 TEST(LinearCrossEntropyCuda, OverlapsAgainstReference) {
   KILN_REQUIRE_CUDA();
   for (int on : {1, 0}) {
-    const OverlapsOverride o(on);
+    const HookOverride o(lce::set_speed_overlaps_override, on);
     SCOPED_TRACE(detail::str_cat("overlaps=", on));
     for (LceStrategy st : {LceStrategy::Memory, LceStrategy::Speed})
       for (DType dt : {kBFloat16, kFloat16})

@@ -261,7 +261,7 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   if (nd.dx && N == 0) c.zero(f.dx);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
-    if (nd.dw && side) side->join();  // the chunk's logits overwrite the dz the last dW GEMM read
+    if (side) side->join();  // the chunk's logits overwrite the dz the last dW GEMM read
     c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.tile, 0.0);
     const bool fused = nd.any() && fused_rows &&
                        lce_k::rowpass(c.t, logits.data_ptr(), rows, V, ld, n0, c.bias(), c.cw(), c.target(), k,
@@ -285,7 +285,7 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
            static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(), H, c.t, 0.0);
     if (nd.db) lce_k::colsum(c.t, dz, rows, V, ldz, n0 == 0, db_acc.data_ptr(), c.stream);
   }
-  if (nd.dw && side) side->join();  // dW complete before anyone reads it or frees a buffer
+  if (side) side->join();  // dW complete before anyone reads it or frees a buffer
   if (nd.db) lce_k::store(c.t, db_acc.data_ptr(), f.db.data_ptr(), V, c.stream);
   outputs(c, terms, tot, f);
   return f;

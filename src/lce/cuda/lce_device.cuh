@@ -51,6 +51,48 @@ __device__ __forceinline__ float fast_ex2(float x) {
 }
 constexpr float kLog2e = 1.4426950408889634f;
 
+// The first n logits of one vector into a running (m, s = sum exp(x - m)): the vector's max first,
+// one rescale of s when it moves; with smoothing also the weighted sum ws (cw from column j).
+template <typename A, typename E, int VW>
+__device__ __forceinline__ void take_vector(const A (&v)[VW], int n, const A* cw, int64_t j, bool smooth, A& m, A& s,
+                                            A& ws) {
+  A mv = v[0];
+#pragma unroll
+  for (int e = 1; e < VW; ++e)
+    if (e < n) mv = fmax(mv, v[e]);
+  if (mv > m) {
+    s *= row_exp<A, E>(m - mv);
+    m = mv;
+  }
+#pragma unroll
+  for (int e = 0; e < VW; ++e)
+    if (e < n) s += row_exp<A, E>(v[e] - m);
+  if (smooth)
+#pragma unroll
+    for (int e = 0; e < VW; ++e)
+      if (e < n) ws += cw ? cw[j + e] * v[e] : v[e];
+}
+
+// Each thread's (m, s, ws) merged over the block in a fixed tree (deterministic); the block's
+// result lands in sm[0], ss[0], sw[0] (shared arrays of blockDim.x).
+template <typename A>
+__device__ __forceinline__ void block_merge_stats(A m, A s, A ws, A* sm, A* ss, A* sw) {
+  sm[threadIdx.x] = m;
+  ss[threadIdx.x] = s;
+  sw[threadIdx.x] = ws;
+  __syncthreads();
+  for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+    if (threadIdx.x < h) {
+      A mm = sm[threadIdx.x], sv = ss[threadIdx.x];
+      merge(mm, sv, sm[threadIdx.x + h], ss[threadIdx.x + h]);
+      sm[threadIdx.x] = mm;
+      ss[threadIdx.x] = sv;
+      sw[threadIdx.x] += sw[threadIdx.x + h];
+    }
+    __syncthreads();
+  }
+}
+
 // Row i's logsumexp from its (max, sum exp) into lse[i], and its loss and z-loss terms into
 // terms[i], terms[n_total + i] (an out-of-range target gives a NaN loss instead of a host check
 // that would synchronise). Returns the lse.

@@ -114,17 +114,7 @@ __global__ void stats_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0
         if (e < n) s += fast_ex2(fmaf(v[e], kLog2e, -m_log2e));
       return;
     }
-    if (mv > m) {
-      s *= row_exp<A, E>(m - mv);
-      m = mv;
-    }
-#pragma unroll
-    for (int e = 0; e < VW; ++e)
-      if (e < n) s += row_exp<A, E>(v[e] - m);
-    if (smooth)
-#pragma unroll
-      for (int e = 0; e < VW; ++e)
-        if (e < n) ws += cw ? cw[v0 + j + e] * v[e] : v[e];
+    take_vector<A, E, VW>(v, n, cw ? cw + v0 : nullptr, j, smooth, m, s, ws);
   };
   const int64_t step = static_cast<int64_t>(blockDim.x) * VW;
   int64_t j = static_cast<int64_t>(threadIdx.x) * VW;
@@ -146,20 +136,7 @@ __global__ void stats_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0
   }
   // The target's logit, when this tile holds it (one tile does: the first one zeroes it otherwise).
   if (threadIdx.x == 0 && y >= 0 && y < cols) state[2 * st + r] = logit(z[y], y);
-  sm[threadIdx.x] = m;
-  ss[threadIdx.x] = s;
-  sw[threadIdx.x] = ws;
-  __syncthreads();
-  for (int h = blockDim.x / 2; h > 0; h >>= 1) {  // fixed tree: deterministic
-    if (threadIdx.x < h) {
-      A mm = sm[threadIdx.x], sv = ss[threadIdx.x];
-      merge(mm, sv, sm[threadIdx.x + h], ss[threadIdx.x + h]);
-      sm[threadIdx.x] = mm;
-      ss[threadIdx.x] = sv;
-      sw[threadIdx.x] += sw[threadIdx.x + h];
-    }
-    __syncthreads();
-  }
+  block_merge_stats(m, s, ws, sm, ss, sw);
   if (threadIdx.x == 0) {
     A mm = first ? A(-INFINITY) : state[r], sv = first ? A(0) : state[st + r];
     merge(mm, sv, sm[0], ss[0]);

@@ -97,39 +97,13 @@ __global__ void __launch_bounds__(kRowThreads, 4) rowpass_kernel(T* tile, int64_
       if (q >= n_vecs) break;
       slice[q] = in[u];
       const int n = n_cols_all - j < VW ? n_cols_all - j : VW;
-      float v[VW], mv = -INFINITY;
+      float v[VW];
 #pragma unroll
-      for (int e = 0; e < VW; ++e) {
-        v[e] = e < n ? logit(in[u].v[e], j + e) : -INFINITY;
-        mv = fmaxf(mv, v[e]);
-      }
-      if (mv > m) {  // one rescale per vector, its max first (as the stats pass)
-        s *= row_exp<float, T>(m - mv);
-        m = mv;
-      }
-#pragma unroll
-      for (int e = 0; e < VW; ++e)
-        if (e < n) s += row_exp<float, T>(v[e] - m);
-      if (smooth)
-#pragma unroll
-        for (int e = 0; e < VW; ++e)
-          if (e < n) ws += cw ? cw[j + e] * v[e] : v[e];
+      for (int e = 0; e < VW; ++e) v[e] = e < n ? logit(in[u].v[e], j + e) : -INFINITY;
+      take_vector<float, T, VW>(v, n, cw, j, smooth, m, s, ws);  // as the stats pass
     }
   }
-  sm[threadIdx.x] = m;
-  ss[threadIdx.x] = s;
-  sw[threadIdx.x] = ws;
-  __syncthreads();
-  for (int h = kRowThreads / 2; h > 0; h >>= 1) {  // fixed tree
-    if (threadIdx.x < h) {
-      float mm = sm[threadIdx.x], sv = ss[threadIdx.x];
-      merge(mm, sv, sm[threadIdx.x + h], ss[threadIdx.x + h]);
-      sm[threadIdx.x] = mm;
-      ss[threadIdx.x] = sv;
-      sw[threadIdx.x] += sw[threadIdx.x + h];
-    }
-    __syncthreads();
-  }
+  block_merge_stats(m, s, ws, sm, ss, sw);
   if (threadIdx.x == 0) {
     const bool mine = y >= c0 && y < c0 + n_cols;
     const int yl = mine ? static_cast<int>(y) - c0 : 0;
