@@ -106,7 +106,7 @@ struct KernelConfig {
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
   // (KILN_FLEX_BWD_QBUF=2).
   int bwd_qbuf = 1;
-  // Cheaper mods (KILN_FLEX_FAST_MODS=1; off until the GPU suite has run them): int locals the
+  // Cheaper mods (the default; KILN_FLEX_FAST_MODS=0 turns them off): int locals the
   // interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are `int` (64-bit
   // multiplies and conversions cost several instructions each on sm_90), float divisions by
   // constants multiply by the reciprocal, tanh is tanh.approx.f32. The host sets it only when B,
