@@ -23,6 +23,6 @@ for pass in 1 2; do
 done
 if [ -n "${CMP_ROWS:-5,6}" ]; then
   export KILN_FLEX_FAST_MODS=1
-  SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-200} CMP_ARGS="--rows ${CMP_ROWS:-5,6}" bash scripts/device/round_c.sh > "$OUT/compare.log" 2>&1
+  KILN_PY=/tmp/kiln-py SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-200} CMP_ARGS="--rows ${CMP_ROWS:-5,6}" bash scripts/device/round_c.sh > "$OUT/compare.log" 2>&1
   tail -20 "$OUT/compare.log" | tee -a "$OUT/$LOG_NAME"
 fi

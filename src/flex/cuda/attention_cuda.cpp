@@ -2,8 +2,8 @@
 // puts captured tensors on the device once (int64 / fp32 copies of compile()'s buffers, cached by
 // tensor identity and version), gets the
 // kernels for the generated source (nvrtc.cpp caches) and launches them on the current stream.
-// Backward: preprocess (delta), dQ kernel, dK/dV kernel, then for captured-tensor gradients the
-// fixed-order slot reduction. Captured-gradient slots: one double copy of the gradient buffers
+// Backward: preprocess (delta), the dQ kernel beside the dK/dV kernel (a side stream), then for
+// captured-tensor gradients the fixed-order slot reduction. Captured-gradient slots: one double copy of the gradient buffers
 // per (slot CTA, warp), at most 256 MB; with no captured gradients each dK/dV unit is its own CTA.
 #include "flex/cuda/attention_cuda.h"
 
@@ -15,8 +15,10 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "core/cuda/check.h"
+#include "core/cuda/side_stream.h"
 #include "core/env.h"
 #include "core/tensor_impl.h"
 #include "flex/cuda/codegen.h"
@@ -407,6 +409,14 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);
+  // The dK/dV kernel on a side stream beside the dQ kernel (they share only read-only inputs): each
+  // fills the other's last wave and launch gaps. KILN_FLEX_BWD_CONCURRENT=0 runs them in turn, as
+  // does the profile (its phase counters time one kernel at a time).
+  std::optional<kiln::cuda::SideStream> side;
+  if (!st.profile && env_flag("KILN_FLEX_BWD_CONCURRENT", true)) {
+    side.emplace(st.device.index, stream);
+    side->follow();  // after the preprocess (delta, lse2)
+  }
   launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_dq_smem, stream, &P);
 
   P.units = p.B * p.Hkv * P.kv_tiles;
@@ -423,7 +433,8 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     P.capgrad = capgrad.data_ptr<double>();
     grid = P.nslots;
   }
-  launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_dkdv_smem, stream, &P);
+  launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_dkdv_smem, side ? side->stream() : stream, &P);
+  if (side) side->join();
   if (st.profile) {
     static const char* const dq_phases[] = {"prologue", "wait V", "dP=dO V^T", "wait K",
                                             "S=QK^T",   "dS",     "dQ+=dS K",  "epilogue", nullptr};

@@ -11,11 +11,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <mutex>
 #include <optional>
-#include <unordered_map>
 
 #include "core/cuda/check.h"
+#include "core/cuda/side_stream.h"
 #include "kiln/autograd.h"
 #include "kiln/cuda.h"
 #include "kiln/ops/linalg.h"
@@ -82,44 +81,6 @@ struct Ctx {
   void zero(const Tensor& z) const {
     if (z.numel() > 0) KILN_CUDA_CHECK(cudaMemsetAsync(z.data_ptr(), 0, z.nbytes(), static_cast<cudaStream_t>(stream)));
   }
-};
-
-// A second stream of the device for the speed strategy's dW GEMMs (created once per device, kept
-// for the process), joined to the op's stream through one event: follow() orders the side after
-// the work queued so far on the main stream, join() the main stream after the side's. The
-// destructor joins too, so buffers freed on the main stream (stream-ordered) outlive the side's
-// reads even when an error unwinds the loop.
-class SideStream {
- public:
-  SideStream(int device, void* main) : main_(static_cast<cudaStream_t>(main)), side_(stream_of(device)) {
-    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&ev_, cudaEventDisableTiming));
-  }
-  ~SideStream() {
-    if (cudaEventRecord(ev_, side_) != cudaSuccess || cudaStreamWaitEvent(main_, ev_, 0) != cudaSuccess)
-      cudaGetLastError();
-    cudaEventDestroy(ev_);
-  }
-  SideStream(const SideStream&) = delete;
-  SideStream& operator=(const SideStream&) = delete;
-  void* stream() const { return side_; }
-  void follow() { order(main_, side_); }
-  void join() { order(side_, main_); }
-
- private:
-  void order(cudaStream_t before, cudaStream_t after) {
-    KILN_CUDA_CHECK(cudaEventRecord(ev_, before));
-    KILN_CUDA_CHECK(cudaStreamWaitEvent(after, ev_, 0));
-  }
-  static cudaStream_t stream_of(int device) {
-    static std::mutex mu;
-    static auto* streams = new std::unordered_map<int, Stream>;  // process lifetime
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = streams->find(device);
-    if (it == streams->end()) it = streams->emplace(device, Stream::create(device)).first;
-    return static_cast<cudaStream_t>(it->second.handle());
-  }
-  cudaStream_t main_, side_;
-  cudaEvent_t ev_ = nullptr;
 };
 
 Tensor make_totals(const Ctx& c) {
@@ -256,13 +217,32 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   const bool fused_rows = lce::fused_row_pass() && c.low && c.tile == c.t;
   std::optional<SideStream> side;
   if (nd.dw && lce::side_stream_dw() && N > Nc) side.emplace(c.device, c.stream);  // one chunk: nothing to overlap
+  // With split_v the logits GEMM and the dW GEMM run in two column parts [0, vs), [vs, V): the next
+  // chunk's first logits part starts once dW's first part has read its dz columns, beside the
+  // second dW part, instead of after the whole dW GEMM.
+  const int64_t vs = side && lce::split_v_overlap() && V >= 4096 ? (V / 2 + 255) / 256 * 256 : V;
+  auto logits_part = [&](int64_t rows, int64_t n0, int64_t v0, int64_t cols) {
+    c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t,
+         static_cast<char*>(logits.data_ptr()) + v0 * element_size(c.tile), ld, c.tile, 0.0);
+  };
+  auto dw_part = [&](int64_t rows, int64_t n0, int64_t v0, int64_t cols) {
+    c.mm(true, false, cols, H, rows, static_cast<char*>(dz) + v0 * element_size(dzt), ldz, c.xp(n0), H, dzt,
+         static_cast<char*>(f.dw.data_ptr()) + v0 * H * c.esize(), H, c.t, n0 == 0 ? 0.0 : 1.0,
+         side ? side->stream() : nullptr);
+  };
   if (nd.db && N == 0) c.zero(db_acc);
   if (nd.dw && N == 0) c.zero(f.dw);
   if (nd.dx && N == 0) c.zero(f.dx);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
-    if (side) side->join();  // the chunk's logits overwrite the dz the last dW GEMM read
-    c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.tile, 0.0);
+    // The chunk's logits overwrite the dz the last dW GEMM read (split: the main stream already
+    // waits for the first dW part, queued after the last chunk's dx GEMM).
+    if (side && vs == V) side->join();
+    logits_part(rows, n0, 0, vs);
+    if (vs < V) {
+      if (n0 > 0) side->join();
+      logits_part(rows, n0, vs, V - vs);
+    }
     const bool fused = nd.any() && fused_rows &&
                        lce_k::rowpass(c.t, logits.data_ptr(), rows, V, ld, n0, c.bias(), c.cw(), c.target(), k,
                                       tot.data_ptr(), f.lse.data_ptr(), terms.data_ptr(), N, c.stream);
@@ -277,13 +257,16 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
     }
     if (nd.dw) {  // on the side stream when there is one: its tiles fill the dx GEMM's last wave
       if (side) side->follow();
-      c.mm(true, false, V, H, rows, dz, ldz, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t, n0 == 0 ? 0.0 : 1.0,
-           side ? side->stream() : nullptr);
+      dw_part(rows, n0, 0, vs);
     }
     if (nd.dx)  // each dx row block is produced once: written in T directly
       c.mm(false, false, rows, H, V, dz, ldz, c.wp(0), H, dzt,
            static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(), H, c.t, 0.0);
     if (nd.db) lce_k::colsum(c.t, dz, rows, V, ldz, n0 == 0, db_acc.data_ptr(), c.stream);
+    if (vs < V) {
+      side->join();  // the main stream after the first dW part only: queued before the second
+      dw_part(rows, n0, vs, V - vs);
+    }
   }
   if (side) side->join();  // dW complete before anyone reads it or frees a buffer
   if (nd.db) lce_k::store(c.t, db_acc.data_ptr(), f.db.data_ptr(), V, c.stream);
