@@ -43,12 +43,6 @@ bool side_stream_dw() {
   return o < 0 ? on : o == 1;
 }
 
-bool split_v_overlap() {
-  static const bool on = detail::env_flag("linear_cross_entropy", "KILN_LCE_SPLIT_V", false);
-  const int o = overlaps_override.load();
-  return o < 0 ? on : o == 1;
-}
-
 void set_speed_overlaps_override(int v) { overlaps_override.store(v); }
 
 }  // namespace kiln::lce

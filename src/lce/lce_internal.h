@@ -27,15 +27,13 @@ struct Problem {
 DType cuda_tile_dtype(DType t);
 // Test hook: 1 forces fp32 tiles for 16-bit inputs, 0 forces 16-bit tiles, -1 follows the switch.
 void set_tile32_override(int v);
-// Overlaps of the CUDA strategies (variables read once per process): KILN_LCE_SIDE_STREAM
-// (default 1), dW GEMMs on a second stream beside the dx GEMMs (both strategies); KILN_LCE_ROWPASS
+// Two overlaps of the CUDA strategies (variables read once per process): KILN_LCE_SIDE_STREAM
+// (default 1), the speed strategy's dW GEMMs on a second stream beside the dx GEMMs; KILN_LCE_ROWPASS
 // (default 0: measured slower), the speed strategy's fused row pass (stats and dz in one read of
-// each 16-bit chunk, sm_90); KILN_LCE_SPLIT_V (default 0 until measured), the speed strategy's
-// logits and dW GEMMs in two column parts, so the next chunk's logits start beside the second dW
-// part. Test hook: 0 / 1 forces all off / on (as far as they apply), -1 follows the variables.
+// each 16-bit chunk, sm_90). Test hook: 0 / 1 forces both off / on (as far as they apply), -1
+// follows the variables.
 bool fused_row_pass();
 bool side_stream_dw();
-bool split_v_overlap();
 void set_speed_overlaps_override(int v);
 // Row stride of CUDA logit tiles of `cols` columns: a multiple of 8 elements and of 32 bytes, so
 // rows start aligned for the kernels' vector loads (two 16-byte vectors per thread) and for

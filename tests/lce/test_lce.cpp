@@ -587,15 +587,13 @@ TEST(LinearCrossEntropy, SpeedOverlapsFollowTheOverride) {
     const HookOverride o(lce::set_speed_overlaps_override, v);
     EXPECT_EQ(lce::fused_row_pass(), v == 1);
     EXPECT_EQ(lce::side_stream_dw(), v == 1);
-    EXPECT_EQ(lce::split_v_overlap(), v == 1);
   }
 }
 
-// Both strategies with the overlaps (side-stream dW GEMMs; the speed strategy's fused row pass and
-// its logits / dW GEMMs in two column parts) and without (one stream, three passes), against
-// float64: every option combination in bf16 and fp16 (one-CTA rows), and long ragged rows that take
-// a cluster of 8 CTAs (V = 100003: 25 KB slices, the last vector partial; column parts split at
-// 50176) over several token chunks (the side stream's joins).
+// Both strategies with the overlaps (side-stream dW GEMMs; the speed strategy's fused row pass) and
+// without (one stream, three passes), against float64: every option combination in bf16 and fp16
+// (one-CTA rows), and long ragged rows that take a cluster of 8 CTAs (V = 100003: 25 KB slices,
+// the last vector partial) over several token chunks (the side stream's joins).
 TEST(LinearCrossEntropyCuda, OverlapsAgainstReference) {
   KILN_REQUIRE_CUDA();
   for (int on : {1, 0}) {

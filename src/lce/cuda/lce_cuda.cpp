@@ -56,7 +56,7 @@ struct Ctx {
 
   // C[m, n] (c_type, ldc) = op(A) op(B) + beta C, on `on` (default: the current stream).
   void mm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
-          DType ab, void* c, int64_t ldc, DType ct, double beta, void* on = nullptr, bool no_ws = false) const {
+          DType ab, void* c, int64_t ldc, DType ct, double beta, void* on = nullptr) const {
     GemmParams g;
     g.trans_a = ta;
     g.trans_b = tb;
@@ -75,7 +75,6 @@ struct Ctx {
     g.allow_tf32 = tf32;
     g.device = device;
     g.stream = on ? on : stream;
-    g.no_workspace = no_ws;
     gemm(g);
   }
   void zero(const Tensor& z) const {
@@ -158,31 +157,25 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
   Tensor dbt = nd.db ? c.buf({Vc}, c.acc) : Tensor();
   const DType dzt = c.dzt();
   const bool per_token = k.red == lce::Red::None;
-  // dW GEMMs on a side stream beside the dx GEMMs, with workspace-free algorithms: a second
-  // cuBLASLt workspace would cost 32 MiB of the strategy's memory bound.
-  std::optional<SideStream> side;
-  if (nd.dw && lce::side_stream_dw() && (V > Vc || N > Nc)) side.emplace(c.device, c.stream);
+  // One stream: dW GEMMs on a side stream (workspace-free, within the memory bound) measured slower
+  // on the H200 (sessions 10 and 11: 48.9-52.0 ms against 47.5-48.1 at 8192 x 4096 x 128256 bf16).
   for (int64_t v0 = 0; v0 < V; v0 += Vc) {
     const int64_t cols = std::min(Vc, V - v0);
     const bool dw_acc = c.low && !one_chunk;
     void* dws = nd.dw ? (dw_acc ? dwt.data_ptr() : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize()) : nullptr;
     for (int64_t n0 = 0; n0 < N; n0 += Nc) {
       const int64_t rows = std::min(Nc, N - n0);
-      if (side) side->join();  // the tile is overwritten: after the last dW GEMM that read it
       c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.tile, 0.0);
       lce_k::grad(c.t, c.tile, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
                   grad.data_ptr(), per_token, tot.data_ptr(), k, dz, ldz, c.stream);
       if (nd.dx)
         c.mm(false, false, rows, H, cols, dz, ldz, c.wp(v0), H, dzt,
              static_cast<char*>(dx_acc.data_ptr()) + n0 * H * c.asize(), H, c.acc, 1.0);
-      if (nd.dw) {
-        if (side) side->follow();
+      if (nd.dw)
         c.mm(true, false, cols, H, rows, dz, ldz, c.xp(n0), H, dzt, dws, H, dw_acc || !c.low ? c.acc : c.t,
-             n0 == 0 ? 0.0 : 1.0, side ? side->stream() : nullptr, side.has_value());
-      }
+             n0 == 0 ? 0.0 : 1.0);
       if (nd.db) lce_k::colsum(c.t, dz, rows, cols, ldz, n0 == 0, dbt.data_ptr(), c.stream);
     }
-    if (side) side->join();  // the dW slice complete before its store (and before the next tile's GEMM)
     if (nd.dw && dw_acc)
       lce_k::store(c.t, dwt.data_ptr(), static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize(), cols * H,
                      c.stream);
@@ -190,7 +183,7 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
       lce_k::store(c.t, dbt.data_ptr(), static_cast<char*>(out.db.data_ptr()) + v0 * c.esize(), cols, c.stream);
   }
   if (nd.dx && c.low) lce_k::store(c.t, dx_acc.data_ptr(), out.dx.data_ptr(), N * H, c.stream);
-  return out;  // (side's destructor joins the main stream to the side's last dW GEMM)
+  return out;
 }
 
 lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
@@ -217,32 +210,13 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   const bool fused_rows = lce::fused_row_pass() && c.low && c.tile == c.t;
   std::optional<SideStream> side;
   if (nd.dw && lce::side_stream_dw() && N > Nc) side.emplace(c.device, c.stream);  // one chunk: nothing to overlap
-  // With split_v the logits GEMM and the dW GEMM run in two column parts [0, vs), [vs, V): the next
-  // chunk's first logits part starts once dW's first part has read its dz columns, beside the
-  // second dW part, instead of after the whole dW GEMM.
-  const int64_t vs = side && lce::split_v_overlap() && V >= 4096 ? (V / 2 + 255) / 256 * 256 : V;
-  auto logits_part = [&](int64_t rows, int64_t n0, int64_t v0, int64_t cols) {
-    c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t,
-         static_cast<char*>(logits.data_ptr()) + v0 * element_size(c.tile), ld, c.tile, 0.0);
-  };
-  auto dw_part = [&](int64_t rows, int64_t n0, int64_t v0, int64_t cols) {
-    c.mm(true, false, cols, H, rows, static_cast<char*>(dz) + v0 * element_size(dzt), ldz, c.xp(n0), H, dzt,
-         static_cast<char*>(f.dw.data_ptr()) + v0 * H * c.esize(), H, c.t, n0 == 0 ? 0.0 : 1.0,
-         side ? side->stream() : nullptr);
-  };
   if (nd.db && N == 0) c.zero(db_acc);
   if (nd.dw && N == 0) c.zero(f.dw);
   if (nd.dx && N == 0) c.zero(f.dx);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
-    // The chunk's logits overwrite the dz the last dW GEMM read (split: the main stream already
-    // waits for the first dW part, queued after the last chunk's dx GEMM).
-    if (side && vs == V) side->join();
-    logits_part(rows, n0, 0, vs);
-    if (vs < V) {
-      if (n0 > 0) side->join();
-      logits_part(rows, n0, vs, V - vs);
-    }
+    if (side) side->join();  // the chunk's logits overwrite the dz the last dW GEMM read
+    c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.tile, 0.0);
     const bool fused = nd.any() && fused_rows &&
                        lce_k::rowpass(c.t, logits.data_ptr(), rows, V, ld, n0, c.bias(), c.cw(), c.target(), k,
                                       tot.data_ptr(), f.lse.data_ptr(), terms.data_ptr(), N, c.stream);
@@ -257,16 +231,13 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
     }
     if (nd.dw) {  // on the side stream when there is one: its tiles fill the dx GEMM's last wave
       if (side) side->follow();
-      dw_part(rows, n0, 0, vs);
+      c.mm(true, false, V, H, rows, dz, ldz, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t, n0 == 0 ? 0.0 : 1.0,
+           side ? side->stream() : nullptr);
     }
     if (nd.dx)  // each dx row block is produced once: written in T directly
       c.mm(false, false, rows, H, V, dz, ldz, c.wp(0), H, dzt,
            static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(), H, c.t, 0.0);
     if (nd.db) lce_k::colsum(c.t, dz, rows, V, ldz, n0 == 0, db_acc.data_ptr(), c.stream);
-    if (vs < V) {
-      side->join();  // the main stream after the first dW part only: queued before the second
-      dw_part(rows, n0, vs, V - vs);
-    }
   }
   if (side) side->join();  // dW complete before anyone reads it or frees a buffer
   if (nd.db) lce_k::store(c.t, db_acc.data_ptr(), f.db.data_ptr(), V, c.stream);

@@ -48,7 +48,7 @@ int64_t fix_ld(int64_t rows, int64_t cols, int64_t ld, const char* what) {
   return ld;
 }
 
-using Key = std::array<int64_t, 22>;
+using Key = std::array<int64_t, 21>;
 struct KeyHash {
   size_t operator()(const Key& k) const {
     uint64_t h = 1469598103934665603ull;
@@ -100,7 +100,7 @@ cublasStatus_t pick_algo(const Problem& q, Plan& plan, const std::array<uint32_t
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)> guard(
       pref, cublasLtMatmulPreferenceDestroy);
-  const uint64_t ws = q.p.no_workspace ? 0 : kWorkspaceBytes;
+  const uint64_t ws = kWorkspaceBytes;
   KILN_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[1],
@@ -175,7 +175,7 @@ Plan& plan_for(const Problem& q) {
   const int64_t bias_key = p.bias ? static_cast<int64_t>(p.bias_type) * 1024 + alignment(p.bias, 0, 1, 1) : -1;
   const Key key{p.device, p.trans_a, p.trans_b, p.m, p.n, p.k, q.lda, q.ldb, q.ldc, p.batch, q.sa, q.sb, q.sc,
                 static_cast<int64_t>(p.ab_type), static_cast<int64_t>(p.c_type), static_cast<int64_t>(q.compute),
-                bias_key, align[0], align[1], align[2], p.no_workspace ? 1 : 0, 0};
+                bias_key, align[0], align[1], align[2], 0};
   std::lock_guard<std::mutex> lock(g_plans_mu);
   PlanCache& cache = plans();
   auto it = cache.find(key);

@@ -56,8 +56,6 @@ struct GemmParams {
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch matrices
   bool allow_tf32 = false;    // fp32 inputs only: TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32)
-  bool no_workspace = false;  // an algorithm without workspace: a side stream's GEMM adds no second
-                              // 32 MiB workspace to a caller's memory bound
   int device = 0;
   void* stream = nullptr;     // cudaStream_t to run on (nullptr: the legacy default stream);
                               // tensor code passes current_raw_stream(device)
