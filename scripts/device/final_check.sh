@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A session's closing GPU round (carry [".device"]; `bash scripts/device/pack.sh` with the Python
 # package): the CUDA tests of flex, lce, ops and train, the fused loss beside torch (lce_round.sh:
-# speed and memory once, then gemm3) at the three shapes (LCE_MORE= for the first only),
+# speed and memory once, then gemm3) at the three shapes (LCE_MORE=' ' for the first only),
 # and, when CMP_ROWS is set (e.g. 0,3,4,5), compare_torch.py's flex rows.
 set -uo pipefail
 LOG_NAME=final_check.log
