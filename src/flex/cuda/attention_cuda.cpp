@@ -3,8 +3,9 @@
 // tensor identity and version), gets the
 // kernels for the generated source (nvrtc.cpp caches) and launches them on the current stream.
 // Backward: preprocess (delta), the dQ kernel beside the dK/dV kernel (a side stream), then for
-// captured-tensor gradients the fixed-order slot reduction. Captured-gradient slots: one double copy of the gradient buffers
-// per (slot CTA, warp), at most 256 MB; with no captured gradients each dK/dV unit is its own CTA.
+// captured-tensor gradients the fixed-order slot reduction. Captured-gradient slots: one double
+// copy of the gradient buffers per (slot CTA, warp), at most 256 MB; with no captured gradients
+// each dK/dV unit is its own CTA.
 #include "flex/cuda/attention_cuda.h"
 
 #include <cuda_runtime.h>
