@@ -624,6 +624,29 @@ TEST(FlexAttentionCuda, TmaForwardMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_FWD_TMA");
 }
 
+// KILN_FLEX_BWD_CONCURRENT (the default): the dK/dV kernel on a side stream beside the dQ kernel,
+// against the reference (captured-tensor gradients included) and bit for bit the kernels in turn.
+TEST(FlexAttentionCuda, ConcurrentBackwardMatchesReferenceAndSequentialBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(31);
+  check_kernel_variant("KILN_FLEX_BWD_CONCURRENT");
+}
+
+// KILN_FLEX_FAST_MODS=0: the exact mods (64-bit int locals, IEEE divisions, tanhf) still match the
+// reference, now that the suite's other tests run the cheaper ones.
+TEST(FlexAttentionCuda, ExactModsMatchReference) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(32);
+  const ScopedEnv exact("KILN_FLEX_FAST_MODS", "0");
+  GpuCase c;
+  c.E = 128;
+  const MaskMod causal = causal_mask();
+  check_cuda(c, kBFloat16, &causal, kCausal, softcap(5.0),
+             [](double s, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(s / 5.0); });
+  const Tensor bias = (randn({c.Hq, c.L + c.S}, kFloat64) * 0.5).detach().requires_grad_();
+  check_relative_bias(c, bias, {bias});
+}
+
 // Captured-tensor gradients with several kv units per CTA: a bias table of 2^18 entries a head
 // makes the slot budget (256 MiB of doubles) give 8 slots for 44 units, so each CTA walks units
 // in turn (the TMA backward's barrier phases carry across them; kv tiles past L have no q tile),
