@@ -4,9 +4,10 @@
 //     -L/usr/local/cuda/lib64 -lhwy -lnvrtc -lcudart -lcublasLt -lcublas -lopenblas -fopenmp -lpthread -ldl -lcuda
 //   /tmp/flex_source 128 document persist,mask_bits > /tmp/f.cu
 //   (echo '#define KILN_BUILD_BWD 0'; cat /tmp/f.cu) > /tmp/fwd.cu && nvcc -arch=sm_90a -cubin -Xptxas -v /tmp/fwd.cu
-// Usage: flex_source HEAD_DIM causal|document|window [switches: persist,mask_bits,keepbits,kbuf1,walk_ahead,softcap,alibi,wide]
-// (softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: without fast_mods, the
-// default until KILN_FLEX_FAST_MODS is measured: 64-bit ints, IEEE divisions, tanhf)
+// Usage: flex_source HEAD_DIM causal|document|window [switches: persist,mask_bits,keepbits,kbuf1,walk_ahead,softcap,alibi,wide,m64,n64]
+// (softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: without fast_mods
+// (KILN_FLEX_FAST_MODS=0: 64-bit ints, IEEE divisions, tanhf); m64 / n64: a forward tile of 64 q
+// rows / 64 kv columns instead of 128 at E = 128)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
   cfg.head_dim = std::atoi(argv[1]);
   cfg.fwd_wgmma = cfg.bwd_wgmma = true;
   if (cfg.head_dim == 128) cfg.fwd_tile_m = cfg.fwd_tile_n = 128;
+  if (has("m64")) cfg.fwd_tile_m = 64;
+  if (has("n64")) cfg.fwd_tile_n = 64;
   cfg.fwd_tma = cfg.bwd_tma = true;
   cfg.fwd_kbuf = has("kbuf1") ? 1 : 2;
   cfg.index_check = false;

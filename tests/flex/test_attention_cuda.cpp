@@ -502,6 +502,30 @@ TEST(FlexAttentionCuda, GqaRaggedLengthsE128) {
              ScoreMod(), nullptr);
 }
 
+// The forward's other tiles at E = 128 (KILN_FLEX_FWD_TILE; the default is 128 x 128 on sm_90),
+// with the TMA forward's two stages and one: ragged lengths, GQA, a window and a score_mod, against
+// the reference. (Short rows may take a smaller tile by default once measured.)
+TEST(FlexAttentionCuda, ForwardTilesAtE128MatchReference) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(33);
+  GpuCase c;
+  c.B = 2;
+  c.Hq = 4;
+  c.Hkv = 2;
+  c.L = 333;
+  c.S = 400;
+  c.E = 128;
+  const MaskMod window = sliding_window_mask(150);
+  const MaskFn f = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 150; };
+  for (const char* tile : {"64x64x1", "64x128x1", "128x64x1"})
+    for (const char* kbuf : {"1", "2"}) {
+      SCOPED_TRACE(std::string("tile ") + tile + ", K / V stages " + kbuf);
+      const ScopedEnv t("KILN_FLEX_FWD_TILE", tile), k("KILN_FLEX_FWD_KBUF", kbuf);
+      check_cuda(c, kBFloat16, &window, f, softcap(5.0),
+                 [](double s, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(s / 5.0); });
+    }
+}
+
 TEST(FlexAttentionCuda, FullyMaskedRowsGiveZeroAndNoNan) {
   KILN_REQUIRE_CUDA();
   manual_seed(15);
