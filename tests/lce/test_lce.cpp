@@ -590,8 +590,8 @@ TEST(LinearCrossEntropy, SpeedOverlapsFollowTheOverride) {
   }
 }
 
-// Both strategies with the overlaps (side-stream dW GEMMs; the speed strategy's fused row pass) and
-// without (one stream, three passes), against float64: every option combination in bf16 and fp16
+// Both strategies with the speed strategy's overlaps (side-stream dW GEMMs, the fused row pass) and
+// without (one stream, three passes; the memory strategy has none), against float64: every option combination in bf16 and fp16
 // (one-CTA rows), and long ragged rows that take a cluster of 8 CTAs (V = 100003: 25 KB slices,
 // the last vector partial) over several token chunks (the side stream's joins).
 TEST(LinearCrossEntropyCuda, OverlapsAgainstReference) {
