@@ -126,12 +126,16 @@ std::string generate_mod_functions(const detail::Program* score, const detail::P
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask,
                                       bool fast_mods = false);
 
-// The kernel templates: prelude, wgmma helpers (kernel_source_wgmma.cpp), forward, backward
-// kernels (kernel_source_bwd.cpp) and the persistent forward (kernel_source_persist.cpp), concatenated once by kernel_template() (kernel_source.cpp).
+// The kernel templates, concatenated once by kernel_template() (kernel_source.cpp) in this order:
+// prelude, wgmma helpers (kernel_source_wgmma.cpp), walks and mod_score (kernel_source_walks.cpp),
+// the forward's tiles and kernel (kernel_source_fwd.cpp), the persistent forward
+// (kernel_source_persist.cpp) and the backward kernels (kernel_source_bwd.cpp).
 const std::string& kernel_template();
 const char* params_struct_source();
 const char* kernel_prelude();
 const char* wgmma_helpers_source();
+const char* kernel_walks();
+const char* kernel_forward_tiles();
 const char* kernel_forward();
 const char* kernel_forward_persist();
 const char* backward_kernels_source();

@@ -1,0 +1,567 @@
+// The forward as source text, pasted after kernel_walks() by kernel_template() (kernel_source.cpp):
+// kernel_forward_tiles() holds the forward's score tiles (fwd_scores, the keep bits, the mask-bits
+// kernel flex_mask_bits and its reader) and the output store; kernel_forward() the kernel flex_fwd
+// (unless FWD_PERSIST, where kernel_source_persist.cpp's persistent kernel is flex_fwd).
+#include "flex/cuda/codegen.h"
+
+namespace kiln::flex::cuda {
+
+const char* kernel_forward_tiles() {
+  return R"kiln_src(
+#if KILN_BUILD_FWD
+// The forward's tile of raw scores s becomes modified, masked scores (-inf where not kept).
+// kInterior: every element is kept (an interior tile of a full block), no tests.
+template <bool kInterior>
+__device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], i64 b, i64 h,
+                                           i64 row_base, i64 c0, int t, bool partial) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
+        if (kInterior) {
+          float x = s[mt][n][e] * (float)P.scale;
+#if HAS_SCORE
+          x = score_mod(x, b, h, q, kv, P);
+#endif
+          s[mt][n][e] = x;
+        } else {
+          bool keep;
+          s[mt][n][e] = mod_score(P, s[mt][n][e], b, h, q, kv, partial, &keep);
+        }
+      }
+}
+
+// mod_score's arithmetic on element (q, kv) of s given its keep bit (the same bits).
+__device__ __forceinline__ float fwd_kept_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv,
+                                                bool keep) {
+  float x = raw * (float)P.scale;
+#if HAS_SCORE
+  x = score_mod(x, b, h, q < P.L ? q : P.L - 1, kv < P.S ? kv : P.S - 1, P);
+#endif
+  return keep ? x : NEG_INF;
+}
+
+#if FWD_TMA && FWD_KEEPBITS
+// FWD_KEEPBITS (the sm_90 default; KILN_FLEX_FWD_KEEPBITS=0 turns it off): the keep bits of a tile that is not interior
+// (bit i % 32 of kb[i / 32] for element i = (mt * FWD_TILE_N / 8 + n) * 4 + e): inside the lengths
+// and, on partial blocks, the mask (of the element clamped into the lengths, as mod_score).
+// Computed while S = QK^T is in flight, each test folded into its bit at once: with the tests
+// beside the scores, ptxas kept 64 predicates live and moved them through registers (~1000 of a
+// document-mask tile's ~2000 instructions; 255 -> 219 registers without spills at E = 128).
+#define FWD_KB_WORDS ((FWD_MT * FWD_TILE_N / 2 + 31) / 32)
+__device__ __forceinline__ void fwd_keep_bits(const FlexParams& P, u32 (&kb)[FWD_KB_WORDS], i64 b, i64 h,
+                                              i64 row_base, i64 c0, int t, bool partial) {
+#pragma unroll
+  for (int w = 0; w < FWD_KB_WORDS; ++w) kb[w] = 0u;
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
+        bool k = q < P.L && kv < P.S;
+#if HAS_MASK
+        const i64 qc = q < P.L ? q : P.L - 1, kvc = kv < P.S ? kv : P.S - 1;
+        k = k & (!partial | (bool)mask_mod(b, h, qc, kvc, P));
+#endif
+        const int i = (mt * (FWD_TILE_N / 8) + n) * 4 + e;
+        kb[i >> 5] |= (u32)k << (i & 31);
+      }
+}
+// The tile's scores with the keep bits of fwd_keep_bits.
+__device__ __forceinline__ void fwd_scores_bits(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4],
+                                                const u32 (&kb)[FWD_KB_WORDS], i64 b, i64 h, i64 row_base, i64 c0,
+                                                int t) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = (mt * (FWD_TILE_N / 8) + n) * 4 + e;
+        s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, row_base + mt * 16 + 8 * (e >> 1),
+                                     c0 + n * 8 + 2 * t + (e & 1), (kb[i >> 5] >> (i & 31)) & 1u);
+      }
+}
+// S = Q K^T of the tile at Kx into s with its modified, masked scores: a tile that is not interior
+// gets its keep bits while the product is in flight.
+__device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
+                                              const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
+                                              bool partial, bool rows_in) {
+  wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
+  const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
+  u32 kb[FWD_KB_WORDS];
+  if (!interior) fwd_keep_bits(P, kb, b, h, row_base, c0, t, partial);
+  wg_wait_all();
+  reg_fence<FWD_TILE_N / 8>(s[0]);
+  if (interior) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
+  else fwd_scores_bits(P, s, kb, b, h, row_base, c0, t);
+}
+#endif
+
+// MASK_BITS (masks that read captured tensors; the sm_90 default, KILN_FLEX_MASK_BITS=0 turns it off): one CTA per
+// (mask row, slot) of the kv lists' partial blocks writes the block's keep bits (in bounds and
+// mask, of the element clamped into the lengths as mod_score), QB rows of KB / 32 words, at
+// P.mbits + (row * kv_m + slot) * QB * KB / 32. The forward then reads two rows of words per
+// thread instead of evaluating the mask (a document mask's partial tile: ~2000 instructions).
+extern "C" __global__ void __launch_bounds__(128) flex_mask_bits(const FlexParams P) {
+#if HAS_MASK
+  const i64 row = blockIdx.x / P.kv_m, slot = blockIdx.x % P.kv_m;
+  if (slot >= P.kv_num[row]) return;
+  const i64 i = row % P.nQB, mbh = row / P.nQB, b = mbh / P.mH, h = mbh % P.mH;
+  const i64 kb0 = (i64)P.kv_idx[row * P.kv_m + slot] * P.KB, qb0 = i * P.QB, wpr = P.KB / 32;
+  unsigned* out = P.mbits + (row * P.kv_m + slot) * P.QB * wpr;
+  for (i64 w = threadIdx.x; w < P.QB * wpr; w += blockDim.x) {
+    const i64 q = qb0 + w / wpr, c = kb0 + (w % wpr) * 32;
+    unsigned bits = 0u;
+    for (int x = 0; x < 32; ++x) {
+      const i64 kv = c + x;
+      const bool in = q < P.L && kv < P.S;
+      const i64 qc = q < P.L ? q : P.L - 1, kvc = kv < P.S ? kv : P.S - 1;
+      bits |= (unsigned)(in && (bool)mask_mod(b, h, qc, kvc, P)) << x;
+    }
+    out[w] = bits;
+  }
+#endif
+}
+
+#if MASK_BITS
+// A partial block's tile from the block's keep bits `blk` (flex_mask_bits), mod_score's arithmetic
+// otherwise (the same bits): each thread loads its rows' words once.
+__device__ __forceinline__ void fwd_scores_mbits(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const unsigned* blk,
+                                                 i64 b, i64 h, i64 row_base, i64 c0, int t) {
+  const i64 qb0 = row_base - row_base % P.QB, wpr = P.KB / 32, col0 = (c0 % P.KB) / 32;
+  unsigned w[FWD_MT][2][FWD_TILE_N / 32];
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const unsigned* rowp = blk + (row_base + mt * 16 + 8 * r - qb0) * wpr + col0;
+#pragma unroll
+      for (int x = 0; x < FWD_TILE_N / 32; ++x) w[mt][r][x] = rowp[x];
+    }
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, row_base + mt * 16 + 8 * (e >> 1),
+                                     c0 + n * 8 + 2 * t + (e & 1),
+                                     (w[mt][e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u);
+}
+#endif
+
+// Interior tiles of full blocks need neither the bounds test nor the mask: the same arithmetic
+// as mod_score on the kept elements, so the same bits. The test is per tile, outside the element
+// loops (per element it compiled to a branch each).
+// blk: a partial block's keep bits (MASK_BITS), else null.
+__device__ __forceinline__ void fwd_tile_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], i64 b, i64 h,
+                                                i64 row_base, i64 c0, int t, bool partial, bool rows_in,
+                                                const unsigned* blk = nullptr) {
+  if (!partial && rows_in && c0 + FWD_TILE_N <= P.S) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
+#if MASK_BITS
+  else if (blk) fwd_scores_mbits(P, s, blk, b, h, row_base, c0, t);
+#endif
+  else fwd_scores<false>(P, s, b, h, row_base, c0, t, partial);
+}
+
+// Online softmax of one tile of masked scores s (rows g and g + 8 of each m16 block): p =
+// 2^(s log2e - m log2e) rounded to T into pk, the running max m and this thread's partial sums l
+// updated, alpha the factor for the output accumulated before this tile.
+__device__ __forceinline__ void fwd_softmax(float (&s)[FWD_MT][FWD_TILE_N / 8][4], u32 (&pk)[FWD_MT][FWD_TILE_N / 8][2],
+                                            float (&m)[FWD_MT][2], float (&l)[FWD_MT][2], float (&alpha)[FWD_MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt) {
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][n][e]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float m_new = fmaxf(m[mt][r], mx[r]);
+      // p = 2^(x log2e - m log2e): one FFMA and the SFU per element. Nothing attended yet
+      // (m_new = -inf): p = 0 from x = -inf with m taken as 0.
+      const float m_log2 = (m_new == NEG_INF ? 0.f : m_new) * LOG2E;
+      alpha[mt][r] = m[mt][r] == NEG_INF ? 0.f : fast_exp2(fmaf(m[mt][r], LOG2E, -m_log2));
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < FWD_TILE_N / 8; ++n)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], LOG2E, -m_log2));
+          sum += s[mt][n][e];
+        }
+#pragma unroll
+      for (int n = 0; n < FWD_TILE_N / 8; ++n) pk[mt][n][r] = pack2(s[mt][n][2 * r], s[mt][n][2 * r + 1]);
+      l[mt][r] = l[mt][r] * alpha[mt][r] + sum;  // per-thread partial sum; the 4 threads of a row add up at the end
+      m[mt][r] = m_new;
+    }
+  }
+}
+
+// o *= alpha, skipped when no row of the warp moved its max (alpha = 1 exactly, so the same
+// bits): late in a row the max rarely moves, and the rescale is as many multiplies as the exps.
+__device__ __forceinline__ void fwd_rescale(float (&o)[FWD_MT][HEAD_DIM / 8][4], const float (&alpha)[FWD_MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+    if (__any_sync(0xffffffffu, alpha[mt][0] != 1.f || alpha[mt][1] != 1.f)) {
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n) {
+        o[mt][n][0] *= alpha[mt][0];
+        o[mt][n][1] *= alpha[mt][0];
+        o[mt][n][2] *= alpha[mt][1];
+        o[mt][n][3] *= alpha[mt][1];
+      }
+    }
+}
+
+#if FWD_TMA
+// A partial block's keep bits from flex_mask_bits (MASK_BITS and P.mbits), else null.
+__device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i64 mrow, int slot, bool partial) {
+  return MASK_BITS && P.mbits && partial ? P.mbits + (mrow * P.kv_m + slot) * (P.QB * P.KB / 32) : (const unsigned*)0;
+}
+// The TMA loops' S = Q K^T (Q at Qbuf, K at Kbuf), the tile's scores (part: its block is partial;
+// slot: that block's slot in the partial list) and the online softmax into s / pk, o rescaled. Both
+// TMA forwards' loops use it with their own P, s, pk, m, l, o, warp, b, h, row_base, c0, t,
+// rows_in and mrow.
+#if FWD_KEEPBITS
+#define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                 \
+  fwd_qk_scores(P, s, Qbuf, Kbuf, warp, b, h, row_base, c0, t, part, rows_in); \
+  PROF_MARK(2);                                                                \
+  float alpha[FWD_MT][2];                                                      \
+  fwd_softmax(s, pk, m, l, alpha);                                             \
+  fwd_rescale(o, alpha);
+#else
+#define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                                  \
+  wg_abt<FWD_TILE_N>(s[0], Qbuf, FWD_TILE_M, (warp >> 2) * 64, Kbuf);                            \
+  PROF_MARK(2);                                                                                  \
+  fwd_tile_scores(P, s, b, h, row_base, c0, t, part, rows_in, fwd_block_bits(P, mrow, slot, part)); \
+  float alpha[FWD_MT][2];                                                                        \
+  fwd_softmax(s, pk, m, l, alpha);                                                               \
+  fwd_rescale(o, alpha);
+#endif
+#endif  // FWD_TMA
+
+// The output rows of one q tile (this thread's o, m, l; row_base as FWD_ROW) and their lse.
+__device__ __forceinline__ void fwd_store(const FlexParams& P, const float (&o)[FWD_MT][HEAD_DIM / 8][4],
+                                          const float (&m)[FWD_MT][2], const float (&l)[FWD_MT][2], i64 bh,
+                                          i64 row_base, int t) {
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const i64 row = row_base + mt * 16 + 8 * r;
+      if (row >= P.L) continue;
+      const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
+      u16* og = (u16*)P.out + (bh * P.L + row) * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n)
+        *(u32*)(og + n * 8 + 2 * t) = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+      if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? m[mt][r] + logf(lr) : NEG_INF;
+    }
+}
+#endif  // KILN_BUILD_FWD (flex_fwd follows in kernel_forward())
+)kiln_src";
+}
+
+const char* kernel_forward() {
+  return R"kiln_src(#if KILN_BUILD_FWD
+#if !FWD_PERSIST  // else flex_fwd is the persistent kernel of kernel_source_persist.cpp
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_constant__ FlexParams P) {
+  PROF_DECL
+  extern __shared__ __align__(16) u16 smem[];
+#if FWD_WGMMA
+  u16* Qs = wg_smem_base(smem);
+  u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;
+  u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
+  u16* Ks2 = Vs + FWD_TILE_N * HEAD_DIM;  // FWD_KBUF 2 / FWD_OVERLAP: the second K buffer
+  u16* Vs2 = Ks2 + FWD_TILE_N * HEAD_DIM;  // FWD_OVERLAP: the second V buffer
+#else
+  u16* Qs = smem;
+  u16* Ks = Qs + FWD_TILE_M * LD;
+  u16* Vs = Ks + FWD_TILE_N * LD;
+  u16* Ks2 = Vs + FWD_TILE_N * LD;
+#endif
+#if !FWD_OVERLAP
+  u16* Kcur = Ks;  // K of the current tile (FWD_KBUF 2 alternates Ks and Ks2)
+#endif
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // Heaviest (last) q tiles first: causal rows at the end list the most blocks.
+  const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M;
+  const i64 tile = q_tiles - 1 - (i64)blockIdx.x % q_tiles, bh = (i64)blockIdx.x / q_tiles;
+  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * FWD_TILE_M;
+  const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+#if FWD_TMA
+  // Q and the first K on bars[0], then K on bars[0] and V on bars[1], each wait flipping its phase.
+  // FWD_KBUF 2: two stages, K and V of stage x on bars[x] and bars[2 + x].
+  __shared__ __align__(8) u64 bars[2 * FWD_KBUF];
+  u32 kphase = 0, vphase = 0;
+#elif FWD_WGMMA
+  FWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M);  // lands with the first K tile
+#else
+  load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M, FWD_THREADS);
+#endif
+  const bool rows_in = r0 + FWD_TILE_M <= P.L;
+
+  float o[FWD_MT][HEAD_DIM / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  float m[FWD_MT][2], l[FWD_MT][2];
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt) m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
+  // Global row of this thread's row r (0: g, 1: g + 8) in m16 block mt.
+  const i64 row_base = r0 + warp * 16 * FWD_MT + g;
+#define FWD_ROW(mt, r) (row_base + (mt) * 16 + 8 * (r))
+
+  const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
+  i64 c0, c_next;
+  bool partial, p_next;
+  int slot0 = 0;  // the partial list's slot of c0's block (MASK_BITS)
+  bool more = walk.next(c0, partial, &slot0);
+#if FWD_TMA
+  const i64 bhk = b * P.Hkv + hk;
+#if FWD_KBUF == 2
+  i64 c1 = 0;  // the tile after c0, already loading into the other stage
+  bool p1 = false;
+  int slot1 = 0;
+  bool more1 = more && walk.next(c1, p1, &slot1);
+#endif
+  if (threadIdx.x == 0) {
+    mbar_init_all(bars, 2 * FWD_KBUF);
+    if (more) {
+      tma_tile(Qs, P.qmap, &bars[0], r0, bh, FWD_TILE_M, false);  // Q's bytes join the first K's phase
+      tma_tile(Ks, P.kmap, &bars[0], c0, bhk, FWD_TILE_N);
+    }
+#if FWD_KBUF == 2
+    if (more) tma_tile(Vs, P.vmap, &bars[2], c0, bhk, FWD_TILE_N);
+    if (more1) {
+      tma_tile(Ks + 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &bars[1], c1, bhk, FWD_TILE_N);
+      tma_tile(Vs + 2 * FWD_TILE_N * HEAD_DIM, P.vmap, &bars[3], c1, bhk, FWD_TILE_N);
+    }
+#endif
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+#else
+  if (more) FWD_LOAD_TILE(Ks, kg, c0, P.S, FWD_TILE_N);
+  cp_async_commit();
+#endif
+  PROF_MARK(0);
+#if FWD_OVERLAP
+  // The softmax of tile j runs while the tensor cores do P V of tile j - 1: both products are
+  // issued, S(j) waited for, the softmax done, then P V(j - 1) waited for and the output rescaled
+  // (FlashAttention-3's intra-warpgroup overlap). K(j + 1) and V(j) load during iteration j into
+  // the other of two buffers each; P(j - 1) stays in registers until its product is done.
+#define KB_(i) (((i) & 1) ? Ks2 : Ks)  // selects, not an array: an indexed array lives in local memory
+#define VB_(i) (((i) & 1) ? Vs2 : Vs)
+  int j = 0;
+  bool more_next = false;
+  // Loads K(j + 1) and V(j), then waits for K(j) and V(j - 1).
+  auto stage = [&]() {
+    more_next = walk.next(c_next, p_next);
+    __syncthreads();  // everyone is done with KB_(j + 1) (S of j - 1) and VB_(j) (P V of j - 2)
+    if (more_next) FWD_LOAD_TILE(KB_(j + 1), kg, c_next, P.S, FWD_TILE_N);
+    FWD_LOAD_TILE(VB_(j), vg, c0, P.S, FWD_TILE_N);
+    cp_async_commit();
+    cp_async_wait<1>();  // K(j) and V(j - 1) landed (this thread's part)
+    SMEM_PROXY_FENCE();
+    __syncthreads();
+    PROF_MARK(1);
+  };
+  auto advance = [&]() {
+    c0 = c_next;
+    partial = p_next;
+    more = more_next;
+    ++j;
+  };
+  // P of the previous tile and of this one alternate between two register sets (the loop is
+  // unrolled by two): a copy from one to the other would define wgmma operand registers inside
+  // the stage, and ptxas then serializes every wgmma.
+  u32 pk_a[FWD_MT][FWD_TILE_N / 8][2], pk_b[FWD_MT][FWD_TILE_N / 8][2];
+  auto step = [&](u32 (&prev)[FWD_MT][FWD_TILE_N / 8][2], u32 (&cur)[FWD_MT][FWD_TILE_N / 8][2]) {
+    stage();
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    reg_fence<HEAD_DIM / 8>(o[0]);
+    wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
+    wg_pb_issue<FWD_TILE_N>(o[0], prev[0], VB_(j + 1));
+    wg_wait<1>();  // S(j) done; P V(j - 1) may still run
+    reg_fence<FWD_TILE_N / 8>(s[0]);
+    PROF_MARK(2);
+    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
+    float alpha[FWD_MT][2];
+    fwd_softmax(s, cur, m, l, alpha);
+    PROF_MARK(3);
+    wg_wait<0>();
+    reg_fence<HEAD_DIM / 8>(o[0]);
+    reg_fence_pk<FWD_TILE_N / 8>(prev[0]);  // P(j - 1) stays put until its product is done
+    PROF_MARK(4);
+    fwd_rescale(o, alpha);
+    PROF_MARK(5);
+    advance();
+  };
+  if (more) {  // the first tile: no P V to overlap yet
+    stage();
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    float alpha[FWD_MT][2];
+    wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
+    PROF_MARK(2);
+    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
+    fwd_softmax(s, pk_a, m, l, alpha);
+    PROF_MARK(3);
+    advance();
+  }
+  bool last_in_a = true;
+  while (more) {
+    step(pk_a, pk_b);
+    last_in_a = false;
+    if (!more) break;
+    step(pk_b, pk_a);
+    last_in_a = true;
+  }
+  if (j > 0) {  // P V of the last tile
+    cp_async_wait<0>();
+    SMEM_PROXY_FENCE();
+    __syncthreads();
+    if (last_in_a) wg_pb<FWD_TILE_N>(o[0], pk_a[0], VB_(j + 1));
+    else wg_pb<FWD_TILE_N>(o[0], pk_b[0], VB_(j + 1));
+  }
+#undef KB_
+#undef VB_
+#elif FWD_TMA && FWD_KBUF == 2
+  // Two stages (K, V) at Ks / Vs and 2 tiles further on: tile c0 is in stage x while c1 loads into
+  // the other; once every warp is done with stage x it takes the tile after c1. No load waits
+  // behind a product of the same step. kphase bit x: stage x's parity (K and V flip together).
+  int x = 0;
+  while (more) {
+    u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
+    u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
+    mbar_wait(&bars[x], (kphase >> x) & 1);  // K(c0) (and Q on the first tile) landed
+    PROF_MARK(1);
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
+    FWD_TMA_SOFTMAX(Qs, Kx, partial, slot0)
+    PROF_MARK(3);
+    mbar_wait(&bars[2 + x], (kphase >> x) & 1);  // V(c0) landed
+    kphase ^= 1u << x;
+    PROF_MARK(4);
+    wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
+    PROF_MARK(5);
+    i64 c2 = 0;
+    bool p2 = false;
+    int slot2 = 0;
+    const bool more2 = more1 && walk.next(c2, p2, &slot2);
+    __syncthreads();  // every warp is done with stage x
+    if (more2 && threadIdx.x == 0) {
+      tma_tile(Kx, P.kmap, &bars[x], c2, bhk, FWD_TILE_N);
+      tma_tile(Vx, P.vmap, &bars[2 + x], c2, bhk, FWD_TILE_N);
+    }
+    c0 = c1, partial = p1, more = more1, slot0 = slot1;
+    c1 = c2, p1 = p2, more1 = more2, slot1 = slot2;
+    x ^= 1;
+  }
+#elif FWD_TMA
+  // As the default loop below (one K and one V buffer), the loads by TMA from thread 0.
+  while (more) {
+    __syncthreads();  // everyone is done with Vs (previous PV)
+    if (threadIdx.x == 0) tma_tile(Vs, P.vmap, &bars[1], c0, bhk, FWD_TILE_N);
+    mbar_wait(&bars[0], kphase);  // Q (first tile) and K(c0) landed
+    kphase ^= 1;
+    PROF_MARK(1);
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
+    FWD_TMA_SOFTMAX(Qs, Ks, partial, slot0)
+    PROF_MARK(3);
+    __syncthreads();  // everyone is done with Ks
+    more = walk.next(c_next, p_next, &slot0);  // slot0 is read again only for c_next
+    if (more && threadIdx.x == 0) tma_tile(Ks, P.kmap, &bars[0], c_next, bhk, FWD_TILE_N);
+    mbar_wait(&bars[1], vphase);  // V(c0) landed
+    vphase ^= 1;
+    PROF_MARK(4);
+    wg_pb<FWD_TILE_N>(o[0], pk[0], Vs);
+    PROF_MARK(5);
+    c0 = c_next;
+    partial = p_next;
+  }
+#else
+  // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV (FWD_KBUF 1)
+  // or, into the other K buffer, with V(c0) a whole step ahead (FWD_KBUF 2).
+  while (more) {
+    __syncthreads();  // everyone is done with Vs (previous PV)
+    FWD_LOAD_TILE(Vs, vg, c0, P.S, FWD_TILE_N);
+#if FWD_KBUF == 2
+    u16* Knext = Kcur == Ks ? Ks2 : Ks;  // S(previous) read it: done (the barrier above)
+    const bool more_next = walk.next(c_next, p_next);
+    if (more_next) FWD_LOAD_TILE(Knext, kg, c_next, P.S, FWD_TILE_N);
+#endif
+    cp_async_commit();
+    cp_async_wait<1>();  // K(c0) landed (this thread's part)
+    SMEM_PROXY_FENCE();
+    __syncthreads();
+    PROF_MARK(1);
+    {
+      float s[FWD_MT][FWD_TILE_N / 8][4];
+      u32 pk[FWD_MT][FWD_TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
+#if FWD_WGMMA
+      wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kcur);
+#else
+      tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Kcur, lane);
+#endif
+      PROF_MARK(2);
+      fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
+      float alpha[FWD_MT][2];
+      fwd_softmax(s, pk, m, l, alpha);
+      fwd_rescale(o, alpha);
+      PROF_MARK(3);
+#if FWD_KBUF == 2
+      cp_async_wait<0>();  // V(c0) and K(next) landed
+#else
+      __syncthreads();  // everyone is done with Ks
+      more = walk.next(c_next, p_next);
+      if (more) FWD_LOAD_TILE(Ks, kg, c_next, P.S, FWD_TILE_N);
+      cp_async_commit();
+      cp_async_wait<1>();  // V(c0) landed
+#endif
+      SMEM_PROXY_FENCE();
+      __syncthreads();
+      PROF_MARK(4);
+#if FWD_WGMMA
+      wg_pb<FWD_TILE_N>(o[0], pk[0], Vs);
+#else
+      tile_pb_mt(o, pk, Vs, lane);
+#endif
+      PROF_MARK(5);
+#if FWD_KBUF == 2
+      Kcur = Knext;
+      more = more_next;
+#endif
+      c0 = c_next;
+      partial = p_next;
+    }
+  }
+#endif  // FWD_OVERLAP
+  fwd_store(P, o, m, l, bh, row_base, t);
+#undef FWD_ROW
+  PROF_MARK(6);
+  PROF_FLUSH(0);
+}
+#endif  // !FWD_PERSIST
+
+#endif  // KILN_BUILD_FWD
+)kiln_src";
+}
+
+}  // namespace kiln::flex::cuda

@@ -1,0 +1,200 @@
+// The kernels' shared device code as source text, pasted after the wgmma helpers by
+// kernel_template() (kernel_source.cpp): the BlockMask walks (BlockWalk, TileWalk, GroupWalk), the
+// modified score of one element (mod_score), the profile counters and the switches' defaults.
+#include "flex/cuda/codegen.h"
+
+namespace kiln::flex::cuda {
+
+const char* kernel_walks() {
+  return R"kiln_src(
+#define FWD_LOAD_TILE(dst, src, row0, total, rows) \
+  load_tile_async<(FWD_WGMMA != 0)>(dst, src, row0, total, rows, FWD_THREADS)
+
+__device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
+  return (P.mB == 1 ? 0 : b) * P.mH + (P.mH == 1 ? 0 : h);
+}
+
+#ifndef MASK_BITS
+#define MASK_BITS 0  // TMA forward: partial blocks' keep bits from flex_mask_bits (P.mbits)
+#endif
+#ifndef WALK_AHEAD
+#define WALK_AHEAD 0  // the lists' next entries loaded a step ahead (KILN_FLEX_WALK_AHEAD=1)
+#endif
+// Merged ascending walk of a partial list and a full list (or every block when all_full). With
+// WALK_AHEAD the heads of both lists (va = *pa, vf = *fa) are loaded one step ahead, so a step
+// reads registers and its global load's latency hides behind the tile's work.
+struct BlockWalk {
+  const int *pa, *pe, *fa, *fe;
+  const int* p0;  // the partial list's start: a partial block's slot is its offset from here
+  int va, vf, slot;
+  i64 next, count;
+  bool all;
+  __device__ __forceinline__ BlockWalk(const FlexParams& P, const int* num, const int* idx, i64 m, const int* fnum,
+                                       const int* fidx, i64 fm, i64 row, i64 total) {
+    all = P.all_full != 0;
+    next = 0;
+    count = total;
+    pa = pe = fa = fe = p0 = 0;
+    va = vf = slot = 0;
+    if (!all) {
+      pa = p0 = idx + row * m;
+      pe = pa + num[row];
+      fa = fidx + row * fm;
+      fe = fa + fnum[row];
+#if WALK_AHEAD
+      va = pa < pe ? *pa : 0;
+      vf = fa < fe ? *fa : 0;
+#endif
+    }
+  }
+  __device__ __forceinline__ bool step(int& j, bool& partial) {
+    if (all) {
+      if (next >= count) return false;
+      j = (int)next++;
+      partial = false;
+      return true;
+    }
+    if (pa == pe && fa == fe) return false;
+#if WALK_AHEAD
+    if (fa == fe || (pa < pe && va < vf)) {
+      j = va;
+      partial = true;
+#if MASK_BITS
+      slot = (int)(pa - p0);
+#endif
+      ++pa;
+      va = pa < pe ? *pa : 0;
+    } else {
+      j = vf;
+      partial = false;
+      ++fa;
+      vf = fa < fe ? *fa : 0;
+    }
+#else
+    if (fa == fe || (pa < pe && *pa < *fa)) {
+#if MASK_BITS
+      slot = (int)(pa - p0);
+#endif
+      j = *pa++;
+      partial = true;
+    } else {
+      j = *fa++;
+      partial = false;
+    }
+#endif
+    return true;
+  }
+};
+
+// The step_n-wide tiles of a BlockWalk's blocks, in order (blocks of `blk` rows, clipped to `total`).
+struct TileWalk {
+  BlockWalk w;
+  i64 c, cend, blk, total, step_n;
+  bool part;
+  __device__ __forceinline__ TileWalk(const BlockWalk& walk, i64 block, i64 n, i64 step = TILE_N)
+      : w(walk), c(0), cend(0), blk(block), total(n), step_n(step), part(false) {}
+  // slot: the partial list's slot of the tile's block (MASK_BITS), when asked for.
+  __device__ __forceinline__ bool next(i64& c0, bool& partial, int* slot = nullptr) {
+    while (c >= cend) {
+      int j;
+      if (!w.step(j, part)) return false;
+      c = (i64)j * blk;
+      cend = c + blk < total ? c + blk : total;
+    }
+    c0 = c;
+    partial = part;
+#if MASK_BITS
+    if (slot) *slot = w.slot;
+#endif
+    c += step_n;
+    return true;
+  }
+};
+
+// dK/dV's q tiles: the transposed list of each q head of the kv head's group, head by head.
+struct GroupWalk {
+  const FlexParams& P;
+  i64 b, hk, jblk, gi;
+  TileWalk tw;
+  __device__ __forceinline__ TileWalk head(i64 g) const {
+    const i64 mcol = P.all_full ? 0 : mask_row(P, b, hk * P.G + g) * P.nKVB + jblk;
+    return TileWalk(BlockWalk(P, P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m, mcol, P.nQB), P.QB, P.L);
+  }
+  __device__ __forceinline__ GroupWalk(const FlexParams& p, i64 b_, i64 hk_, i64 jblk_)
+      : P(p), b(b_), hk(hk_), jblk(jblk_), gi(0), tw(head(0)) {}
+  __device__ __forceinline__ bool next(i64& g, i64& r0, bool& partial) {
+    while (gi < P.G) {
+      if (tw.next(r0, partial)) {
+        g = gi;
+        return true;
+      }
+      if (++gi < P.G) tw = head(gi);
+    }
+    return false;
+  }
+};
+
+// The modified score of one element and whether it is kept (in bounds, and mask true on partial
+// blocks). Branch-free: the mods see the element clamped into the lengths (an element of the same
+// tile, so no new index errors) and the bounds and mask are and-ed in, so a tile's elements
+// compile to selects rather than a branch each.
+__device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv, bool partial,
+                                           bool* keep) {
+  const bool in = q < P.L && kv < P.S;
+  const i64 qc = q < P.L ? q : P.L - 1, kvc = kv < P.S ? kv : P.S - 1;
+  float x = raw * (float)P.scale;
+#if HAS_SCORE
+  x = score_mod(x, b, h, qc, kvc, P);
+#endif
+  bool k = in;
+#if HAS_MASK
+  k = k & (!partial | (bool)mask_mod(b, h, qc, kvc, P));
+#endif
+  *keep = k;
+  return k ? x : NEG_INF;
+}
+
+// KILN_FLEX_PROFILE (a measurement tool): per-phase clock64 cycles of each CTA's thread 0, added
+// with atomics into 8 counters per kernel at P.prof + base. Forward phases: prologue, wait K,
+// S = QK^T, softmax, wait V, PV, epilogue.
+#ifndef FLEX_PROFILE
+#define FLEX_PROFILE 0
+#endif
+#ifndef FWD_KBUF
+#define FWD_KBUF 1  // K tiles in shared memory: 2 loads the next K a whole step ahead (TMA: 2 K/V stages)
+#endif
+#ifndef FWD_OVERLAP
+#define FWD_OVERLAP 0  // wgmma only: the softmax of a tile beside the previous tile's P V
+#endif
+#ifndef FWD_TMA
+#define FWD_TMA 0  // wgmma only, not with FWD_OVERLAP: Q, K and V tiles by TMA
+#endif
+#ifndef FWD_PERSIST
+#define FWD_PERSIST 0  // TMA with two stages only: one CTA walks several q tiles (kernel_source_persist.cpp)
+#endif
+#ifndef FWD_KEEPBITS
+#define FWD_KEEPBITS 0  // TMA only: a non-interior tile's keep bits while QK^T is in flight
+#endif
+#define PROFILE_SLOTS 8
+#if FLEX_PROFILE
+#define PROF_DECL                                  \
+  unsigned long long prof_[PROFILE_SLOTS] = {0}; \
+  unsigned long long prof_t_ = clock64();
+#define PROF_MARK(i)                              \
+  {                                               \
+    const unsigned long long now_ = clock64();    \
+    prof_[i] += now_ - prof_t_;                   \
+    prof_t_ = now_;                               \
+  }
+#define PROF_FLUSH(base) \
+  if (threadIdx.x == 0)  \
+    for (int i_ = 0; i_ < PROFILE_SLOTS; ++i_) atomicAdd(P.prof + (base) + i_, prof_[i_]);
+#else
+#define PROF_DECL
+#define PROF_MARK(i)
+#define PROF_FLUSH(base)
+#endif
+)kiln_src";
+}
+
+}  // namespace kiln::flex::cuda
