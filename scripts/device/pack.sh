@@ -18,7 +18,7 @@ for f in build/kiln build/tests/test_flex build/tests/test_ops build/tests/test_
 done
 (cd .device && tar cJf bin.tar.xz bin && rm -rf bin)
 git rev-parse --short HEAD > .device/commit
-if [ -z "${SKIP_PY:-}" ]; then
+if [ "${SKIP_PY:-0}" = 0 ]; then
   PY312=${PY312:-$HOME/.pyenv/versions/3.12.1/bin/python3.12}
   "$PY312" -m pip show -q nanobind > /dev/null 2>&1 || "$PY312" -m pip install -q nanobind
   launcher=$(command -v ccache > /dev/null && echo "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache" || true)
