@@ -13,18 +13,11 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   log "flex tests: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests.log" | tr '\n' ' ') $(tail -1 "$OUT/flex_tests.log")"
   grep -E "Failure" -A6 "$OUT/flex_tests.log" | head -30 | tee -a "$OUT/$LOG_NAME"
 fi
-ARGS=(  # compare_torch.py's FLEX_ROWS, in order
-  "--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256"
-  "--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask sliding:256"
-  "--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask sliding:1024"
-  "--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal"
-  "--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16"
-  "--batch 1 --heads 16 --seq 16384 --head-dim 128 --mask causal --score alibi"
-  "--batch 1 --heads 16 --seq 16384 --head-dim 128 --mask causal --score softcap:30")
+. scripts/device/flex_rows.sh
 for pass in $(seq "${AB_PASSES:-2}"); do
   for r in ${ROWS:-0 1 2 3 4 5 6}; do
     for x in 0 1; do
-      line=$(env "$var=$x" timeout 40 build-gpu/kiln bench flex --device cuda ${ARGS[$r]} --dtype bf16 --json --reps 20 \
+      line=$(env "$var=$x" timeout 40 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --dtype bf16 --json --reps 20 \
              --flex-only 2>&1 | grep '"variant": "flex"' | grep -o '"fwd_ms": [0-9.]*, "fwd_bwd_ms": [0-9.]*')
       log "row $r $var=$x $line"
     done

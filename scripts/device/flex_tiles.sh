@@ -9,15 +9,11 @@ set -uo pipefail
 LOG_NAME=flex_tiles.log
 . scripts/device/prelude.sh
 log "commit $(cat .device/commit)"
-A=("--batch 1 --heads 8 --seq 32768 --head-dim 64 --mask sliding:256"
-   "--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask sliding:256"
-   "--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask sliding:1024"
-   "--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal"
-   "--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16")
+. scripts/device/flex_rows.sh
 for pass in $(seq "${AB_PASSES:-2}"); do
   for r in ${ROWS:-1 2 4}; do
     for s in ${SETTINGS:-X=0 KILN_FLEX_FWD_TILE=64x128x1 KILN_FLEX_FWD_TILE=128x64x1 KILN_FLEX_FWD_KBUF=1 KILN_FLEX_FWD_TILE=64x64x1}; do
-      ms=$(env ${s//,/ } timeout 30 build-gpu/kiln bench flex --device cuda ${A[$r]} --dtype bf16 --json --reps 20 \
+      ms=$(env ${s//,/ } timeout 30 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --dtype bf16 --json --reps 20 \
            --flex-only 2>&1 | grep -o '"fwd_ms": [0-9.]*')
       log "row $r $s $ms"
     done

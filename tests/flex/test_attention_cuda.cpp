@@ -347,6 +347,28 @@ void check_cuda(const GpuCase& c, DType dt, const MaskMod* mask, const MaskFn& m
 }
 
 const MaskFn kCausal = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv; };
+// The reference of softcap(5.0).
+const ScoreFn kSoftcap5 = [](double s, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(s / 5.0); };
+
+// Two batches, GQA (4 q heads over 2 kv heads), L = 333 and the given S at E = 128: lengths that
+// are not multiples of any tile.
+GpuCase gqa_ragged_e128(int64_t S) {
+  GpuCase c;
+  c.B = 2;
+  c.Hq = 4;
+  c.Hkv = 2;
+  c.L = 333;
+  c.S = S;
+  c.E = 128;
+  return c;
+}
+
+// A causal window of W with softcap(5.0) in bf16, against the reference.
+void check_window_softcap(const GpuCase& c, int64_t W) {
+  const MaskMod window = sliding_window_mask(W);
+  const MaskFn f = [W](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < W; };
+  check_cuda(c, kBFloat16, &window, f, softcap(5.0), kSoftcap5);
+}
 
 // Causal attention with relative_position_bias(bias, c.S) in bf16 against the reference read from
 // bias's current values; `extra` = {bias} also checks its gradient.
@@ -484,17 +506,8 @@ TEST(FlexAttentionCuda, MmaSelectionRejectsUnknownValues) {
 TEST(FlexAttentionCuda, GqaRaggedLengthsE128) {
   KILN_REQUIRE_CUDA();
   manual_seed(14);
-  GpuCase c;
-  c.B = 2;
-  c.Hq = 4;
-  c.Hkv = 2;
-  c.L = 333;
-  c.S = 200;
-  c.E = 128;
-  const MaskMod window = sliding_window_mask(70);
-  const MaskFn f = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 70; };
-  check_cuda(c, kBFloat16, &window, f, softcap(5.0),
-             [](double s, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(s / 5.0); });
+  GpuCase c = gqa_ragged_e128(200);
+  check_window_softcap(c, 70);
   // Per-head mask (BlockMask over heads) with a 64-block mask.
   c.bs = 64;
   const MaskMod per_head([](Expr bb, Expr hh, Expr q, Expr kv) { return q - kv <= hh * 40 + bb; });
@@ -508,21 +521,12 @@ TEST(FlexAttentionCuda, GqaRaggedLengthsE128) {
 TEST(FlexAttentionCuda, ForwardTilesAtE128MatchReference) {
   KILN_REQUIRE_CUDA();
   manual_seed(33);
-  GpuCase c;
-  c.B = 2;
-  c.Hq = 4;
-  c.Hkv = 2;
-  c.L = 333;
-  c.S = 400;
-  c.E = 128;
-  const MaskMod window = sliding_window_mask(150);
-  const MaskFn f = [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 150; };
+  const GpuCase c = gqa_ragged_e128(400);
   for (const char* tile : {"64x64x1", "64x128x1", "128x64x1"})
     for (const char* kbuf : {"1", "2"}) {
       SCOPED_TRACE(std::string("tile ") + tile + ", K / V stages " + kbuf);
       const ScopedEnv t("KILN_FLEX_FWD_TILE", tile), k("KILN_FLEX_FWD_KBUF", kbuf);
-      check_cuda(c, kBFloat16, &window, f, softcap(5.0),
-                 [](double s, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(s / 5.0); });
+      check_window_softcap(c, 150);
     }
 }
 
@@ -617,8 +621,7 @@ void check_kernel_variant(const char* var, const char* on = "1", const char* off
                nullptr);
     check_relative_bias(c, bias, {bias});
     c.E = 128;
-    check_cuda(c, kBFloat16, &causal, kCausal, softcap(5.0),
-               [](double s, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(s / 5.0); });
+    check_cuda(c, kBFloat16, &causal, kCausal, softcap(5.0), kSoftcap5);
   }
   for (const int64_t E : {64, 128}) {
     const int64_t L = 700, S = 900;
@@ -665,8 +668,7 @@ TEST(FlexAttentionCuda, ExactModsMatchReference) {
   GpuCase c;
   c.E = 128;
   const MaskMod causal = causal_mask();
-  check_cuda(c, kBFloat16, &causal, kCausal, softcap(5.0),
-             [](double s, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(s / 5.0); });
+  check_cuda(c, kBFloat16, &causal, kCausal, softcap(5.0), kSoftcap5);
   const Tensor bias = (randn({c.Hq, c.L + c.S}, kFloat64) * 0.5).detach().requires_grad_();
   check_relative_bias(c, bias, {bias});
 }
@@ -732,8 +734,7 @@ TEST(FlexAttentionCuda, MaskBitsForwardMatchesReferenceAndDefaultBits) {
     {
       const ScopedEnv on("KILN_FLEX_MASK_BITS", "1");
       check_cuda(c, kBFloat16, &m, f, ScoreMod(), nullptr);
-      check_cuda(c, kBFloat16, &m, f, softcap(5.0),
-                 [](double x, int64_t, int64_t, int64_t, int64_t) { return 5.0 * std::tanh(x / 5.0); });
+      check_cuda(c, kBFloat16, &m, f, softcap(5.0), kSoftcap5);
     }
     const Tensor q = randn({1, c.Hq, c.L, E}), k = randn({1, c.Hkv, c.S, E}), v = randn({1, c.Hkv, c.S, E}),
                  cot = randn({1, c.Hq, c.L, E});
