@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # A flex switch on the GPU (carry [".device"]): the CUDA flex suite at the defaults, then kiln alone
-# on the issue's seven rows with AB_VAR=0 and AB_VAR=1 interleaved (AB_PASSES times, default 2;
-# ROWS, default all). Logs to stdout and $OUT/flex_ab.log. e.g.
+# on the issue's seven rows with AB_VAR at each of AB_VALUES (default "0 1") interleaved (AB_PASSES
+# times, default 2; ROWS, default all). Logs to stdout and $OUT/flex_ab.log. e.g.
 #   AB_VAR=KILN_FLEX_BWD_CONCURRENT bash scripts/device/flex_ab.sh
 set -uo pipefail
 LOG_NAME=flex_ab.log
 . scripts/device/prelude.sh
 var=${AB_VAR:?AB_VAR names the switch}
-log "commit $(cat .device/commit), $var 0/1"
+values=${AB_VALUES:-0 1}
+log "commit $(cat .device/commit), $var: $values"
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout ${TEST_TIMEOUT:-150} build-gpu/tests/test_flex --gtest_filter="${FLEX_FILTER:-FlexAttentionCuda*}" > "$OUT/flex_tests.log" 2>&1
   log "flex tests: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests.log" | tr '\n' ' ') $(tail -1 "$OUT/flex_tests.log")"
@@ -16,7 +17,7 @@ fi
 . scripts/device/flex_rows.sh
 for pass in $(seq "${AB_PASSES:-2}"); do
   for r in ${ROWS:-0 1 2 3 4 5 6}; do
-    for x in 0 1; do
+    for x in $values; do
       line=$(env "$var=$x" timeout 40 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --dtype bf16 --json --reps 20 \
              --flex-only 2>&1 | grep '"variant": "flex"' | grep -o '"fwd_ms": [0-9.]*, "fwd_bwd_ms": [0-9.]*')
       log "row $r $var=$x $line"

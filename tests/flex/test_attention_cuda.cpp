@@ -501,6 +501,13 @@ TEST(FlexAttentionCuda, MmaSelectionRejectsUnknownValues) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("KILN_FLEX_FWD_MMA must be wgmma or mma"), std::string::npos) << e.what();
   }
+  const ScopedEnv fwd_ok("KILN_FLEX_FWD_MMA", "wgmma"), blocks("KILN_FLEX_BWD_DKDV_BLOCKS", "7");
+  try {
+    flex_attention(q, q, q, FlexOptions());
+    ADD_FAILURE() << "KILN_FLEX_BWD_DKDV_BLOCKS=7 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_FLEX_BWD_DKDV_BLOCKS must be 1 to 4"), std::string::npos) << e.what();
+  }
 }
 
 TEST(FlexAttentionCuda, GqaRaggedLengthsE128) {
@@ -657,6 +664,22 @@ TEST(FlexAttentionCuda, ConcurrentBackwardMatchesReferenceAndSequentialBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(31);
   check_kernel_variant("KILN_FLEX_BWD_CONCURRENT");
+}
+
+// KILN_FLEX_BWD_KBUF=2 with the TMA backward: the dQ kernel's two K / V stages (the next tile's
+// loads a whole step ahead), against one stage.
+TEST(FlexAttentionCuda, TwoStageTmaDqMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(34);
+  check_kernel_variant("KILN_FLEX_BWD_KBUF", "2", "1");
+}
+
+// KILN_FLEX_BWD_DKDV_BLOCKS=3: the dK/dV kernel held to three CTAs' registers an SM (spilling at
+// E = 128) gives the same bits as ptxas' own choice.
+TEST(FlexAttentionCuda, DkdvRegisterCapMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(35);
+  check_kernel_variant("KILN_FLEX_BWD_DKDV_BLOCKS", "3", "1");
 }
 
 // KILN_FLEX_FAST_MODS=0: the exact mods (64-bit int locals, IEEE divisions, tanhf) still match the

@@ -82,6 +82,10 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   // 0.204 -> 0.279, so short rows keep 64 x 64).
   const int64_t row_blocks = p.all_full ? p.nKV : p.kv_m + p.fkv_m;
   if (wgmma && p.E == 64 && row_blocks >= 6) n = 128;
+  // E = 128 rows listing up to 9 blocks: 64 x 64 in two stages, two CTAs an SM instead of one
+  // (H200, session 12, fwd ms: window 256 0.57-0.58 -> 0.43, window 1024 0.93-0.95 -> 0.87-0.91;
+  // but 16 documents, 16+ blocks a row, 1.37 -> 1.57, so long rows keep 128 x 128).
+  if (wgmma && p.E == 128 && row_blocks <= 9) m = n = 64;
   if (const char* env = std::getenv("KILN_FLEX_FWD_TILE")) {
     KILN_CHECK(std::sscanf(env, "%dx%dx%d", &m, &n, &mt) == 3, kOp, "KILN_FLEX_FWD_TILE must read MxNxMT, got '",
                env, "'");
@@ -170,12 +174,13 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d/%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
-                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods);
+                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
+                cfg.dkdv_min_blocks);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -268,6 +273,11 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
                   p.L <= detail::kNarrowQKv && p.S <= detail::kNarrowQKv;
   cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
+  if (const char* v = std::getenv("KILN_FLEX_BWD_DKDV_BLOCKS")) {
+    cfg.dkdv_min_blocks = std::atoi(v);
+    KILN_CHECK(cfg.dkdv_min_blocks >= 1 && cfg.dkdv_min_blocks <= 4, kOp,
+               "KILN_FLEX_BWD_DKDV_BLOCKS must be 1 to 4, got '", v, "'");
+  }
   cfg.fwd_overlap = cfg.fwd_wgmma && env_flag("KILN_FLEX_FWD_OVERLAP", false);
   // TMA tiles by default in the wgmma forward (H200, session 7: causal 4x16x8192x128 fwd 3.818 ->
   // 2.806 ms, 16 documents 2.335 -> 2.072, window 256 0.195 -> 0.154, training shape 0.345 ->
@@ -312,13 +322,13 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
                                : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;
   st->fwd_threads = cfg.fwd_threads();
   st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
-  // dQ's Q, dO, V and 1 or 2 K buffers (one with TMA); dK/dV's K, V and 1 or 2 sets of Q, dO and
-  // lse2 / delta rows (two with TMA). The kernels' attribute takes the larger.
+  // dQ's Q, dO, V and 1 or 2 K buffers (TMA: 1 or 2 K and as many V); dK/dV's K, V and 1 or 2 sets
+  // of Q, dO and lse2 / delta rows (two with TMA). The kernels' attribute takes the larger.
   const auto tiles_bytes = [&](int64_t tiles) {
     return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * ld * 2;
   };
   const int64_t q_sets = cfg.bwd_tma ? 2 : cfg.bwd_qbuf;
-  st->bwd_dq_smem = tiles_bytes(3 + (cfg.bwd_tma ? 1 : cfg.bwd_kbuf));
+  st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
   st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;

@@ -106,6 +106,9 @@ struct KernelConfig {
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
   // (KILN_FLEX_BWD_QBUF=2).
   int bwd_qbuf = 1;
+  // The dK/dV kernel's CTAs an SM that ptxas must leave registers for (__launch_bounds__' second
+  // argument; KILN_FLEX_BWD_DKDV_BLOCKS=N, a measurement switch; 1 lets it take up to 255).
+  int dkdv_min_blocks = 1;
   // Cheaper mods (the default; KILN_FLEX_FAST_MODS=0 turns them off): int locals the
   // interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are `int` (64-bit
   // multiplies and conversions cost several instructions each on sm_90), float divisions by

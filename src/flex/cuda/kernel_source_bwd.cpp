@@ -8,7 +8,7 @@ namespace kiln::flex::cuda {
 const char* backward_kernels_source() {
   return R"kiln_src(#if KILN_BUILD_BWD
 #ifndef BWD_KBUF
-#define BWD_KBUF 1  // K tiles of the dQ kernel: 2 loads the next K with the next V, a step earlier
+#define BWD_KBUF 1  // dQ kernel: 2 loads the next K with the next V a step earlier (TMA: 2 K and 2 V buffers)
 #endif
 #ifndef BWD_QBUF
 #define BWD_QBUF 1  // Q / dO tiles of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
@@ -180,36 +180,51 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
   int slot0 = 0, s_next = 0;  // the partial list's slot of c0's block (MASK_BITS)
   bool more = walk.next(c0, partial, &slot0);
 #if BWD_TMA
-  // bars[0]: Q (joining the first K's phase), then K tiles; bars[1]: dO, then V tiles. Loads from
-  // thread 0 into the one K and one V buffer, each once every warp is done with it.
-  __shared__ __align__(8) u64 bars[2];
-  u32 kphase = 0, vphase = 0;
+  // bars[slot]: K tiles (Q joins slot 0's first phase); bars[2 + slot]: V tiles (dO joins slot 0's).
+  // Thread 0 issues the loads. BWD_KBUF 1: one K and one V buffer, each refilled within the step
+  // once every warp is done with it; BWD_KBUF 2: two of each, the next tile's K and V issued at
+  // the top of a step into the buffers the previous step freed (a whole step ahead).
+  __shared__ __align__(8) u64 bars[4];
+  u16* Vs2 = Ks2 + BWD_TILE_ELEMS(TILE_N);  // BWD_KBUF 2: the second V buffer
   const i64 bhk = b * P.Hkv + hk;
   if (threadIdx.x == 0) {
-    mbar_init_all(bars, 2);
+    mbar_init_all(bars, 4);
     if (more) {
-      tma_tile(dOs, P.domap, &bars[1], r0, bh, TILE_M, false);
-      tma_tile(Vs, P.vmap, &bars[1], c0, bhk, TILE_N);
+      tma_tile(dOs, P.domap, &bars[2], r0, bh, TILE_M, false);
+      tma_tile(Vs, P.vmap, &bars[2], c0, bhk, TILE_N);
       tma_tile(Qs, P.qmap, &bars[0], r0, bh, TILE_M, false);
       tma_tile(Ks, P.kmap, &bars[0], c0, bhk, TILE_N);
     }
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
+#if BWD_KBUF == 2
+  bool more_next = more && walk.next(c_next, p_next, &s_next);
+#endif
   PROF_MARK(0);
-  while (more) {
+  for (int step = 0; more; ++step) {
     float s[TILE_N / 8][4], dp[TILE_N / 8][4];
-    mbar_wait(&bars[1], vphase);  // V(c0) (and dO on the first tile) landed
-    vphase ^= 1;
+    const int slot = BWD_KBUF == 2 ? step & 1 : 0;
+    const u32 phase = BWD_KBUF == 2 ? (step >> 1) & 1 : step & 1;  // each slot's barriers flip once a use
+    u16* Kb = slot ? Ks2 : Ks;
+    u16* Vb = slot ? Vs2 : Vs;
+#if BWD_KBUF == 2
+    if (more_next && threadIdx.x == 0) {  // the other slot, freed by the previous step's last barrier
+      tma_tile(slot ? Vs : Vs2, P.vmap, &bars[2 + (slot ^ 1)], c_next, bhk, TILE_N);
+      tma_tile(slot ? Ks : Ks2, P.kmap, &bars[slot ^ 1], c_next, bhk, TILE_N);
+    }
+#endif
+    mbar_wait(&bars[2 + slot], phase);  // V(c0) (and dO on the first tile) landed
     PROF_MARK(1);
-    BWD_ABT(dp, dOs, Vs, LDSM_B_Q);
+    BWD_ABT(dp, dOs, Vb, LDSM_B_Q);
     PROF_MARK(2);
+#if BWD_KBUF == 1
     more = walk.next(c_next, p_next, &s_next);
     __syncthreads();  // everyone is done with Vs
-    if (more && threadIdx.x == 0) tma_tile(Vs, P.vmap, &bars[1], c_next, bhk, TILE_N);
-    mbar_wait(&bars[0], kphase);  // K(c0) (and Q on the first tile) landed
-    kphase ^= 1;
+    if (more && threadIdx.x == 0) tma_tile(Vs, P.vmap, &bars[2], c_next, bhk, TILE_N);
+#endif
+    mbar_wait(&bars[slot], phase);  // K(c0) (and Q on the first tile) landed
     PROF_MARK(3);
-    BWD_ABT(s, Qs, Ks, LDSM_B_Q);
+    BWD_ABT(s, Qs, Kb, LDSM_B_Q);
     PROF_MARK(4);
     if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
 #if MASK_BITS
@@ -219,13 +234,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
 #endif
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
     PROF_MARK(5);
-    BWD_PB(dq, s, Ks, LDSM_B_Q);  // dQ += dS K
-    __syncthreads();              // everyone is done with Ks
+    BWD_PB(dq, s, Kb, LDSM_B_Q);  // dQ += dS K
+    __syncthreads();              // everyone is done with this slot's K (and V)
+#if BWD_KBUF == 1
     if (more && threadIdx.x == 0) tma_tile(Ks, P.kmap, &bars[0], c_next, bhk, TILE_N);
+#else
+    more = more_next;
+#endif
     PROF_MARK(6);
     c0 = c_next;
     partial = p_next;
     slot0 = s_next;
+#if BWD_KBUF == 2
+    if (more) more_next = walk.next(c_next, p_next, &s_next);
+#endif
   }
 #else
   if (more) BWD_LOAD_TILE(Vs, vg, c0, P.S, TILE_N);
@@ -367,7 +389,7 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(NTHREADS, DKDV_MIN_BLOCKS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Ks = BWD_SMEM_BASE(smem);
