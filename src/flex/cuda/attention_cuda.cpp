@@ -174,13 +174,12 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d/%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
-                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
-                cfg.dkdv_min_blocks);
+                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -271,13 +270,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // exact mods. 32-bit int locals need b < B, h < Hq, q < L, kv < S within the analysis' bounds.
   cfg.fast_mods = env_flag("KILN_FLEX_FAST_MODS", true) && p.B <= detail::kNarrowBH && p.Hq <= detail::kNarrowBH &&
                   p.L <= detail::kNarrowQKv && p.S <= detail::kNarrowQKv;
-  cfg.bwd_kbuf = k_buffers("KILN_FLEX_BWD_KBUF");
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
-  if (const char* v = std::getenv("KILN_FLEX_BWD_DKDV_BLOCKS")) {
-    cfg.dkdv_min_blocks = std::atoi(v);
-    KILN_CHECK(cfg.dkdv_min_blocks >= 1 && cfg.dkdv_min_blocks <= 4, kOp,
-               "KILN_FLEX_BWD_DKDV_BLOCKS must be 1 to 4, got '", v, "'");
-  }
   cfg.fwd_overlap = cfg.fwd_wgmma && env_flag("KILN_FLEX_FWD_OVERLAP", false);
   // TMA tiles by default in the wgmma forward (H200, session 7: causal 4x16x8192x128 fwd 3.818 ->
   // 2.806 ms, 16 documents 2.335 -> 2.072, window 256 0.195 -> 0.154, training shape 0.345 ->
@@ -313,6 +306,11 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
   // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
   cfg.bwd_tma = cfg.bwd_wgmma && env_flag("KILN_FLEX_BWD_TMA", true);
+  // With TMA the dQ kernel's two K / V stages by default (H200, session 12, fwd+bwd ms, two
+  // interleaved passes: window E 128 1.72 / 1.70 -> 1.65 / 1.67, 16 documents 5.62 / 5.63 -> 5.54 /
+  // 5.51, ALiBi 10.45 / 10.48 -> 10.31 / 10.34, softcap 11.54 / 11.66 -> 11.32 / 11.45, the rest
+  // within noise); KILN_FLEX_BWD_KBUF=1 keeps one. The cp.async dQ keeps one K buffer unless set.
+  cfg.bwd_kbuf = std::getenv("KILN_FLEX_BWD_KBUF") || !cfg.bwd_tma ? k_buffers("KILN_FLEX_BWD_KBUF") : 2;
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).
@@ -420,17 +418,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);
-  // The dK/dV kernel on a side stream beside the dQ kernel (they share only read-only inputs): each
-  // fills the other's last wave and launch gaps (H200, session 11, fwd+bwd: 16 documents 5.74 ->
-  // 5.46 ms, causal 4x16x8192 10.37 -> 10.18, window E 64 0.58 -> 0.56; the rest within noise).
-  // KILN_FLEX_BWD_CONCURRENT=0 runs them in turn, as does the profile (one kernel at a time).
-  std::optional<kiln::cuda::SideStream> side;
-  if (!st.profile && env_flag("KILN_FLEX_BWD_CONCURRENT", true)) {
-    side.emplace(st.device.index, stream);
-    side->follow();  // after the preprocess (delta, lse2)
-  }
-  launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_dq_smem, stream, &P);
-
+  // The captured-tensor gradient slots, zeroed on the main stream before the side stream follows it.
   P.units = p.B * p.Hkv * P.kv_tiles;
   const bool cap = st.grad_numel > 0;
   Tensor slots, capgrad;
@@ -445,6 +433,16 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     P.capgrad = capgrad.data_ptr<double>();
     grid = P.nslots;
   }
+  // The dK/dV kernel on a side stream beside the dQ kernel (they share only read-only inputs): each
+  // fills the other's last wave and launch gaps (H200, session 11, fwd+bwd: 16 documents 5.74 ->
+  // 5.46 ms, causal 4x16x8192 10.37 -> 10.18, window E 64 0.58 -> 0.56; the rest within noise).
+  // KILN_FLEX_BWD_CONCURRENT=0 runs them in turn, as does the profile (one kernel at a time).
+  std::optional<kiln::cuda::SideStream> side;
+  if (!st.profile && env_flag("KILN_FLEX_BWD_CONCURRENT", true)) {
+    side.emplace(st.device.index, stream);
+    side->follow();  // after the preprocess (delta, lse2) and the slots' zeros
+  }
+  launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_dq_smem, stream, &P);
   launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_dkdv_smem, side ? side->stream() : stream, &P);
   if (side) side->join();
   if (st.profile) {

@@ -101,14 +101,12 @@ struct KernelConfig {
   // TMA forward: partial blocks of a mask that reads captured tensors take their keep bits from
   // flex_mask_bits, run before the forward (the default on sm_90, KILN_FLEX_MASK_BITS=0 turns it off).
   bool mask_bits = false;
-  // K buffers of the dQ kernel: 2 loads the next K tile with the next V (KILN_FLEX_BWD_KBUF=2).
+  // K buffers of the dQ kernel: 2 loads the next K tile with the next V (with TMA: two K / V stages,
+  // the default on sm_90; KILN_FLEX_BWD_KBUF=1 or 2).
   int bwd_kbuf = 1;
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
   // (KILN_FLEX_BWD_QBUF=2).
   int bwd_qbuf = 1;
-  // The dK/dV kernel's CTAs an SM that ptxas must leave registers for (__launch_bounds__' second
-  // argument; KILN_FLEX_BWD_DKDV_BLOCKS=N, a measurement switch; 1 lets it take up to 255).
-  int dkdv_min_blocks = 1;
   // Cheaper mods (the default; KILN_FLEX_FAST_MODS=0 turns them off): int locals the
   // interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are `int` (64-bit
   // multiplies and conversions cost several instructions each on sm_90), float divisions by
