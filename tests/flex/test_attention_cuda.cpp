@@ -689,6 +689,13 @@ TEST(FlexAttentionCuda, TwoStageTmaDqMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_BWD_KBUF", "2", "1");
 }
 
+// KILN_FLEX_BWD_PAIRED=1: the TMA backward's products issued in pairs, one wait a pair.
+TEST(FlexAttentionCuda, PairedBackwardProductsMatchReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(35);
+  check_kernel_variant("KILN_FLEX_BWD_PAIRED");
+}
+
 // KILN_FLEX_FAST_MODS=0: the exact mods (64-bit int locals, IEEE divisions, tanhf) still match the
 // reference, now that the suite's other tests run the cheaper ones.
 TEST(FlexAttentionCuda, ExactModsMatchReference) {

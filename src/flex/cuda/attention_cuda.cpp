@@ -174,12 +174,13 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
-                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods);
+                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
+                cfg.bwd_paired);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -311,6 +312,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // 5.51, ALiBi 10.45 / 10.48 -> 10.31 / 10.34, softcap 11.54 / 11.66 -> 11.32 / 11.45, the rest
   // within noise); KILN_FLEX_BWD_KBUF=1 keeps one. The cp.async dQ keeps one K buffer unless set.
   cfg.bwd_kbuf = std::getenv("KILN_FLEX_BWD_KBUF") || !cfg.bwd_tma ? k_buffers("KILN_FLEX_BWD_KBUF") : 2;
+  cfg.bwd_paired = cfg.bwd_tma && env_flag("KILN_FLEX_BWD_PAIRED", false);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).

@@ -19,6 +19,12 @@ const char* backward_kernels_source() {
 #if BWD_TMA && !BWD_WGMMA
 #error "the TMA backward loads the wgmma tile layout"
 #endif
+#ifndef BWD_PAIRED
+#define BWD_PAIRED 0  // TMA only: the tile's two products issued together, one wait a pair
+#endif
+#if BWD_PAIRED && !BWD_TMA
+#error "the paired products are the TMA backward's"
+#endif
 #define BWD_QSETS (BWD_TMA ? 2 : BWD_QBUF)  // dK/dV's buffers of Q, dO and rows
 // The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
 // tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
@@ -215,6 +221,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
 #endif
     mbar_wait(&bars[2 + slot], phase);  // V(c0) (and dO on the first tile) landed
     PROF_MARK(1);
+#if BWD_KBUF == 2 && BWD_PAIRED
+    wg_abt_issue<64>(dp, dOs, 64, 0, Vb);  // dP = dO V^T in flight while K lands and S is issued
+    mbar_wait(&bars[slot], phase);         // K(c0) (and Q on the first tile) landed
+    PROF_MARK(3);
+    wg_abt_issue<64>(s, Qs, 64, 0, Kb);
+    wg_wait_all();
+    reg_fence<TILE_N / 8>(dp);
+    reg_fence<TILE_N / 8>(s);
+#else
     BWD_ABT(dp, dOs, Vb, LDSM_B_Q);
     PROF_MARK(2);
 #if BWD_KBUF == 1
@@ -225,6 +240,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
     mbar_wait(&bars[slot], phase);  // K(c0) (and Q on the first tile) landed
     PROF_MARK(3);
     BWD_ABT(s, Qs, Kb, LDSM_B_Q);
+#endif
     PROF_MARK(4);
     if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
 #if MASK_BITS
@@ -481,6 +497,29 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
         const u16* dOc = dOs + cur * BWD_TILE_ELEMS(TILE_M);
         const float* lse2_c = lse2_s + cur * 2 * TILE_M;
         float s[TILE_M / 8][4], dp[TILE_M / 8][4];
+#if BWD_PAIRED
+        // S^T and dP^T issued together, then dK and dV: one wait for each pair.
+        wg_abt_issue<64>(s, Ks, 64, 0, Qc);
+        wg_abt_issue<64>(dp, Vs, 64, 0, dOc);
+        wg_wait_all();
+        reg_fence<TILE_M / 8>(s);
+        reg_fence<TILE_M / 8>(dp);
+        PROF_MARK(4);
+        dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, slot);
+        PROF_MARK(5);
+        {
+          u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
+          pack_rows<TILE_M>(pk_ds, dp);
+          pack_rows<TILE_M>(pk_p, s);
+          wg_pb_issue<TILE_M>(dk, pk_ds, Qc);   // dK += dS^T Q
+          wg_pb_issue<TILE_M>(dv, pk_p, dOc);   // dV += P^T dO
+          wg_wait_all();
+          reg_fence<HEAD_DIM / 8>(dk);
+          reg_fence<HEAD_DIM / 8>(dv);
+          reg_fence_pk<TILE_M / 8>(pk_ds);
+          reg_fence_pk<TILE_M / 8>(pk_p);
+        }
+#else
         BWD_ABT(s, Ks, Qc, LDSM_B_KV);
         PROF_MARK(2);
         BWD_ABT(dp, Vs, dOc, LDSM_B_KV);
@@ -490,6 +529,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
         BWD_PB(dk, dp, Qc, LDSM_B_KV);  // dK += dS^T Q
         PROF_MARK(6);
         BWD_PB(dv, s, dOc, LDSM_B_KV);  // dV += P^T dO
+#endif
         PROF_MARK(7);
         gi = gi_n;
         r0 = r0_n;
