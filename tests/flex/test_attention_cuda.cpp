@@ -689,7 +689,8 @@ TEST(FlexAttentionCuda, TwoStageTmaDqMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_BWD_KBUF", "2", "1");
 }
 
-// KILN_FLEX_BWD_PAIRED=1: the TMA backward's products issued in pairs, one wait a pair.
+// KILN_FLEX_BWD_PAIRED=1 (the default on sm_90): the TMA backward's products issued in pairs, one
+// wait a pair, against one wait a product.
 TEST(FlexAttentionCuda, PairedBackwardProductsMatchReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(35);

@@ -312,7 +312,11 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // 5.51, ALiBi 10.45 / 10.48 -> 10.31 / 10.34, softcap 11.54 / 11.66 -> 11.32 / 11.45, the rest
   // within noise); KILN_FLEX_BWD_KBUF=1 keeps one. The cp.async dQ keeps one K buffer unless set.
   cfg.bwd_kbuf = std::getenv("KILN_FLEX_BWD_KBUF") || !cfg.bwd_tma ? k_buffers("KILN_FLEX_BWD_KBUF") : 2;
-  cfg.bwd_paired = cfg.bwd_tma && env_flag("KILN_FLEX_BWD_PAIRED", false);
+  // With TMA each tile's two products are issued in pairs by default (H200, session 12, fwd+bwd ms,
+  // two interleaved passes: window E 64 0.605 / 0.579 -> 0.571 / 0.566, causal 10.41 / 10.45 ->
+  // 10.21 / 10.25, 16 documents 5.49 / 5.49 -> 5.36 / 5.38, softcap 11.38 / 11.28 -> 11.22 / 11.18,
+  // the rest within noise); KILN_FLEX_BWD_PAIRED=0 waits for each product alone.
+  cfg.bwd_paired = cfg.bwd_tma && env_flag("KILN_FLEX_BWD_PAIRED", true);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).

@@ -96,7 +96,8 @@ struct KernelConfig {
   // rows stay on cp.async; the default on sm_90, KILN_FLEX_BWD_TMA=0 turns it off).
   bool bwd_tma = false;
   // TMA backward only: each tile's two products (S and dP; dK and dV) issued together with one
-  // wait a pair, and the dQ kernel's dP in flight while K lands (KILN_FLEX_BWD_PAIRED).
+  // wait a pair, and the dQ kernel's dP in flight while K lands (the default on sm_90;
+  // KILN_FLEX_BWD_PAIRED=0 turns it off).
   bool bwd_paired = false;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
