@@ -19,7 +19,6 @@ namespace kiln::lce {
 namespace {
 std::atomic<int> tile32_override{-1};
 std::atomic<int> overlaps_override{-1};
-std::atomic<int> pipeline_override{-1};
 }  // namespace
 
 DType cuda_tile_dtype(DType t) {
@@ -45,14 +44,6 @@ bool side_stream_dw() {
 }
 
 void set_speed_overlaps_override(int v) { overlaps_override.store(v); }
-
-bool speed_pipeline() {
-  static const bool on = detail::env_flag("linear_cross_entropy", "KILN_LCE_PIPELINE", false);
-  const int o = pipeline_override.load();
-  return o < 0 ? on : o == 1;
-}
-
-void set_speed_pipeline_override(int v) { pipeline_override.store(v); }
 
 }  // namespace kiln::lce
 
@@ -158,8 +149,6 @@ Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& 
       // The CPU sums dW of 16-bit weights over chunks in a fp32 accumulator; CUDA sums in T.
       const int64_t acc = !cuda && nd.dw && low ? s.v * s.h * 4 : 0;
       speed_chunk = std::min(n, budget / per_token);
-      // Pipelined (CUDA, lce::speed_pipeline): two chunk buffers share the budget when one does not hold all.
-      if (cuda && lce::speed_pipeline() && speed_chunk < n) speed_chunk = budget / (2 * per_token);
       if (speed_chunk < n && acc > 0) speed_chunk = std::min(n, std::max<int64_t>(budget - acc, 0) / per_token);
       if (speed_chunk < n && speed_chunk >= 64) {  // equal chunks, multiples of 64 tokens
         const int64_t chunks = (n + speed_chunk - 1) / speed_chunk;

@@ -35,11 +35,6 @@ void set_tile32_override(int v);
 bool fused_row_pass();
 bool side_stream_dw();
 void set_speed_overlaps_override(int v);
-// KILN_LCE_PIPELINE (read once per process, default 0): the CUDA speed strategy keeps two logit
-// chunks, each half the budget, so one chunk's row passes run beside the previous chunk's dx and
-// dW GEMMs on the side stream. Test hook as above.
-bool speed_pipeline();
-void set_speed_pipeline_override(int v);
 // Row stride of CUDA logit tiles of `cols` columns: a multiple of 8 elements and of 32 bytes, so
 // rows start aligned for the kernels' vector loads (two 16-byte vectors per thread) and for
 // cuBLASLt's fastest 16-bit operand paths.

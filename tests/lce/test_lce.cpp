@@ -580,24 +580,13 @@ TEST(LinearCrossEntropyCuda, SixteenBitTilesDoubleTheChunks) {
     EXPECT_EQ(nn::functional::linear_cross_entropy_with_stats(x, w, y, opt).chunk_vocab, tile32 ? 2816 : 5632)
         << "tile32=" << tile32;
   }
-  // Pipelined, two chunk buffers share the budget: 1569 tokens each, equal chunks in 64s.
-  const HookOverride pipe(lce::set_speed_pipeline_override, 1);
-  LinearCrossEntropyOptions opt;
-  opt.strategy = LceStrategy::Speed;
-  const int64_t base = memory_allocated(dev);
-  reset_peak_memory_stats(dev);
-  const auto r = nn::functional::linear_cross_entropy_with_stats(x, w, y, opt);
-  EXPECT_EQ(r.chunk_tokens, 1408);
-  const int64_t grads = (N + V) * H * 2, outs = static_cast<int64_t>(r.loss.nbytes() + r.lse.nbytes());
-  EXPECT_LE(max_memory_allocated(dev) - base - grads - outs, (int64_t{768} << 20) + (int64_t{33} << 20));
 }
 
 TEST(LinearCrossEntropy, SpeedOverlapsFollowTheOverride) {
   for (int v : {0, 1}) {
-    const HookOverride o(lce::set_speed_overlaps_override, v), p(lce::set_speed_pipeline_override, v);
+    const HookOverride o(lce::set_speed_overlaps_override, v);
     EXPECT_EQ(lce::fused_row_pass(), v == 1);
     EXPECT_EQ(lce::side_stream_dw(), v == 1);
-    EXPECT_EQ(lce::speed_pipeline(), v == 1);
   }
 }
 
@@ -607,9 +596,9 @@ TEST(LinearCrossEntropy, SpeedOverlapsFollowTheOverride) {
 // the last vector partial) over several token chunks (the side stream's joins).
 TEST(LinearCrossEntropyCuda, OverlapsAgainstReference) {
   KILN_REQUIRE_CUDA();
-  for (int on : {1, 0, 2}) {  // 2: the overlaps and the pipelined speed strategy
-    const HookOverride o(lce::set_speed_overlaps_override, on > 0), pipe(lce::set_speed_pipeline_override, on == 2);
-    SCOPED_TRACE(detail::str_cat("overlaps=", on > 0, " pipeline=", on == 2));
+  for (int on : {1, 0}) {
+    const HookOverride o(lce::set_speed_overlaps_override, on);
+    SCOPED_TRACE(detail::str_cat("overlaps=", on));
     for (LceStrategy st : {LceStrategy::Memory, LceStrategy::Speed})
       for (DType dt : {kBFloat16, kFloat16})
         for (bool peaked : {false, true}) check_all(dt, st, peaked, Device("cuda"));
