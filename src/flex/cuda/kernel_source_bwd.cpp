@@ -157,7 +157,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
   u16* Ks = dOs + BWD_TILE_ELEMS(TILE_M);
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
   u16* Ks2 = Vs + BWD_TILE_ELEMS(TILE_N);  // BWD_KBUF 2: the second K buffer
-  u16* Kcur = Ks;                          // K of the current tile
+#if !BWD_TMA
+  u16* Kcur = Ks;  // K of the current tile
+#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
@@ -413,7 +415,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
   u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
   u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS;
   float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS);  // 2 sets: Qs, Qs2, dOs, dOs2
+#if !BWD_TMA && BWD_QBUF == 1
   float* delta_s = lse2_s + TILE_M;  // each rows buffer: lse2 then delta (load_rows), 2 TILE_M floats
+#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Units [u_begin, u_end) in order: one unit per CTA, or a fixed slot of units with captured grads.
   const i64 u_begin = (i64)blockIdx.x * P.units / gridDim.x, u_end = ((i64)blockIdx.x + 1) * P.units / gridDim.x;
