@@ -515,8 +515,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
           u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
           pack_rows<TILE_M>(pk_ds, dp);
           pack_rows<TILE_M>(pk_p, s);
-          wg_pb_issue<TILE_M>(dk, pk_ds, Qc);   // dK += dS^T Q
-          wg_pb_issue<TILE_M>(dv, pk_p, dOc);   // dV += P^T dO
+          wg_pb_issue<TILE_M>(dk, pk_ds, Qc);  // dK += dS^T Q
+          wg_pb_issue<TILE_M>(dv, pk_p, dOc);  // dV += P^T dO
           wg_wait_all();
           reg_fence<HEAD_DIM / 8>(dk);
           reg_fence<HEAD_DIM / 8>(dv);
