@@ -99,6 +99,10 @@ struct KernelConfig {
   // wait a pair, and the dQ kernel's dP in flight while K lands (the default on sm_90;
   // KILN_FLEX_BWD_PAIRED=0 turns it off).
   bool bwd_paired = false;
+  // TMA backward without captured-tensor gradients, kv blocks a multiple of 128: warpgroups of the
+  // dK/dV kernel, each owning 64 kv rows of a 64 * dkdv_wgs-row unit and sharing its Q / dO tiles
+  // (KILN_FLEX_BWD_DKDV_WGS=2, a measurement switch; the kernel takes 128 * dkdv_wgs threads).
+  int dkdv_wgs = 1;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;

@@ -25,6 +25,13 @@ const char* backward_kernels_source() {
 #if BWD_PAIRED && !BWD_TMA
 #error "the paired products are the TMA backward's"
 #endif
+#ifndef DKDV_WGS
+#define DKDV_WGS 1  // TMA only: dK/dV warpgroups, each 64 kv rows of one unit, sharing its Q / dO tiles
+#endif
+#if DKDV_WGS == 2 && (!BWD_TMA || HAS_CAP_GRAD)
+#error "two dK/dV warpgroups need the TMA backward and no captured-tensor gradients"
+#endif
+#define DKDV_ROWS (TILE_N * DKDV_WGS)  // kv rows of a dK/dV unit
 #define BWD_QSETS (BWD_TMA ? 2 : BWD_QBUF)  // dK/dV's buffers of Q, dO and rows
 // The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
 // tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
@@ -407,18 +414,23 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(NTHREADS * DKDV_WGS)
+    flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
-  u16* Ks = BWD_SMEM_BASE(smem);
-  u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
-  u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
+  u16* Ks = BWD_SMEM_BASE(smem);  // DKDV_WGS 64-row tiles of K, then as many of V
+  u16* Vs = Ks + BWD_TILE_ELEMS(DKDV_ROWS);
+  u16* Qs = Vs + BWD_TILE_ELEMS(DKDV_ROWS);
   u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS;
   float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS);  // 2 sets: Qs, Qs2, dOs, dOs2
 #if !BWD_TMA && BWD_QBUF == 1
   float* delta_s = lse2_s + TILE_M;  // each rows buffer: lse2 then delta (load_rows), 2 TILE_M floats
 #endif
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // wg: this thread's warpgroup, owning kv rows wg * 64.. of a unit; warp: its warp within it.
+  const int wg = threadIdx.x / NTHREADS, warp = (threadIdx.x >> 5) % NWARPS, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
+  const u16* Kw = Ks + wg * BWD_TILE_ELEMS(TILE_N);  // this warpgroup's K and V rows
+  const u16* Vw = Vs + wg * BWD_TILE_ELEMS(TILE_N);
   // Units [u_begin, u_end) in order: one unit per CTA, or a fixed slot of units with captured grads.
   const i64 u_begin = (i64)blockIdx.x * P.units / gridDim.x, u_end = ((i64)blockIdx.x + 1) * P.units / gridDim.x;
 #if HAS_CAP_GRAD
@@ -435,14 +447,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
 #endif
   for (i64 u = u_begin; u < u_end; ++u) {
     const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
-    const i64 c0 = tile * TILE_N, jblk = c0 / P.KB;
+    const i64 c0 = tile * DKDV_ROWS, jblk = c0 / P.KB, w0 = c0 + wg * TILE_N;  // w0: this warpgroup's first row
     __syncthreads();
 #if !BWD_TMA
     BWD_LOAD_RESIDENT(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);  // with Q(r0)'s group
     BWD_LOAD_RESIDENT(Vs, (const u16*)P.v + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);
 #endif
-    const i64 cols[2] = {c0 + warp * 16 + g, c0 + warp * 16 + g + 8};  // this thread's kv rows
-    const bool kv_in = c0 + TILE_N <= P.S;
+    const i64 cols[2] = {w0 + warp * 16 + g, w0 + warp * 16 + g + 8};  // this thread's kv rows
+    const bool kv_in = w0 + TILE_N <= P.S;
     float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 8; ++n) {
@@ -475,8 +487,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
       };
 #if BWD_TMA
       if (more && threadIdx.x == 0) {  // K and V with the first q tile (the unit's barrier freed them)
-        tma_tile(Ks, P.kmap, &bars[0], c0, bhk, TILE_N, false);
-        tma_tile(Vs, P.vmap, &bars[0], c0, bhk, TILE_N, false);
+        for (int w = 0; w < DKDV_WGS; ++w) {
+          tma_tile(Ks + w * BWD_TILE_ELEMS(TILE_N), P.kmap, &bars[0], c0 + w * TILE_N, bhk, TILE_N, false);
+          tma_tile(Vs + w * BWD_TILE_ELEMS(TILE_N), P.vmap, &bars[0], c0 + w * TILE_N, bhk, TILE_N, false);
+        }
       }
 #endif
       if (more) load_q_tile(0, gi, r0);
@@ -503,8 +517,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
         float s[TILE_M / 8][4], dp[TILE_M / 8][4];
 #if BWD_PAIRED
         // S^T and dP^T issued together, then dK and dV: one wait for each pair.
-        wg_abt_issue<64>(s, Ks, 64, 0, Qc);
-        wg_abt_issue<64>(dp, Vs, 64, 0, dOc);
+        wg_abt_issue<64>(s, Kw, 64, 0, Qc);
+        wg_abt_issue<64>(dp, Vw, 64, 0, dOc);
         wg_wait_all();
         reg_fence<TILE_M / 8>(s);
         reg_fence<TILE_M / 8>(dp);
@@ -524,9 +538,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
           reg_fence_pk<TILE_M / 8>(pk_p);
         }
 #else
-        BWD_ABT(s, Ks, Qc, LDSM_B_KV);
+        BWD_ABT(s, Kw, Qc, LDSM_B_KV);
         PROF_MARK(2);
-        BWD_ABT(dp, Vs, dOc, LDSM_B_KV);
+        BWD_ABT(dp, Vw, dOc, LDSM_B_KV);
         PROF_MARK(4);
         dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, slot);
         PROF_MARK(5);
