@@ -501,12 +501,15 @@ TEST(FlexAttentionCuda, MmaSelectionRejectsUnknownValues) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("KILN_FLEX_FWD_MMA must be wgmma or mma"), std::string::npos) << e.what();
   }
-  const ScopedEnv fwd_ok("KILN_FLEX_FWD_MMA", "wgmma"), wgs("KILN_FLEX_BWD_DKDV_WGS", "4");
-  try {
-    flex_attention(q, q, q, FlexOptions());
-    ADD_FAILURE() << "KILN_FLEX_BWD_DKDV_WGS=4 was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("KILN_FLEX_BWD_DKDV_WGS must be 1 or 2"), std::string::npos) << e.what();
+  const ScopedEnv fwd_ok("KILN_FLEX_FWD_MMA", "wgmma");
+  for (const char* var : {"KILN_FLEX_BWD_DKDV_WGS", "KILN_FLEX_BWD_DQ_WGS"}) {
+    const ScopedEnv wgs(var, "4");
+    try {
+      flex_attention(q, q, q, FlexOptions());
+      ADD_FAILURE() << var << "=4 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(var) + " must be 1 or 2"), std::string::npos) << e.what();
+    }
   }
 }
 
@@ -711,6 +714,14 @@ TEST(FlexAttentionCuda, TwoWarpgroupDkdvMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(37);
   check_kernel_variant("KILN_FLEX_BWD_DKDV_WGS", "2", "1");
+}
+
+// KILN_FLEX_BWD_DQ_WGS=2: 128-row dQ units in two warpgroups sharing the K / V tiles (L = 700: the
+// last unit's second warpgroup has no row in range), bit for bit against one warpgroup.
+TEST(FlexAttentionCuda, TwoWarpgroupDqMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(38);
+  check_kernel_variant("KILN_FLEX_BWD_DQ_WGS", "2", "1");
 }
 
 // KILN_FLEX_FAST_MODS=0: the exact mods (64-bit int locals, IEEE divisions, tanhf) still match the

@@ -103,6 +103,10 @@ struct KernelConfig {
   // dK/dV kernel, each owning 64 kv rows of a 64 * dkdv_wgs-row unit and sharing its Q / dO tiles
   // (KILN_FLEX_BWD_DKDV_WGS=2, a measurement switch; the kernel takes 128 * dkdv_wgs threads).
   int dkdv_wgs = 1;
+  // TMA backward with two K / V stages, q blocks a multiple of 128: warpgroups of the dQ kernel, each
+  // owning 64 q rows of a 64 * dq_wgs-row unit and sharing its K / V tiles (KILN_FLEX_BWD_DQ_WGS=2,
+  // a measurement switch; the kernel takes 128 * dq_wgs threads).
+  int dq_wgs = 1;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;

@@ -32,6 +32,13 @@ const char* backward_kernels_source() {
 #error "two dK/dV warpgroups need the TMA backward and no captured-tensor gradients"
 #endif
 #define DKDV_ROWS (TILE_N * DKDV_WGS)  // kv rows of a dK/dV unit
+#ifndef DQ_WGS
+#define DQ_WGS 1  // TMA with two K / V stages only: dQ warpgroups, each 64 q rows of a unit, sharing its K / V
+#endif
+#if DQ_WGS == 2 && !(BWD_TMA && BWD_KBUF == 2)
+#error "two dQ warpgroups need the TMA backward's two K / V stages"
+#endif
+#define DQ_ROWS (TILE_M * DQ_WGS)  // q rows of a dQ unit
 #define BWD_QSETS (BWD_TMA ? 2 : BWD_QBUF)  // dK/dV's buffers of Q, dO and rows
 // The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
 // tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
@@ -156,20 +163,25 @@ __device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(NTHREADS * DQ_WGS)
+    flex_bwd_dq(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
-  u16* Qs = BWD_SMEM_BASE(smem);
-  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
-  u16* Ks = dOs + BWD_TILE_ELEMS(TILE_M);
+  u16* Qs = BWD_SMEM_BASE(smem);  // DQ_WGS 64-row tiles of Q, then as many of dO
+  u16* dOs = Qs + BWD_TILE_ELEMS(DQ_ROWS);
+  u16* Ks = dOs + BWD_TILE_ELEMS(DQ_ROWS);
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
   u16* Ks2 = Vs + BWD_TILE_ELEMS(TILE_N);  // BWD_KBUF 2: the second K buffer
 #if !BWD_TMA
   u16* Kcur = Ks;  // K of the current tile
 #endif
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // wg: this thread's warpgroup, owning q rows wg * 64.. of the unit (u0..); warp: its warp within it.
+  const int wg = threadIdx.x / NTHREADS, warp = (threadIdx.x >> 5) % NWARPS, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
   const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
-  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * TILE_M;
+  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, u0 = tile * DQ_ROWS, r0 = u0 + wg * TILE_M;
+  const u16* Qw = Qs + wg * BWD_TILE_ELEMS(TILE_M);  // this warpgroup's Q and dO rows
+  const u16* dOw = dOs + wg * BWD_TILE_ELEMS(TILE_M);
 #if !BWD_TMA
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
@@ -188,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
 #pragma unroll
   for (int n = 0; n < HEAD_DIM / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 
-  const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
+  const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + u0 / P.QB;
   TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
   i64 c0, c_next;
   bool partial, p_next;
@@ -205,9 +217,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
   if (threadIdx.x == 0) {
     mbar_init_all(bars, 4);
     if (more) {
-      tma_tile(dOs, P.domap, &bars[2], r0, bh, TILE_M, false);
+      for (int w = 0; w < DQ_WGS; ++w) {
+        tma_tile(dOs + w * BWD_TILE_ELEMS(TILE_M), P.domap, &bars[2], u0 + w * TILE_M, bh, TILE_M, false);
+        tma_tile(Qs + w * BWD_TILE_ELEMS(TILE_M), P.qmap, &bars[0], u0 + w * TILE_M, bh, TILE_M, false);
+      }
       tma_tile(Vs, P.vmap, &bars[2], c0, bhk, TILE_N);
-      tma_tile(Qs, P.qmap, &bars[0], r0, bh, TILE_M, false);
       tma_tile(Ks, P.kmap, &bars[0], c0, bhk, TILE_N);
     }
   }
@@ -231,15 +245,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
     mbar_wait(&bars[2 + slot], phase);  // V(c0) (and dO on the first tile) landed
     PROF_MARK(1);
 #if BWD_KBUF == 2 && BWD_PAIRED
-    wg_abt_issue<64>(dp, dOs, 64, 0, Vb);  // dP = dO V^T in flight while K lands and S is issued
+    wg_abt_issue<64>(dp, dOw, 64, 0, Vb);  // dP = dO V^T in flight while K lands and S is issued
     mbar_wait(&bars[slot], phase);         // K(c0) (and Q on the first tile) landed
     PROF_MARK(3);
-    wg_abt_issue<64>(s, Qs, 64, 0, Kb);
+    wg_abt_issue<64>(s, Qw, 64, 0, Kb);
     wg_wait_all();
     reg_fence<TILE_N / 8>(dp);
     reg_fence<TILE_N / 8>(s);
 #else
-    BWD_ABT(dp, dOs, Vb, LDSM_B_Q);
+    BWD_ABT(dp, dOw, Vb, LDSM_B_Q);
     PROF_MARK(2);
 #if BWD_KBUF == 1
     more = walk.next(c_next, p_next, &s_next);
@@ -248,7 +262,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_
 #endif
     mbar_wait(&bars[slot], phase);  // K(c0) (and Q on the first tile) landed
     PROF_MARK(3);
-    BWD_ABT(s, Qs, Kb, LDSM_B_Q);
+    BWD_ABT(s, Qw, Kb, LDSM_B_Q);
 #endif
     PROF_MARK(4);
     if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
