@@ -724,6 +724,37 @@ TEST(FlexAttentionCuda, TwoWarpgroupDqMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_BWD_DQ_WGS", "2", "1");
 }
 
+// KILN_FLEX_BWD_SPLIT_P=1: without a score_mod each backward tile's P is computed while its dP
+// product is in flight, then dS; bit for bit against the joint P / dS, on the variant suite and on a
+// document mask whose partial blocks take their keep bits from flex_mask_bits (the dQ kernel's bits path).
+TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(39);
+  check_kernel_variant("KILN_FLEX_BWD_SPLIT_P");
+  GpuCase c;
+  c.Hq = 4;
+  c.L = 700;
+  c.S = 900;
+  c.E = 128;
+  std::vector<int64_t> ids(static_cast<size_t>(c.S));
+  for (size_t i = 0, d = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(d += std::rand() % 97 == 0);
+  const Tensor doc = tensor(std::vector<double>(ids.begin(), ids.end()), kInt64);
+  const MaskMod m = and_masks({document_mask(doc), causal_mask()});
+  {
+    const ScopedEnv on("KILN_FLEX_BWD_SPLIT_P", "1");
+    check_cuda(c, kBFloat16, &m, [&](int64_t, int64_t, int64_t q, int64_t kv) { return ids[q] == ids[kv] && q >= kv; },
+               ScoreMod(), nullptr);
+  }
+  const Tensor q = randn({1, c.Hq, c.L, c.E}), k = randn({1, c.Hkv, c.S, c.E}), v = randn({1, c.Hkv, c.S, c.E}),
+               cot = randn({1, c.Hq, c.L, c.E});
+  const BlockMask bm = create_block_mask(m, 1, 1, c.L, c.S);
+  FlexOptions o;
+  o.block_mask = &bm;
+  o.return_lse = true;
+  o.enable_gqa = true;
+  expect_same_bits_across("KILN_FLEX_BWD_SPLIT_P", "1", "0", q, k, v, cot, o);
+}
+
 // KILN_FLEX_FAST_MODS=0: the exact mods (64-bit int locals, IEEE divisions, tanhf) still match the
 // reference, now that the suite's other tests run the cheaper ones.
 TEST(FlexAttentionCuda, ExactModsMatchReference) {

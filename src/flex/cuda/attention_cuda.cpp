@@ -174,13 +174,13 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
-                cfg.bwd_paired, cfg.dkdv_wgs, cfg.dq_wgs);
+                cfg.bwd_paired, cfg.dkdv_wgs, cfg.dq_wgs, cfg.bwd_split_p);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -324,6 +324,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // KILN_FLEX_BWD_DQ_WGS=2: 128-row dQ units in two warpgroups (where the kernel allows them).
   const char* dq_wgs = env_switch("KILN_FLEX_BWD_DQ_WGS", "1", "2");
   if (dq_wgs && dq_wgs[0] == '2' && cfg.bwd_tma && cfg.bwd_kbuf == 2 && p.QB % (2 * kTileM) == 0) cfg.dq_wgs = 2;
+  // KILN_FLEX_BWD_SPLIT_P=1: P while dP is in flight (paired TMA products, two dQ stages, no score_mod).
+  cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", false) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).

@@ -107,6 +107,9 @@ struct KernelConfig {
   // owning 64 q rows of a 64 * dq_wgs-row unit and sharing its K / V tiles (KILN_FLEX_BWD_DQ_WGS=2,
   // a measurement switch; the kernel takes 128 * dq_wgs threads).
   int dq_wgs = 1;
+  // Paired TMA products with two dQ stages and no score_mod: each backward tile's P computed while
+  // its dP product is still in flight, then dS (KILN_FLEX_BWD_SPLIT_P=1, a measurement switch).
+  bool bwd_split_p = false;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;

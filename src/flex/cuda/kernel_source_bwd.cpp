@@ -39,6 +39,12 @@ const char* backward_kernels_source() {
 #error "two dQ warpgroups need the TMA backward's two K / V stages"
 #endif
 #define DQ_ROWS (TILE_M * DQ_WGS)  // q rows of a dQ unit
+#ifndef BWD_SPLIT_P
+#define BWD_SPLIT_P 0  // paired TMA products, two dQ stages, no score_mod: P computed while dP is in flight
+#endif
+#if BWD_SPLIT_P && !(BWD_PAIRED && BWD_KBUF == 2 && !HAS_SCORE)
+#error "the split P / dS needs the paired products, two dQ stages and no score_mod"
+#endif
 #define BWD_QSETS (BWD_TMA ? 2 : BWD_QBUF)  // dK/dV's buffers of Q, dO and rows
 // The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
 // tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
@@ -85,16 +91,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexPa
   }
 }
 
-// P and dS of one element from its raw score q.k and dP = dO.v (both before scaling), with lse2 =
-// lse log2(e) of its row (+inf when the row is fully masked: p = 0). kInterior:
-// an element of a full block inside both lengths, which needs neither the bounds test nor the mask
-// (the same arithmetic as mod_score on kept elements, so the same bits).
-// kBits (MASK_BITS): a partial block's element whose keep bit is `bit` (mod_score's arithmetic
-// with the mask read from flex_mask_bits, the same bits).
+// P of one element from its raw score q.k (before scaling), with lse2 = lse log2(e) of its row
+// (+inf when the row is fully masked: p = 0). kInterior: an element of a full block inside both
+// lengths, which needs neither the bounds test nor the mask (the same arithmetic as mod_score on
+// kept elements, so the same bits). kBits (MASK_BITS): a partial block's element whose keep bit is
+// `bit` (mod_score's arithmetic with the mask read from flex_mask_bits, the same bits).
 template <bool kInterior, bool kBits = false>
-__device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i64 b, i64 h, i64 q, i64 kv,
-                                     bool partial, float lse2, float delta, float* p_out, float* ds_post_out,
-                                     float* ds_out, bool bit = true) {
+__device__ __forceinline__ float elem_p(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv, bool partial,
+                                        float lse2, bool bit = true) {
   bool keep = true;
   float y;
   if (kInterior) {
@@ -111,7 +115,15 @@ __device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i
   } else {
     y = mod_score(P, raw, b, h, q, kv, partial, &keep);
   }
-  const float p = fast_exp2(fmaf(y, LOG2E, -lse2));  // y = -inf where not kept: p = 0
+  return fast_exp2(fmaf(y, LOG2E, -lse2));  // y = -inf where not kept: p = 0
+}
+
+// P and dS of one element (elem_p's arguments, and dP = dO.v before scaling).
+template <bool kInterior, bool kBits = false>
+__device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i64 b, i64 h, i64 q, i64 kv,
+                                     bool partial, float lse2, float delta, float* p_out, float* ds_post_out,
+                                     float* ds_out, bool bit = true) {
+  const float p = elem_p<kInterior, kBits>(P, raw, b, h, q, kv, partial, lse2, bit);
   float ds = p * (dp - delta);
   *ds_post_out = ds;  // d loss / d modified score
 #if HAS_SCORE
@@ -139,27 +151,68 @@ __device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], c
 }
 
 #if MASK_BITS
-// dQ's tile of a partial block from the block's keep bits `blk` (flex_mask_bits): each thread loads
-// its two rows' words once.
-__device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
-                                                const i64* rows, i64 c0, int t, const float* lse2, const float* delta,
-                                                const unsigned* blk) {
+// The keep-bit words of a thread's two rows over dQ's tile of a partial block (columns c0..), from
+// the block's bits `blk` (flex_mask_bits): each thread loads them once; dq_bit picks element (n, e).
+__device__ __forceinline__ void dq_row_bits(const FlexParams& P, const i64* rows, i64 c0, const unsigned* blk,
+                                            unsigned (*w)[TILE_N / 32]) {
   const i64 qb0 = rows[0] - rows[0] % P.QB, wpr = P.KB / 32, col0 = (c0 % P.KB) / 32;
-  unsigned w[2][TILE_N / 32];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
     for (int x = 0; x < TILE_N / 32; ++x) w[r][x] = blk[(rows[r] - qb0) * wpr + col0 + x];
+}
+__device__ __forceinline__ bool dq_bit(const unsigned (*w)[TILE_N / 32], int n, int e, int t) {
+  return (w[e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u;
+}
+
+// dQ's tile of a partial block from the block's keep bits `blk`.
+__device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
+                                                const i64* rows, i64 c0, int t, const float* lse2, const float* delta,
+                                                const unsigned* blk) {
+  unsigned w[2][TILE_N / 32];
+  dq_row_bits(P, rows, c0, blk, w);
 #pragma unroll
   for (int n = 0; n < TILE_N / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float p, ds_post, ds;
-      const bool bit = (w[e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u;
       p_ds<false, true>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), true, lse2[e >> 1],
-                        delta[e >> 1], &p, &ds_post, &ds, bit);
+                        delta[e >> 1], &p, &ds_post, &ds, dq_bit(w, n, e, t));
       s[n][e] = ds;
     }
+}
+#endif
+
+#if BWD_SPLIT_P
+// Without a score_mod dS = P (dP - delta), so the tiles split in two: P from the raw scores while
+// dP's product is still in flight, then dS. The same arithmetic as p_ds, so the same bits.
+// dQ's tile (rows[r], columns c0..): s becomes P; kBits: a partial block's keep bits `blk`.
+template <bool kInterior, bool kBits = false>
+__device__ __forceinline__ void dq_tile_p(const FlexParams& P, float (*s)[4], i64 b, i64 h, const i64* rows, i64 c0,
+                                          int t, bool partial, const float* lse2, const unsigned* blk = nullptr) {
+#if MASK_BITS
+  unsigned w[2][TILE_N / 32];
+  if (kBits) dq_row_bits(P, rows, c0, blk, w);
+#endif
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+#if MASK_BITS
+      const bool bit = kBits ? dq_bit(w, n, e, t) : true;
+#else
+      const bool bit = true;
+#endif
+      s[n][e] = elem_p<kInterior, kBits>(P, s[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial,
+                                         lse2[e >> 1], bit);
+    }
+}
+// dQ's tile: p becomes dS (row r's delta).
+__device__ __forceinline__ void dq_tile_ds_from_p(float (*p)[4], const float (*dp)[4], const float* delta) {
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[n][e] = p[n][e] * (dp[n][e] - delta[e >> 1]);
 }
 #endif
 
@@ -242,6 +295,26 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DQ_WGS)
       tma_tile(slot ? Ks : Ks2, P.kmap, &bars[slot ^ 1], c_next, bhk, TILE_N);
     }
 #endif
+#if BWD_SPLIT_P
+    mbar_wait(&bars[slot], phase);  // K(c0) (and Q on the first tile) landed
+    PROF_MARK(1);
+    wg_abt_issue<64>(s, Qw, 64, 0, Kb);  // S first: its P while dP = dO V^T is in flight
+    mbar_wait(&bars[2 + slot], phase);   // V(c0) (and dO on the first tile) landed
+    PROF_MARK(3);
+    wg_abt_issue<64>(dp, dOw, 64, 0, Vb);
+    wg_wait<1>();
+    reg_fence<TILE_N / 8>(s);
+    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_p<true>(P, s, b, h, rows, c0, t, partial, lse2);
+#if MASK_BITS
+    else if (P.mbits && partial)
+      dq_tile_p<false, true>(P, s, b, h, rows, c0, t, true, lse2, P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
+#endif
+    else dq_tile_p<false>(P, s, b, h, rows, c0, t, partial, lse2);
+    wg_wait<0>();
+    reg_fence<TILE_N / 8>(dp);
+    PROF_MARK(4);
+    dq_tile_ds_from_p(s, dp, delta);
+#else
     mbar_wait(&bars[2 + slot], phase);  // V(c0) (and dO on the first tile) landed
     PROF_MARK(1);
 #if BWD_KBUF == 2 && BWD_PAIRED
@@ -272,6 +345,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DQ_WGS)
                       P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
 #endif
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+#endif  // BWD_SPLIT_P
     PROF_MARK(5);
     BWD_PB(dq, s, Kb, LDSM_B_Q);  // dQ += dS K
     __syncthreads();              // everyone is done with this slot's K (and V)
@@ -413,6 +487,28 @@ __device__ __forceinline__ void add_cap_grads(const FlexParams& P, const float (
 }
 #endif
 
+#if BWD_SPLIT_P
+// dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s becomes P (see dq_tile_p) ...
+template <bool kInterior>
+__device__ __forceinline__ void dkdv_tile_p(const FlexParams& P, float (*s)[4], i64 b, i64 h, i64 r0, const i64* cols,
+                                            int t, bool partial, const float* lse2_s) {
+#pragma unroll
+  for (int n = 0; n < TILE_M / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qc = n * 8 + 2 * t + (e & 1);
+      s[n][e] = elem_p<kInterior>(P, s[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse2_s[qc]);
+    }
+}
+// ... and dp becomes dS (column qc's delta).
+__device__ __forceinline__ void dkdv_tile_ds_from_p(float (*dp)[4], const float (*p)[4], int t, const float* delta_s) {
+#pragma unroll
+  for (int n = 0; n < TILE_M / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[n][e] = p[n][e] * (dp[n][e] - delta_s[n * 8 + 2 * t + (e & 1)]);
+}
+#endif
+
 // P and dS of one transposed tile (interior tiles of full blocks skip the bounds test and the
 // mask), then its captured-tensor gradients into this warp's slot.
 __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], i64 b, i64 h, i64 r0,
@@ -533,11 +629,23 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DKDV_WGS)
         // S^T and dP^T issued together, then dK and dV: one wait for each pair.
         wg_abt_issue<64>(s, Kw, 64, 0, Qc);
         wg_abt_issue<64>(dp, Vw, 64, 0, dOc);
+#if BWD_SPLIT_P
+        wg_wait<1>();  // S^T landed: its P while dP^T is in flight
+        reg_fence<TILE_M / 8>(s);
+        if (!partial && r0 + TILE_M <= P.L && kv_in) dkdv_tile_p<true>(P, s, b, h, r0, cols, t, partial, lse2_c);
+        else dkdv_tile_p<false>(P, s, b, h, r0, cols, t, partial, lse2_c);
+        wg_wait<0>();
+        reg_fence<TILE_M / 8>(dp);
+        PROF_MARK(4);
+        dkdv_tile_ds_from_p(dp, s, t, lse2_c + TILE_M);
+        (void)slot;  // no captured-tensor gradients without a score_mod
+#else
         wg_wait_all();
         reg_fence<TILE_M / 8>(s);
         reg_fence<TILE_M / 8>(dp);
         PROF_MARK(4);
         dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, slot);
+#endif
         PROF_MARK(5);
         {
           u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
