@@ -333,6 +333,9 @@ def bench_flex(runner, args):
             return step
 
         variants, info = {}, {}
+        # Forward-only timings on detached inputs for both (torch's CPU flex refuses inputs needing
+        # grad; kiln then records no autograd node): the inference forward, side by side.
+        qd, kd, vd = q.detach(), k.detach(), v.detach()
         # torch: compiled flex_attention with its BlockMask (creation timed once, after a warm-up).
         try:
             tm = make_mask(torch_docs)
@@ -344,7 +347,6 @@ def bench_flex(runner, args):
             info["torch_block_mask_ms"] = (time.perf_counter() - t0) * 1e3
             tsm = make_score(torch_slopes)
             tf = (lambda: compiled_flex(q, k, v, score_mod=tsm, block_mask=tbm))
-            qd, kd, vd = q.detach(), k.detach(), v.detach()  # torch's CPU flex refuses inputs needing grad
             tf_fwd = (lambda: compiled_flex(qd, kd, vd, score_mod=tsm, block_mask=tbm))
             variants["torch_flex"] = run_variant(runner, tf_fwd, fb(tf), note=None if runner.cuda else "eager (CPU)")
         except Exception as e:
@@ -377,7 +379,8 @@ def bench_flex(runner, args):
             info["sparsity_percent"] = kbm.sparsity()
             ksm = kfa.ScoreMod(make_score(kiln_slopes)) if make_score(kiln_slopes) is not None else None
             kf = (lambda: kt.flex_attention(q, k, v, score_mod=ksm, block_mask=kbm))
-            variants["kiln_flex"] = run_variant(runner, kf, fb(kf))
+            kf_fwd = (lambda: kt.flex_attention(qd, kd, vd, score_mod=ksm, block_mask=kbm))
+            variants["kiln_flex"] = run_variant(runner, kf_fwd, fb(kf))
         except Exception as e:
             variants["kiln_flex"] = {"error": _error(e), "note": _explain(e, "kiln flex could not be set up")}
         ref = variants.get("torch_flex", {})
