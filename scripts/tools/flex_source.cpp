@@ -5,12 +5,12 @@
 //   /tmp/flex_source 128 document persist,mask_bits > /tmp/f.cu
 //   (echo '#define KILN_BUILD_BWD 0'; cat /tmp/f.cu) > /tmp/fwd.cu && nvcc -arch=sm_90a -cubin -Xptxas -v /tmp/fwd.cu
 // Usage: flex_source HEAD_DIM causal|document|window [switches: persist,mask_bits,keepbits,kbuf1,walk_ahead,softcap,alibi,wide,m64,n64,
-// bkbuf1,unpaired,wgs2,dqwgs2,splitp]
+// bkbuf1,unpaired,wgs2,dqwgs2,splitp,relbias]
 // (softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: without fast_mods
 // (KILN_FLEX_FAST_MODS=0: 64-bit ints, IEEE divisions, tanhf); m64 / n64: a forward tile of 64 q
 // rows / 64 kv columns instead of 128 at E = 128; bkbuf1: the dQ kernel's one K / V stage; unpaired: KILN_FLEX_BWD_PAIRED=0;
 // wgs2: KILN_FLEX_BWD_DKDV_WGS=2; dqwgs2: KILN_FLEX_BWD_DQ_WGS=2;
-// splitp: KILN_FLEX_BWD_SPLIT_P=1 without softcap / alibi)
+// splitp: KILN_FLEX_BWD_SPLIT_P=1 without softcap / alibi; relbias: a learned relative bias, its gradient)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -33,8 +33,10 @@ int main(int argc, char** argv) {
                                                      : flex::causal_mask();
   const flex::detail::Program prog = flex::detail::compile(mask.expr);
   const Tensor slopes = tensor(std::vector<double>(16, 0.5), kFloat32);
-  const flex::detail::Program score =
-      flex::detail::compile(has("alibi") ? flex::alibi(slopes).expr : flex::softcap(30.0).expr);
+  const Tensor bias = zeros({16, 2048}, kFloat32).requires_grad_();
+  const flex::detail::Program score = flex::detail::compile(
+      has("alibi") ? flex::alibi(slopes).expr
+                   : (has("relbias") ? flex::relative_position_bias(bias, 1024).expr : flex::softcap(30.0).expr));
   flex::cuda::KernelConfig cfg;
   cfg.head_dim = std::atoi(argv[1]);
   cfg.fwd_wgmma = cfg.bwd_wgmma = true;
@@ -47,7 +49,7 @@ int main(int argc, char** argv) {
   cfg.bwd_paired = !has("unpaired");
   cfg.dkdv_wgs = has("wgs2") && !has("dqwgs2") ? 2 : 1;
   cfg.dq_wgs = has("dqwgs2") ? 2 : 1;
-  cfg.bwd_split_p = has("splitp") && !has("softcap") && !has("alibi");
+  cfg.bwd_split_p = has("splitp") && !has("softcap") && !has("alibi") && !has("relbias");
   cfg.index_check = false;
   cfg.index32 = true;
   cfg.fwd_persist = has("persist");
@@ -55,5 +57,6 @@ int main(int argc, char** argv) {
   cfg.fwd_keepbits = has("keepbits");
   cfg.walk_ahead = has("walk_ahead");
   cfg.fast_mods = !has("wide");
-  std::fputs(flex::cuda::generate_source(has("softcap") || has("alibi") ? &score : nullptr, &prog, cfg).c_str(), stdout);
+  const bool scored = has("softcap") || has("alibi") || has("relbias");
+  std::fputs(flex::cuda::generate_source(scored ? &score : nullptr, &prog, cfg).c_str(), stdout);
 }
