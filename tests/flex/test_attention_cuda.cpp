@@ -724,13 +724,9 @@ TEST(FlexAttentionCuda, TwoWarpgroupDqMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_BWD_DQ_WGS", "2", "1");
 }
 
-// KILN_FLEX_BWD_SPLIT_P=1: without a score_mod each backward tile's P is computed while its dP
-// product is in flight, then dS; bit for bit against the joint P / dS, on the variant suite and on a
-// document mask whose partial blocks take their keep bits from flex_mask_bits (the dQ kernel's bits path).
-TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
-  KILN_REQUIRE_CUDA();
-  manual_seed(39);
-  check_kernel_variant("KILN_FLEX_BWD_SPLIT_P");
+// A switch on a causal document mask at E = 128 (partial blocks take their keep bits from
+// flex_mask_bits): against the reference with var=on, and bit for bit against var=off.
+void check_document_variant(const char* var, const char* on = "1", const char* off = "0") {
   GpuCase c;
   c.Hq = 4;
   c.L = 700;
@@ -741,7 +737,7 @@ TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
   const Tensor doc = tensor(std::vector<double>(ids.begin(), ids.end()), kInt64);
   const MaskMod m = and_masks({document_mask(doc), causal_mask()});
   {
-    const ScopedEnv on("KILN_FLEX_BWD_SPLIT_P", "1");
+    const ScopedEnv set(var, on);
     check_cuda(c, kBFloat16, &m, [&](int64_t, int64_t, int64_t q, int64_t kv) { return ids[q] == ids[kv] && q >= kv; },
                ScoreMod(), nullptr);
   }
@@ -752,7 +748,27 @@ TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
   o.block_mask = &bm;
   o.return_lse = true;
   o.enable_gqa = true;
-  expect_same_bits_across("KILN_FLEX_BWD_SPLIT_P", "1", "0", q, k, v, cot, o);
+  expect_same_bits_across(var, on, off, q, k, v, cot, o);
+}
+
+// KILN_FLEX_BWD_SPLIT_P=1: without a score_mod each backward tile's P is computed while its dP
+// product is in flight, then dS; bit for bit against the joint P / dS, on the variant suite and on a
+// document mask (the dQ kernel's keep-bits path).
+TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(39);
+  check_kernel_variant("KILN_FLEX_BWD_SPLIT_P");
+  check_document_variant("KILN_FLEX_BWD_SPLIT_P");
+}
+
+// KILN_FLEX_SUB_SKIP=1: every kernel skips a partial block's empty 64 x 64 sub-tiles (a causal
+// block's upper right, a window's far corner, a document boundary's off-diagonal parts); skipped
+// tiles only ever added zeros, so the bits match the default's.
+TEST(FlexAttentionCuda, SubTileSkipMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(40);
+  check_kernel_variant("KILN_FLEX_SUB_SKIP");
+  check_document_variant("KILN_FLEX_SUB_SKIP");
 }
 
 // KILN_FLEX_FAST_MODS=0: the exact mods (64-bit int locals, IEEE divisions, tanhf) still match the

@@ -38,6 +38,7 @@ struct State {
   const FlexKernels* kernels = nullptr;
   int64_t fwd_smem = 0, bwd_smem = 0, bwd_dq_smem = 0, bwd_dkdv_smem = 0;
   int64_t mask_bits_words = 0;  // KILN_FLEX_MASK_BITS: the keep bits' size, else 0
+  int64_t sub_kv_entries = 0, sub_q_entries = 0;  // KILN_FLEX_SUB_SKIP: the lists' entries, else 0
   int fwd_threads = kThreads;
   int64_t fwd_q_tiles = 0;
   int64_t fwd_grid = 0;  // CTAs of the forward: one per q tile, or what fits at once (fwd_persist)
@@ -56,6 +57,15 @@ const char* env_switch(const char* var, const char* a, const char* b) {
   return kiln::detail::env_switch(kOp, var, a, b);
 }
 bool env_flag(const char* var, bool dflt) { return kiln::detail::env_flag(kOp, var, dflt); }
+
+// Whether the mask reads b / h no more than the BlockMask's own dims, so that what a kernel
+// derives from one mask row (keep bits, sub-tile nibbles) holds for every (b, h) it serves.
+bool per_mask_row(const cpu::Problem& p) {
+  const auto uses = [&](Op op) {
+    return std::any_of(p.mask->code.begin(), p.mask->code.end(), [&](const detail::Instr& in) { return in.op == op; });
+  };
+  return (!uses(Op::B) || p.mB == p.B) && (!uses(Op::H) || p.mH == p.Hq);
+}
 
 // Whether kernels use wgmma: on sm_90 unless KILN_FLEX_<part>_MMA=mma (part FWD or BWD).
 bool use_wgmma(const char* var, int major) {
@@ -174,13 +184,13 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
-                cfg.bwd_paired, cfg.dkdv_wgs, cfg.dq_wgs, cfg.bwd_split_p);
+                cfg.bwd_paired, cfg.dkdv_wgs, cfg.dq_wgs, cfg.bwd_split_p, cfg.sub_skip);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -293,15 +303,19 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // default (H200, session 9, fwd / fwd+bwd ms in one call: 16 documents 2.08 / 6.98 -> 1.37 /
   // 5.83, training shape 0.316 / 1.056 -> 0.199 / 0.866); KILN_FLEX_MASK_BITS=0 turns it off.
   if (env_flag("KILN_FLEX_MASK_BITS", true) && cfg.fwd_tma && p.mask && p.mask->reads_tensors && !p.all_full) {
-    const auto uses = [&](Op op) {
-      return std::any_of(p.mask->code.begin(), p.mask->code.end(), [&](const detail::Instr& in) { return in.op == op; });
-    };
     const int64_t words = p.mB * p.mH * p.nQ * p.kv_m * (p.QB * p.KB / 32);
-    if ((!uses(Op::B) || p.mB == p.B) && (!uses(Op::H) || p.mH == p.Hq) && words <= (int64_t{64} << 20)) {
+    if (per_mask_row(p) && words <= (int64_t{64} << 20)) {
       cfg.mask_bits = true;
       st->mask_bits_words = words;
       cfg.fwd_keepbits = false;  // the keep-bits forward evaluates the mask itself
     }
+  }
+  // KILN_FLEX_SUB_SKIP=1: the partial blocks' empty 64 x 64 sub-tiles skipped by every kernel.
+  if (env_flag("KILN_FLEX_SUB_SKIP", false) && p.mask && !p.all_full && p.QB == 128 && p.KB == 128 &&
+      per_mask_row(p)) {
+    cfg.sub_skip = true;
+    st->sub_kv_entries = p.mB * p.mH * p.nQ * p.kv_m;
+    st->sub_q_entries = p.mB * p.mH * p.nKV * p.q_m;
   }
   // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
   // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
@@ -368,6 +382,18 @@ Tensor launch_mask_bits(const State& st, FlexParams& P, void* stream) {
   return bits;
 }
 
+// KILN_FLEX_SUB_SKIP: flex_sub_bits writes the lists' sub-tile nibbles into a buffer that P.kvsub
+// and P.qsub point at (returned, to live until the kernels that read it have run); else nothing.
+Tensor launch_sub_bits(const State& st, FlexParams& P, void* stream) {
+  const int64_t n = st.sub_kv_entries + st.sub_q_entries;
+  if (n == 0) return Tensor();
+  Tensor nibbles = empty({n}, TensorOptions().dtype(kUInt8).device(st.device));
+  P.kvsub = static_cast<uint8_t*>(nibbles.data_ptr());
+  P.qsub = P.kvsub + st.sub_kv_entries;
+  launch(st.kernels->sub_bits, n, 128, 0, stream, &P);
+  return nibbles;
+}
+
 }  // namespace
 
 bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
@@ -388,6 +414,7 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
     encode_tile_map(P.vmap, P.v, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
   }
   const Tensor bits = launch_mask_bits(st, P, stream_of(st));
+  const Tensor nibbles = launch_sub_bits(st, P, stream_of(st));
   const Tensor prof = attach_profile_counters(st, P);
   launch(st.kernels->fwd, st.fwd_grid, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
   if (st.profile) {
@@ -430,6 +457,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   }
 
   const Tensor bits = launch_mask_bits(st, P, stream);  // the dQ kernel's, as the forward's
+  const Tensor nibbles = launch_sub_bits(st, P, stream);
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);

@@ -38,6 +38,7 @@ struct FlexParams {
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
   unsigned long long* prof;  // KILN_FLEX_PROFILE: per-phase cycle counters (kProfileSlots), else null
   uint32_t* mbits;  // KILN_FLEX_MASK_BITS: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
+  uint8_t *kvsub, *qsub;  // KILN_FLEX_SUB_SKIP: the kv / q lists' partial blocks' sub-tile nibbles, else null
   int64_t B, Hq, Hkv, L, S, G;
   int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -110,6 +111,10 @@ struct KernelConfig {
   // Paired TMA products with two dQ stages and no score_mod: each backward tile's P computed while
   // its dP product is still in flight, then dS (KILN_FLEX_BWD_SPLIT_P=1, a measurement switch).
   bool bwd_split_p = false;
+  // 128 x 128 blocks and a mask_mod evaluable per mask row: every kernel's tile walk skips the
+  // partial blocks' empty 64 x 64 sub-tiles, from nibbles flex_sub_bits writes before each pass
+  // (KILN_FLEX_SUB_SKIP=1, a measurement switch).
+  bool sub_skip = false;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;

@@ -255,6 +255,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DQ_WGS)
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + u0 / P.QB;
   TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+#if SUB_SKIP
+  if (P.kvsub) walk.skip_empty(P.kvsub + mrow * P.kv_m, DQ_ROWS >= 128 ? 3u : 1u << ((u0 % 128) / 64));
+#endif
   i64 c0, c_next;
   bool partial, p_next;
   int slot0 = 0, s_next = 0;  // the partial list's slot of c0's block (MASK_BITS)
@@ -577,7 +580,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DKDV_WGS)
     // tile's work (one barrier a tile instead of four). With TMA, the tiles from thread 0 on
     // bars[buffer] and the rows by cp.async.
     {
-      GroupWalk walk(P, b, hk, jblk);
+      GroupWalk walk(P, b, hk, jblk, DKDV_ROWS >= 128 ? 3u : 1u << ((c0 % 128) / 64));
       i64 gi, r0;
       bool partial;
       bool more = walk.next(gi, r0, partial);
@@ -681,7 +684,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DKDV_WGS)
 #else
     // Pipeline per q tile (groups in flight at the top: Q(r0), dO(r0)): S = K Q^T while dO lands;
     // Q(next) loads during dV += P^T dO, dO(next) during the next S.
-    GroupWalk walk(P, b, hk, jblk);
+    GroupWalk walk(P, b, hk, jblk, DKDV_ROWS >= 128 ? 3u : 1u << ((c0 % 128) / 64));
     i64 gi, r0, gi_n, r0_n;
     bool partial, p_n;
     bool more = walk.next(gi, r0, partial);
