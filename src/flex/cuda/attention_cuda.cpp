@@ -107,6 +107,12 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   cfg.fwd_mt = mt;
 }
 
+// KILN_FLEX_BWD_<DKDV|DQ>_WGS (for measurements): 2 warpgroups where the kernel allows them, else 1.
+int warpgroups(const char* var, bool allowed) {
+  const char* v = env_switch(var, "1", "2");
+  return v && v[0] == '2' && allowed ? 2 : 1;
+}
+
 // KILN_FLEX_<FWD|BWD>_KBUF / KILN_FLEX_BWD_QBUF (for measurements): 1 (default) or 2 buffers.
 int k_buffers(const char* var) {
   const char* v = env_switch(var, "1", "2");
@@ -241,8 +247,6 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
     P.q_m = p.q_m;
     P.fq_m = p.fq_m;
   }
-  P.q_tiles = ceil_div(p.L, kTileM);
-  P.kv_tiles = ceil_div(p.S, kTileN);
   P.scale = p.scale;
   if (p.score) {
     upload(*p.score, device, st->buffers, P.sptr, P.ssize, P.sstride);
@@ -331,13 +335,10 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // 10.21 / 10.25, 16 documents 5.49 / 5.49 -> 5.36 / 5.38, softcap 11.38 / 11.28 -> 11.22 / 11.18,
   // the rest within noise); KILN_FLEX_BWD_PAIRED=0 waits for each product alone.
   cfg.bwd_paired = cfg.bwd_tma && env_flag("KILN_FLEX_BWD_PAIRED", true);
-  // KILN_FLEX_BWD_DKDV_WGS=2: 128-row dK/dV units in two warpgroups (where the kernel allows them).
-  const char* wgs = env_switch("KILN_FLEX_BWD_DKDV_WGS", "1", "2");
-  if (wgs && wgs[0] == '2' && cfg.bwd_tma && !(p.score && p.score->any_grad) && p.KB % (2 * kTileN) == 0)
-    cfg.dkdv_wgs = 2;
-  // KILN_FLEX_BWD_DQ_WGS=2: 128-row dQ units in two warpgroups (where the kernel allows them).
-  const char* dq_wgs = env_switch("KILN_FLEX_BWD_DQ_WGS", "1", "2");
-  if (dq_wgs && dq_wgs[0] == '2' && cfg.bwd_tma && cfg.bwd_kbuf == 2 && p.QB % (2 * kTileM) == 0) cfg.dq_wgs = 2;
+  // 128-row dK/dV and dQ units in two warpgroups (see KernelConfig::dkdv_wgs / dq_wgs).
+  cfg.dkdv_wgs = warpgroups("KILN_FLEX_BWD_DKDV_WGS",
+                            cfg.bwd_tma && !(p.score && p.score->any_grad) && p.KB % (2 * kTileN) == 0);
+  cfg.dq_wgs = warpgroups("KILN_FLEX_BWD_DQ_WGS", cfg.bwd_tma && cfg.bwd_kbuf == 2 && p.QB % (2 * kTileM) == 0);
   // KILN_FLEX_BWD_SPLIT_P=1: P while dP is in flight (paired TMA products, two dQ stages, no score_mod).
   cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", false) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
   const int64_t ld = p.E + 8;
@@ -358,6 +359,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 * cfg.dq_wgs + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
   st->bwd_dkdv_smem = tiles_bytes(2 * cfg.dkdv_wgs + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
+  P.q_tiles = ceil_div(p.L, kTileM * cfg.dq_wgs);     // the dQ kernel's units
+  P.kv_tiles = ceil_div(p.S, kTileN * cfg.dkdv_wgs);  // the dK/dV kernel's units
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, device.index, st->fwd_smem, st->bwd_smem);
   st->fwd_grid = p.B * p.Hq * st->fwd_q_tiles;
@@ -462,7 +465,6 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);
   // The captured-tensor gradient slots, zeroed on the main stream before the side stream follows it.
-  P.kv_tiles = ceil_div(p.S, kTileN * st.cfg.dkdv_wgs);  // the dK/dV kernel's units
   P.units = p.B * p.Hkv * P.kv_tiles;
   const bool cap = st.grad_numel > 0;
   Tensor slots, capgrad;
@@ -486,7 +488,6 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     side.emplace(st.device.index, stream);
     side->follow();  // after the preprocess (delta, lse2) and the slots' zeros
   }
-  P.q_tiles = ceil_div(p.L, kTileM * st.cfg.dq_wgs);  // the dQ kernel's units
   launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads * st.cfg.dq_wgs, st.bwd_dq_smem, stream, &P);
   launch(st.kernels->bwd_dkdv, grid, kThreads * st.cfg.dkdv_wgs, st.bwd_dkdv_smem, side ? side->stream() : stream,
          &P);

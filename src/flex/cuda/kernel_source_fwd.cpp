@@ -9,29 +9,35 @@ namespace kiln::flex::cuda {
 const char* kernel_forward_tiles() {
   return R"kiln_src(
 #if KILN_BUILD_FWD
-// The forward's tile of raw scores s becomes modified, masked scores (-inf where not kept).
-// kInterior: every element is kept (an interior tile of a full block), no tests.
-template <bool kInterior>
-__device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], i64 b, i64 h,
-                                           i64 row_base, i64 c0, int t, bool partial) {
+// f(mt, n, e, q, kv) for each of this thread's elements of the forward's tile, in register order
+// (m16 block mt, column block n, element e at row q = row_base + ..., column kv = c0 + ...).
+template <class F>
+__device__ __forceinline__ void fwd_for_each_element(i64 row_base, i64 c0, int t, F&& f) {
 #pragma unroll
   for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
     for (int n = 0; n < FWD_TILE_N / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
-        if (kInterior) {
-          float x = s[mt][n][e] * (float)P.scale;
+      for (int e = 0; e < 4; ++e) f(mt, n, e, row_base + mt * 16 + 8 * (e >> 1), c0 + n * 8 + 2 * t + (e & 1));
+}
+
+// The forward's tile of raw scores s becomes modified, masked scores (-inf where not kept).
+// kInterior: every element is kept (an interior tile of a full block), no tests.
+template <bool kInterior>
+__device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], i64 b, i64 h,
+                                           i64 row_base, i64 c0, int t, bool partial) {
+  fwd_for_each_element(row_base, c0, t, [&](int mt, int n, int e, i64 q, i64 kv) {
+    if (kInterior) {
+      float x = s[mt][n][e] * (float)P.scale;
 #if HAS_SCORE
-          x = score_mod(x, b, h, q, kv, P);
+      x = score_mod(x, b, h, q, kv, P);
 #endif
-          s[mt][n][e] = x;
-        } else {
-          bool keep;
-          s[mt][n][e] = mod_score(P, s[mt][n][e], b, h, q, kv, partial, &keep);
-        }
-      }
+      s[mt][n][e] = x;
+    } else {
+      bool keep;
+      s[mt][n][e] = mod_score(P, s[mt][n][e], b, h, q, kv, partial, &keep);
+    }
+  });
 }
 
 // mod_score's arithmetic on element (q, kv) of s given its keep bit (the same bits).
@@ -56,36 +62,24 @@ __device__ __forceinline__ void fwd_keep_bits(const FlexParams& P, u32 (&kb)[FWD
                                               i64 row_base, i64 c0, int t, bool partial) {
 #pragma unroll
   for (int w = 0; w < FWD_KB_WORDS; ++w) kb[w] = 0u;
-#pragma unroll
-  for (int mt = 0; mt < FWD_MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < FWD_TILE_N / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const i64 q = row_base + mt * 16 + 8 * (e >> 1), kv = c0 + n * 8 + 2 * t + (e & 1);
-        bool k = q < P.L && kv < P.S;
+  fwd_for_each_element(row_base, c0, t, [&](int mt, int n, int e, i64 q, i64 kv) {
+    bool k = q < P.L && kv < P.S;
 #if HAS_MASK
-        const i64 qc = q < P.L ? q : P.L - 1, kvc = kv < P.S ? kv : P.S - 1;
-        k = k & (!partial | (bool)mask_mod(b, h, qc, kvc, P));
+    const i64 qc = q < P.L ? q : P.L - 1, kvc = kv < P.S ? kv : P.S - 1;
+    k = k & (!partial | (bool)mask_mod(b, h, qc, kvc, P));
 #endif
-        const int i = (mt * (FWD_TILE_N / 8) + n) * 4 + e;
-        kb[i >> 5] |= (u32)k << (i & 31);
-      }
+    const int i = (mt * (FWD_TILE_N / 8) + n) * 4 + e;
+    kb[i >> 5] |= (u32)k << (i & 31);
+  });
 }
 // The tile's scores with the keep bits of fwd_keep_bits.
 __device__ __forceinline__ void fwd_scores_bits(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4],
                                                 const u32 (&kb)[FWD_KB_WORDS], i64 b, i64 h, i64 row_base, i64 c0,
                                                 int t) {
-#pragma unroll
-  for (int mt = 0; mt < FWD_MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < FWD_TILE_N / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = (mt * (FWD_TILE_N / 8) + n) * 4 + e;
-        s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, row_base + mt * 16 + 8 * (e >> 1),
-                                     c0 + n * 8 + 2 * t + (e & 1), (kb[i >> 5] >> (i & 31)) & 1u);
-      }
+  fwd_for_each_element(row_base, c0, t, [&](int mt, int n, int e, i64 q, i64 kv) {
+    const int i = (mt * (FWD_TILE_N / 8) + n) * 4 + e;
+    s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, q, kv, (kb[i >> 5] >> (i & 31)) & 1u);
+  });
 }
 // S = Q K^T of the tile at Kx into s with its modified, masked scores: a tile that is not interior
 // gets its keep bits while the product is in flight.
@@ -144,15 +138,10 @@ __device__ __forceinline__ void fwd_scores_mbits(const FlexParams& P, float (*s)
 #pragma unroll
       for (int x = 0; x < FWD_TILE_N / 32; ++x) w[mt][r][x] = rowp[x];
     }
-#pragma unroll
-  for (int mt = 0; mt < FWD_MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < FWD_TILE_N / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, row_base + mt * 16 + 8 * (e >> 1),
-                                     c0 + n * 8 + 2 * t + (e & 1),
-                                     (w[mt][e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u);
+  fwd_for_each_element(row_base, c0, t, [&](int mt, int n, int e, i64 q, i64 kv) {
+    const bool keep = (w[mt][e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u;
+    s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, q, kv, keep);
+  });
 }
 #endif
 
@@ -248,6 +237,23 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   fwd_softmax(s, pk, m, l, alpha);                                                               \
   fwd_rescale(o, alpha);
 #endif
+// One step of the two-stage TMA forwards (the default's and the persistent one's) on stage x: its
+// K landed, the scores and softmax against Q at Qbuf, its V landed, o += P V. Declares stage x's
+// buffers Kx and Vx, and s and pk.
+#define FWD_TMA_STAGE_STEP(Qbuf, part, slot)                                   \
+  u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;                               \
+  u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;                               \
+  mbar_wait(&bars[x], (kphase >> x) & 1); /* K(c0) (and a first Q) landed */  \
+  PROF_MARK(1);                                                               \
+  float s[FWD_MT][FWD_TILE_N / 8][4];                                         \
+  u32 pk[FWD_MT][FWD_TILE_N / 8][2];                                          \
+  FWD_TMA_SOFTMAX(Qbuf, Kx, part, slot)                                       \
+  PROF_MARK(3);                                                               \
+  mbar_wait(&bars[2 + x], (kphase >> x) & 1); /* V(c0) landed */              \
+  kphase ^= 1u << x;                                                          \
+  PROF_MARK(4);                                                               \
+  wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);                                         \
+  PROF_MARK(5);
 #endif  // FWD_TMA
 
 // The output rows of one q tile (this thread's o, m, l; row_base as FWD_ROW) and their lse.
@@ -450,19 +456,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
   // behind a product of the same step. kphase bit x: stage x's parity (K and V flip together).
   int x = 0;
   while (more) {
-    u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
-    u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
-    mbar_wait(&bars[x], (kphase >> x) & 1);  // K(c0) (and Q on the first tile) landed
-    PROF_MARK(1);
-    float s[FWD_MT][FWD_TILE_N / 8][4];
-    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-    FWD_TMA_SOFTMAX(Qs, Kx, partial, slot0)
-    PROF_MARK(3);
-    mbar_wait(&bars[2 + x], (kphase >> x) & 1);  // V(c0) landed
-    kphase ^= 1u << x;
-    PROF_MARK(4);
-    wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
-    PROF_MARK(5);
+    FWD_TMA_STAGE_STEP(Qs, partial, slot0)
     i64 c2 = 0;
     bool p2 = false;
     int slot2 = 0;

@@ -131,19 +131,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
         for (int n = 0; n < HEAD_DIM / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
       }
     }
-    u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
-    u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
-    mbar_wait(&bars[x], (kphase >> x) & 1);  // K(c0) (and a new unit's Q) landed
-    PROF_MARK(1);
-    float s[FWD_MT][FWD_TILE_N / 8][4];
-    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-    FWD_TMA_SOFTMAX(Qx, Kx, p0, s0)
-    PROF_MARK(3);
-    mbar_wait(&bars[2 + x], (kphase >> x) & 1);  // V(c0) landed
-    kphase ^= 1u << x;
-    PROF_MARK(4);
-    wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
-    PROF_MARK(5);
+    FWD_TMA_STAGE_STEP(Qx, p0, s0)
     i64 u2 = 0, c2 = 0;
     bool p2 = false;
     int s2 = 0;
