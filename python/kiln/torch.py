@@ -39,19 +39,44 @@ def to_torch(t) -> "torch.Tensor":
     return torch.from_dlpack(t.detach())
 
 
+# torch's C entry points, where this torch has them: torch.cuda.current_stream, Tensor.__dlpack__
+# and torch.from_dlpack spend tens of microseconds of Python each (device-index lookups, Stream
+# objects), a large part of a short flex_attention call's host time (H200, session 13).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_torch_to_capsule = getattr(torch._C, "_to_dlpack", None)
+_torch_from_capsule = getattr(torch._C, "_from_dlpack", None)
+
+
 def _on_torch_stream(device):
     """For the block, kiln's current stream on this CUDA device is torch's current stream there, so
     kiln's kernels, allocations and temporaries' frees are ordered on it (no-op on the CPU)."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     dev = device.index if device.index is not None else torch.cuda.current_device()
-    return _C._cuda.ExternalStream(torch.cuda.current_stream(dev).cuda_stream, dev)
+    handle = _raw_stream(dev) if _raw_stream is not None else torch.cuda.current_stream(dev).cuda_stream
+    return _C._cuda.ExternalStream(handle, dev)
+
+
+# Inside _on_torch_stream both libraries queue on one stream, so the views below need no stream
+# ordering (DLPack's stream -1) and skip the Python layers of the public conversions.
+def _kiln_view(t):
+    """to_kiln for use inside _on_torch_stream."""
+    if _torch_to_capsule is None:
+        return to_kiln(t)
+    return _C._from_dlpack_capsule(_torch_to_capsule(t.detach()))
+
+
+def _torch_view(t):
+    """to_torch for use inside _on_torch_stream."""
+    if _torch_from_capsule is None:
+        return to_torch(t)
+    return _torch_from_capsule(t.detach().__dlpack__(stream=-1))
 
 
 def _leaf(t, needs_grad):
     if t is None:
         return None
-    k = to_kiln(t.contiguous())
+    k = _kiln_view(t.contiguous())
     if needs_grad:
         k.requires_grad_(True)
     return k
@@ -65,12 +90,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         needs = ctx.needs_input_grad
         with _on_torch_stream(input.device):
             x, w, b = _leaf(input, needs[0]), _leaf(linear_weight, needs[1]), _leaf(linear_bias, needs[2])
-            kt = to_kiln(target.contiguous())
-            kw = to_kiln(weight.contiguous()) if weight is not None else None
+            kt = _kiln_view(target.contiguous())
+            kw = _kiln_view(weight.contiguous()) if weight is not None else None
             with _C_grad(any(needs[:3])):
                 loss = F.linear_cross_entropy(x, w, kt, b, kw, **options)
             ctx.kiln = (loss, x, w, b)
-            return to_torch(loss)
+            return _torch_view(loss)
 
     @staticmethod
     def backward(ctx, grad_loss):
@@ -78,8 +103,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if not loss.requires_grad:
             return None, None, None, None, None, None
         with _on_torch_stream(grad_loss.device):
-            loss.backward(to_kiln(grad_loss.contiguous()))
-            grads = [to_torch(t.grad) if t is not None and t.grad is not None else None for t in (x, w, b)]
+            loss.backward(_kiln_view(grad_loss.contiguous()))
+            grads = [_torch_view(t.grad) if t is not None and t.grad is not None else None for t in (x, w, b)]
         return grads[0], grads[1], grads[2], None, None, None
 
 
@@ -134,7 +159,7 @@ class _FlexAttention(torch.autograd.Function):
                         [t.device for t in (query, key, value, *captured)])
             ctx.set_materialize_grads(False)
             ctx.kiln_device = query.device
-            return (to_torch(out), to_torch(lse)) if return_lse else to_torch(out)
+            return (_torch_view(out), _torch_view(lse)) if return_lse else _torch_view(out)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -148,14 +173,14 @@ def _flex_backward(out, lse, inputs, needs, devices, grads):
     for o, g in zip((out, lse), grads):
         if o is not None and g is not None and o.requires_grad:
             outs.append(o)
-            gouts.append(to_kiln(g.contiguous()))
+            gouts.append(_kiln_view(g.contiguous()))
     result = [None] * len(inputs)
     want = [i for i, (t, n) in enumerate(zip(inputs, needs)) if n and t.requires_grad]
     if outs and want:
         gs = _C._autograd_grad(outs, [inputs[i] for i in want], gouts, False, False)
         for i, g in zip(want, gs):
             # A CUDA tensor captured by score_mod is mirrored on the CPU: its gradient goes back.
-            result[i] = to_torch(g).to(devices[i]) if g is not None else None
+            result[i] = _torch_view(g).to(devices[i]) if g is not None else None
     return (None,) * 6 + tuple(result)
 
 
