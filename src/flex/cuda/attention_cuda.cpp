@@ -463,7 +463,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   const Tensor nibbles = launch_sub_bits(st, P, stream);
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
-  launch(st.kernels->bwd_pre, ceil_div(rows, kWarps), kThreads, 0, stream, &P);
+  launch(st.kernels->bwd_pre, ceil_div(rows, kThreads / (p.E / 8)), kThreads, 0, stream, &P);  // E / 8 lanes a row
   // The captured-tensor gradient slots, zeroed on the main stream before the side stream follows it.
   P.units = p.B * p.Hkv * P.kv_tiles;
   const bool cap = st.grad_numel > 0;

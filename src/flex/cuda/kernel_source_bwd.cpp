@@ -74,17 +74,29 @@ const char* backward_kernels_source() {
 #define BWD_PB(acc, p, Bm, ldsm) tile_pb<ldsm>(acc, p, Bm, lane)
 #endif
 
+// PRE_LANES lanes a row, each with one 16-byte load of dO and of O (8 elements): a warp per row
+// with 2-byte loads ran at ~1.3 TB/s (H200, session 13: 51 us of a 0.55 ms fwd+bwd at 1x8x32768x64).
+#define PRE_LANES (HEAD_DIM / 8)
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexParams P) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const i64 row = (i64)blockIdx.x * NWARPS + warp;
-  if (row >= P.B * P.Hq * P.L) return;
-  const u16* dout = (const u16*)P.dout + row * HEAD_DIM;
-  const u16* out = (const u16*)P.out + row * HEAD_DIM;
+  const int sub = threadIdx.x % PRE_LANES;
+  const i64 row = (i64)blockIdx.x * (NTHREADS / PRE_LANES) + threadIdx.x / PRE_LANES;
+  const bool live = row < P.B * P.Hq * P.L;
+  const u16* dout = (const u16*)P.dout + row * HEAD_DIM + sub * 8;
+  const u16* out = (const u16*)P.out + row * HEAD_DIM + sub * 8;
   float s = 0.f;
-  for (int e = lane; e < HEAD_DIM; e += 32) s += to_f(dout[e]) * to_f(out[e]);
+  if (live && (((unsigned long long)P.dout | (unsigned long long)P.out) & 15) == 0) {
+    const uint4 a = *(const uint4*)dout, b = *(const uint4*)out;
+    const u32 av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (lane == 0) {
+    for (int j = 0; j < 4; ++j)
+      s += to_f((u16)(av[j] & 0xffffu)) * to_f((u16)(bv[j] & 0xffffu)) + to_f((u16)(av[j] >> 16)) * to_f((u16)(bv[j] >> 16));
+  } else if (live) {  // a dO not 16-byte aligned (a caller's view at an odd offset)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s += to_f(dout[e]) * to_f(out[e]);
+  }
+#pragma unroll
+  for (int off = PRE_LANES / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (live && sub == 0) {
     P.delta[row] = s - (P.dlse ? P.dlse[row] : 0.f);
     const float lse = P.lse[row];
     P.lse2[row] = lse == NEG_INF ? POS_INF : lse * LOG2E;  // fully masked rows: p = 2^(y - inf) = 0
