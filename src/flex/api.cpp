@@ -171,6 +171,14 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
   return pr;
 }
 
+// Contiguous, and on CUDA 16-byte aligned: the kernels read rows with TMA and 16-byte vectors, so
+// a caller's view at an odd offset (a slice of a larger buffer) is copied rather than refused.
+Tensor kernel_operand(const Tensor& t) {
+  Tensor c = t.detach().contiguous();
+  if (c.is_cuda() && reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0) c = c.clone();
+  return c;
+}
+
 }  // namespace
 
 // The CUDA kernels cover bf16/fp16, equal head dims of 64 or 128 and BlockMask blocks in
@@ -200,7 +208,7 @@ FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   }
   std::shared_ptr<Prepared> pr = prepare(q_in, k_in, v_in, options);
   const cpu::Problem& p = pr->p;
-  const Tensor q = q_in.detach().contiguous(), k = k_in.detach().contiguous(), v = v_in.detach().contiguous();
+  const Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
   const DType lse_dtype = q.dtype() == kFloat64 ? kFloat64 : kFloat32;
   Tensor out = empty({p.B, p.Hq, p.L, p.Ev}, q.options());
   Tensor lse = empty({p.B, p.Hq, p.L}, q.options().dtype(lse_dtype));
@@ -232,7 +240,7 @@ FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
       const cpu::Problem& pb = pr->p;
       std::vector<Tensor> grads = {empty(qs.sizes(), qs.options()), empty(ks.sizes(), ks.options()),
                                    empty(vs.sizes(), vs.options())};
-      const Tensor dout = g[0].defined() ? g[0].contiguous().to(qs.dtype()) : Tensor();
+      const Tensor dout = g[0].defined() ? kernel_operand(g[0].to(qs.dtype())) : Tensor();
       const Tensor dlse = g.size() > 1 && g[1].defined() ? g[1].contiguous().to(l.dtype()) : Tensor();
       std::vector<std::vector<double>> cap(pr->score ? pr->score->buffers.size() : 0);
       for (int32_t x : grad_bufs) cap[x].assign(static_cast<size_t>(pr->score->buffers[x].numel), 0.0);

@@ -965,6 +965,38 @@ TEST(FlexAttentionCuda, BadIndexRaises) {
   EXPECT_THROW(flex_attention(qb, qb, qb, bad), Error);
 }
 
+// Inputs and dout that are views at a 2-byte offset into larger buffers (not 16-byte aligned, as
+// TMA and the vector loads need): the same bits as their aligned copies, not an error.
+TEST(FlexAttentionCuda, OffsetViewsMatchAlignedCopies) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(23);
+  const Shape shape = {1, 2, 200, 64};
+  const int64_t n = 2 * 200 * 64;
+  auto offset_view = [&](const Tensor& dense) {  // dense's values, one element into a buffer
+    Tensor buf = zeros({n + 1}, TensorOptions().dtype(kBFloat16).device(kGpu));
+    buf.narrow(0, 1, n).copy_(dense.reshape({n}));
+    return buf.narrow(0, 1, n).view(shape);
+  };
+  const Tensor q = randn(shape, kBFloat16).to(kGpu), k = randn(shape, kBFloat16).to(kGpu),
+               v = randn(shape, kBFloat16).to(kGpu), cot = randn(shape, kBFloat16).to(kGpu);
+  const BlockMask bm = create_block_mask(sliding_window_mask(70), 1, 1, 200, 200);
+  FlexOptions o;
+  o.block_mask = &bm;
+  auto run = [&](const Tensor& qi, const Tensor& ki, const Tensor& vi, const Tensor& d) {
+    Tensor qg = qi.detach().requires_grad_(), kg = ki.detach().requires_grad_(), vg = vi.detach().requires_grad_();
+    const FlexOutput r = flex_attention(qg, kg, vg, o);
+    std::vector<Tensor> got = autograd::grad({r.out}, {qg, kg, vg}, {d});
+    got.insert(got.begin(), r.out);
+    return got;
+  };
+  const Tensor qo = offset_view(q);
+  ASSERT_NE(reinterpret_cast<uintptr_t>(qo.data_ptr()) % 16, 0u);
+  const std::vector<Tensor> a = run(qo, offset_view(k), offset_view(v), offset_view(cot));
+  const std::vector<Tensor> b = run(q, k, v, cot);
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(rel_error(a[i].to(kCPU, kFloat64), b[i].to(kCPU, kFloat64)), 0.0) << "output " << i;
+}
+
 #else
 
 TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) { GTEST_SKIP() << "kiln was built without CUDA (no NVRTC)"; }
