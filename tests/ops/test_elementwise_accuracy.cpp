@@ -172,7 +172,7 @@ uint16_t nearest_bf16(double r) {
   return best;
 }
 
-// bf16 ops whose rows look up a table of correctly rounded results (elementwise_simd.cpp).
+// bf16 ops whose rows look up a table of correctly rounded results (elementwise_tables.cpp).
 bool is_bf16_table_op(const std::string& name) {
   for (const char* t : {"gelu", "silu", "gelu_tanh", "log", "tanh", "sigmoid", "erf"})
     if (name == t) return true;

@@ -1,6 +1,6 @@
 // CPU elementwise kernels: dispatch an op id and dtype to a functor from elementwise_ops.h and
 // run it through elementwise_loop (scalar code the compiler may vectorise). Dense fp32/bf16
-// operands of the hot ops take the Highway rows in elementwise_simd.cpp instead.
+// operands of the hot ops take the Highway rows in elementwise_{unary,binary}_simd.cpp instead.
 #include "ops/cpu/elementwise.h"
 
 #include <cstring>

@@ -1,4 +1,4 @@
-// The lookup tables of the SIMD elementwise rows (elementwise_simd.cpp), built once on first use
+// The lookup tables of the SIMD elementwise rows (elementwise_*_simd.cpp), built once on first use
 // from float64 references: correctly rounded bf16 results of unary ops, fp32 derivatives and log2
 // for every bf16 pattern, and float32 pow's ln table. Plain C++ (compiled once, not per SIMD
 // target); the bf16 result rows' lookups use SSE2 where the compiler targets it.

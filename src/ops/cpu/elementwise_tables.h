@@ -1,5 +1,5 @@
 #pragma once
-// The lookup tables of the SIMD elementwise rows (elementwise_simd.cpp), built once on first use
+// The lookup tables of the SIMD elementwise rows (elementwise_*_simd.cpp), built once on first use
 // from float64 references (elementwise_tables.cpp); each depends only on the op.
 #include <cstdint>
 

@@ -469,7 +469,7 @@ HWY_INLINE V GeluF32Fast(D d, V x) {
   return hn::Mul(x, hn::IfNegativeThenElse(x, h, hn::Sub(hn::Set(d, 1.0f), h)));
 #endif
 }
-// gelu(x) = x Phi(x), float32 (bf16 gelu is a table, elementwise_simd.cpp). Vectors with every
+// gelu(x) = x Phi(x), float32 (bf16 gelu is a table, elementwise_tables.cpp). Vectors with every
 // |x| <= 4 (almost all of them for activations) skip the reciprocal, see GeluF32Fast; the others
 // take 0.5 erfc through HalfErfc. Past |x| = 15 Phi is 1 or underflows, so x is clamped there.
 template <class D, class V>
@@ -534,7 +534,7 @@ HWY_INLINE V GeluBwdF32Fast(D d, V x) {
 }
 
 // x^y = e^(y ln x) for float32, ln x from a table over the top 16 bits of x (sign, exponent and
-// 7 mantissa bits; built in elementwise_simd.cpp, looked up by the row into A and B): x = 2^E m,
+// 7 mantissa bits; built in elementwise_tables.cpp, looked up by the row into A and B): x = 2^E m,
 // c' = c 2^-E with c an 8-bit number near 1/m (1 on [1, 1 + 2^-7), 1/2 on [2 - 2^-7, 2), so
 // that ln x = r + ... exactly around x = 1), r = x c' - 1 exact by one FMA (|r| <= 2^-7 and c'
 // has 8 bits), and ln x = K + ln(1 + r) with K = -ln c' as K_hi (float, A) + K_lo (bf16, the low

@@ -1,174 +1,38 @@
-// Highway SIMD rows for dense fp32/bf16 elementwise ops, compiled for every x86/ARM target
-// Highway knows (foreach_target) and picked at run time. Rows run blocks of two vectors: fp32
-// loads two vectors; bf16 loads 2N values as N u32 pairs and splits them into the even and odd
-// elements (a 16-bit shift or a mask widens bf16 to fp32, in order, without shuffles), then
-// rounds both back with integer ops and merges them with one blend. Ops with a fast formula on
-// a range (exp, sigmoid, silu, gelu, their backward rows) take two blocks at a time behind one
-// range check (on the raw bits for bf16), so four independent chains interleave; a block that
-// fails the check runs the general path, which gives in-range lanes the same fast formula, so a
-// value's result never depends on its neighbours; f32 gelu (kWide) takes four blocks per check.
-// bf16 gelu, silu, gelu-tanh, log, tanh, sigmoid and erf are table lookups (table_bf16_rows);
-// bf16 gelu, silu and gelu-tanh backward and pow look up fp32 tables (f'(x), log2(x)) and
-// finish in vectors; f32 pow looks up ln x in a table keyed by x's top 16 bits (PowF32Rows).
-// Tails run the same vector code on a padded stack copy. The transcendental functions are in
-// simd_math-inl.h, the lookup tables in elementwise_tables.cpp.
+// Highway SIMD rows of the binary elementwise ops (add, mul, div, pow, max, min, activation backward).
+// Compiled for every x86/ARM target Highway knows (foreach_target) and picked at run time; rows
+// run blocks of two vectors (elementwise_simd-inl.h). The backward rows with a fast formula on a
+// range take two blocks at a time behind one range check of x (on the raw bits for bf16), so
+// four independent chains interleave; a block that fails the check runs the general path, which
+// gives in-range lanes the same fast formula, so a value's result never depends on its
+// neighbours. bf16 gelu, silu and gelu-tanh backward and pow look up fp32 tables (f'(x),
+// log2(x)) and finish in vectors; f32 pow looks up ln x in a table keyed by x's top 16 bits
+// (PowF32Rows). Tails run the same vector code on a padded stack copy. The transcendental
+// functions are in simd_math-inl.h, the lookup tables in elementwise_tables.cpp.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "ops/cpu/elementwise_simd.cpp"
+#define HWY_TARGET_INCLUDE "ops/cpu/elementwise_binary_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <hwy/highway.h>
 
 #include <algorithm>
 #include <cmath>
-#include <concepts>
 #include <cstring>
-#include <limits>
 
 #include "ops/cpu/elementwise_simd.h"
-#include "ops/cpu/simd_math-inl.h"
+#include "ops/cpu/elementwise_simd-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln::cpu::simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
-using DU = hn::RebindToUnsigned<DF>;
-
-// A block is two fp32 vectors: 2N floats, or 2N bf16 values.
-struct F32IO {
-  using P = float;
-  static constexpr bool kLite = false;
-  static void Load(DF d, const float* p, VF& v0, VF& v1) {
-    v0 = hn::LoadU(d, p);
-    v1 = hn::LoadU(d, p + hn::Lanes(d));
-  }
-  template <bool kApprox = false>
-  static void Store(DF d, VF v0, VF v1, float* p) {
-    hn::StoreU(v0, d, p);
-    hn::StoreU(v1, d, p + hn::Lanes(d));
-  }
-  // Every |x| <= lim in two blocks (x0..x3 loaded from p); false on NaN.
-  static bool AllAbsLe(DF d, const float*, VF x0, VF x1, VF x2, VF x3, float lim) {
-    const VF l = hn::Set(d, lim);
-    const auto m01 = hn::And(hn::Le(hn::Abs(x0), l), hn::Le(hn::Abs(x1), l));
-    const auto m23 = hn::And(hn::Le(hn::Abs(x2), l), hn::Le(hn::Abs(x3), l));
-    return hn::AllTrue(d, hn::And(m01, m23));
-  }
-  static float ToFloat(float v) { return v; }
-};
-
-struct BF16IO {
-  using P = uint16_t;
-  static constexpr bool kLite = true;  // results keep 8 bits: the cheaper math variants suffice
-  // v0 = elements 0, 2, 4, ... and v1 = elements 1, 3, 5, ... (little-endian pairs in u32 lanes).
-  static void Load(DF d, const uint16_t* p, VF& v0, VF& v1) {
-#if HWY_TARGET == HWY_SCALAR  // one lane: no 16-bit view of a u32 vector
-    v0 = hn::Set(d, ToFloat(p[0]));
-    v1 = hn::Set(d, ToFloat(p[1]));
-#else
-    const DU du;
-    const hn::Repartition<uint16_t, DU> d16;
-    const auto w = hn::BitCast(du, hn::LoadU(d16, p));
-    v0 = hn::BitCast(d, hn::ShiftLeft<16>(w));
-    v1 = hn::BitCast(d, hn::And(w, hn::Set(du, 0xffff0000u)));
-#endif
-  }
-  // Round to nearest even in the top 16 bits: u + 0x7fff + lsb. No NaN fix-up is needed: every
-  // NaN here is a bf16 input's (low 16 bits zero) or the hardware default NaN (0x7fc00000 up to
-  // sign), and adding at most 0x8000 to zero low bits never carries into the top half.
-  // kApprox: ties away from zero (u + 0x8000), two ops fewer; only exact ties differ.
-  template <bool kApprox>
-  static hn::Vec<DU> Round(DF, VF v) {
-    const DU du;
-    const auto u = hn::BitCast(du, v);
-    if (kApprox) return hn::Add(u, hn::Set(du, 0x8000u));
-    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-    return hn::Add(hn::Add(u, hn::Set(du, 0x7fffu)), lsb);
-  }
-  template <bool kApprox = false>
-  static void Store(DF d, VF v0, VF v1, uint16_t* p) {
-#if HWY_TARGET == HWY_SCALAR
-    p[0] = static_cast<uint16_t>(hn::GetLane(Round<kApprox>(d, v0)) >> 16);
-    p[1] = static_cast<uint16_t>(hn::GetLane(Round<kApprox>(d, v1)) >> 16);
-#else
-    const hn::Repartition<uint16_t, DU> d16;
-    // Odd u16 lanes (high halves) from v1, even (low) from v0 shifted down: one blend.
-    const auto w = hn::OddEven(hn::BitCast(d16, Round<kApprox>(d, v1)),
-                               hn::BitCast(d16, hn::ShiftRight<16>(Round<kApprox>(d, v0))));
-    hn::StoreU(w, d16, p);
-#endif
-  }
-  // Every |x| <= lim in the two blocks at p, tested on the bf16 bits (lim truncated to bf16,
-  // which only narrows it): |bits| <= lim's bits as int16, false on NaN.
-  static bool AllAbsLe(DF d, const uint16_t* p, VF x0, VF x1, VF x2, VF x3, float lim) {
-#if HWY_TARGET == HWY_SCALAR
-    return F32IO::AllAbsLe(d, nullptr, x0, x1, x2, x3, lim);
-#else
-    (void)d, (void)x0, (void)x1, (void)x2, (void)x3;
-    const hn::Repartition<int16_t, DF> d16;
-    uint32_t lb;
-    std::memcpy(&lb, &lim, 4);
-    const auto l = hn::Set(d16, static_cast<int16_t>(lb >> 16)), m = hn::Set(d16, int16_t{0x7fff});
-    const auto a = hn::And(hn::BitCast(d16, hn::LoadU(hn::Repartition<uint16_t, DF>(), p)), m);
-    const auto b = hn::And(hn::BitCast(d16, hn::LoadU(hn::Repartition<uint16_t, DF>(), p + hn::Lanes(d16))), m);
-    return hn::AllFalse(d16, hn::Or(hn::Gt(a, l), hn::Gt(b, l)));
-#endif
-  }
-  static float ToFloat(uint16_t v) {
-    const uint32_t u = static_cast<uint32_t>(v) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-};
 
 // x86 float compares are ordered (false on NaN), so NaN is tested explicitly.
 HWY_INLINE VF NanMax(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Gt(a, b), hn::IsNaN(a)), a, b); }
 HWY_INLINE VF NanMin(VF a, VF b) { return hn::IfThenElse(hn::Or(hn::Lt(a, b), hn::IsNaN(a)), a, b); }
 
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
-constexpr float kSqrt2OverPi = 0.79788456080286536f;
-constexpr float kCubic = 0.044715f;
 
-// 2u for gelu-tanh: gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x sigmoid(2u).
-HWY_INLINE VF GeluTanh2U(DF d, VF x) {
-  return hn::Mul(x, hn::MulAdd(hn::Set(d, 2.0f * kSqrt2OverPi * kCubic), hn::Mul(x, x), hn::Set(d, 2.0f * kSqrt2OverPi)));
-}
-// bf16 rows, |x| <= 9.5: e^-2u as 2^(x (a + b x^2)), log2(e) folded into a and b.
-HWY_INLINE VF GeluTanhExpNeg2U(DF d, VF x) {
-  constexpr float kA = -2.0f * kSqrt2OverPi * 1.44269504088896341f;
-  return Exp2FastBf(d, hn::Mul(x, hn::MulAdd(hn::Set(d, kA * kCubic), hn::Mul(x, x), hn::Set(d, kA))));
-}
-// x / (1 + e^-y), the shared shape of silu (y = x) and gelu-tanh (y = 2u).
-template <bool L>
-HWY_INLINE VF TimesSigmoid(DF d, VF x, VF y) {
-  if (HWY_LIKELY(ExpFastOk(d, y))) return TimesSigmoidFast<L>(d, x, y);
-  if (!L) return TimesSigmoidFull(d, x, y);
-  return hn::IfThenElse(AbsLe(d, y, kExpFastMax), TimesSigmoidFast<L>(d, x, y), TimesSigmoidFull(d, x, y));
-}
-
-// ---- op functors: (d, a, b) or (d, x) -> fp32 vector ----
-// Unary functors with a fast formula for |x| <= kFastAbsMax (Fast; operator() handles any x and
-// gives the same results on those lanes) let the row take one branch per four vectors, whose
-// chains then interleave. Functors marked kApprox (the transcendental ones) may round bf16
-// ties away from zero, as their fp32 values are approximations anyway.
-template <class F>
-concept Splits = requires(const F& f, DF d, VF v) {
-  f.Fast(d, v);
-  requires F::kFastAbsMax > 0.0f;
-};
-template <class F>
-concept SplitsBinary = requires(const F& f, DF d, VF v) {  // the range is on b
-  f.Fast(d, v, v);
-  requires F::kFastAbsMax > 0.0f;
-};
-template <class F>
-constexpr bool kApproxOf = requires { requires F::kApprox; };
-// Functors whose fast formula is one long dependency chain (~85 cycles for f32 gelu) run eight
-// vectors per branch: four chains leave Zen 2's two FMA pipes mostly idle.
-template <class F>
-constexpr bool kWideOf = requires { requires F::kWide; };
+// ---- op functors: (d, a, b) -> fp32 vector ----
 struct AddF { HWY_INLINE VF operator()(DF, VF a, VF b) const { return hn::Add(a, b); } };
 struct AxpyF {
   float alpha;
@@ -280,77 +144,7 @@ struct ReluBwdF {
   HWY_INLINE VF operator()(DF d, VF g, VF y) const { return hn::IfThenElseZero(hn::Gt(y, hn::Zero(d)), g); }
 };
 
-struct NegF { HWY_INLINE VF operator()(DF, VF x) const { return hn::Neg(x); } };
-template <bool L> struct ExpF {
-  static constexpr bool kApprox = true;
-  HWY_INLINE VF operator()(DF d, VF x) const { return Exp<L>(d, x); }
-  static constexpr float kFastAbsMax = kExpFastMax;
-  static HWY_INLINE VF Fast(DF d, VF x) { return ExpFast<L>(d, x); }
-};
-template <bool L> struct LogF {
-  static constexpr bool kApprox = true;
-  HWY_INLINE VF operator()(DF d, VF x) const { return L ? LogBf(d, x) : Log(d, x); }
-};
-template <bool L> struct ErfF {
-  static constexpr bool kApprox = true;
-  HWY_INLINE VF operator()(DF d, VF x) const { return Erf<L>(d, x); }
-};
-template <bool L> struct TanhF {
-  static constexpr bool kApprox = true;
-  HWY_INLINE VF operator()(DF d, VF x) const { return Tanh<L>(d, x); }
-};
-struct SqrtF { HWY_INLINE VF operator()(DF, VF x) const { return hn::Sqrt(x); } };
-struct RsqrtF { HWY_INLINE VF operator()(DF d, VF x) const { return hn::Div(hn::Set(d, 1.0f), hn::Sqrt(x)); } };
-struct AbsF { HWY_INLINE VF operator()(DF, VF x) const { return hn::Abs(x); } };
-template <bool L> struct SigmoidF {
-  static constexpr bool kApprox = true;
-  HWY_INLINE VF operator()(DF d, VF x) const { return Sigmoid<L>(d, x); }
-  static constexpr float kFastAbsMax = kExpFastMax;
-  static HWY_INLINE VF Fast(DF d, VF x) { return TimesSigmoidFast<L>(d, hn::Set(d, 1.0f), x); }
-};
-struct ReluF {
-  HWY_INLINE VF operator()(DF d, VF x) const { return hn::IfThenZeroElse(hn::Lt(x, hn::Zero(d)), x); }
-};
-template <bool L> struct SiluF {
-  static constexpr bool kApprox = true;
-  HWY_INLINE VF operator()(DF d, VF x) const { return TimesSigmoid<L>(d, x, x); }
-  static constexpr float kFastAbsMax = kExpFastMax;
-  static HWY_INLINE VF Fast(DF d, VF x) { return TimesSigmoidFast<L>(d, x, x); }
-};
-struct GeluF {  // float32; bf16 gelu is a table (table_bf16_rows)
-  static constexpr bool kApprox = true;
-  static constexpr bool kWide = true;
-  HWY_INLINE VF operator()(DF d, VF x) const { return Gelu(d, x); }
-  static constexpr float kFastAbsMax = kGeluF32FastMax;
-  static HWY_INLINE VF Fast(DF d, VF x) { return GeluF32Fast(d, x); }
-};
-template <bool L> struct GeluTanhF {
-  static constexpr bool kApprox = true;
-  HWY_INLINE VF operator()(DF d, VF x) const {
-    if (!L) return TimesSigmoid<L>(d, x, GeluTanh2U(d, x));
-    const VF fast = Fast(d, x);
-    const auto ok = AbsLe(d, x, kFastAbsMax);
-    if (HWY_LIKELY(hn::AllTrue(d, ok))) return fast;
-    return hn::IfThenElse(ok, fast, TimesSigmoidFull(d, x, GeluTanh2U(d, x)));
-  }
-  // |x| <= 9.5 keeps |2u| <= 77, inside exp's fast range.
-  static constexpr float kFastAbsMax = 9.5f;
-  static HWY_INLINE VF Fast(DF d, VF x) {
-    if (L) return hn::Mul(x, RecipBf(d, hn::Add(hn::Set(d, 1.0f), GeluTanhExpNeg2U(d, x))));
-    return TimesSigmoidFast<L>(d, x, GeluTanh2U(d, x));
-  }
-};
-struct ClampF {
-  float lo, hi;
-  HWY_INLINE VF operator()(DF d, VF x) const {
-    const VF l = hn::Set(d, lo), h = hn::Set(d, hi);
-    return hn::IfThenElse(hn::Lt(x, l), l, hn::IfThenElse(hn::Gt(x, h), h, x));  // keeps NaN
-  }
-};
-
-// ---- row drivers ----
-constexpr size_t kMaxBlock = 2 * HWY_MAX_BYTES / sizeof(float);
-
+// ---- row driver ----
 template <class IO, class F>
 HWY_INLINE void RowBinary(const typename IO::P* a, const typename IO::P* b, bool b_scalar, typename IO::P* out,
                           int64_t n, const F& f) {
@@ -394,64 +188,6 @@ HWY_INLINE void RowBinary(const typename IO::P* a, const typename IO::P* b, bool
   std::memcpy(out + i, to, rest * sizeof(P));
 }
 
-template <class IO, class F>
-HWY_INLINE void RowUnary(const typename IO::P* x, typename IO::P* out, int64_t n, const F& f) {
-  using P = typename IO::P;
-  const DF d;
-  const int64_t block = 2 * static_cast<int64_t>(hn::Lanes(d));
-  auto step = [&](const P* px, P* po) {
-    VF x0, x1;
-    IO::Load(d, px, x0, x1);
-    IO::template Store<kApproxOf<F>>(d, f(d, x0), f(d, x1), po);
-  };
-  int64_t i = 0;
-  if constexpr (Splits<F> && kWideOf<F>) {
-    for (; i + 4 * block <= n; i += 4 * block) {  // no arrays: sizeless vectors (SVE) forbid them
-      VF x0, x1, x2, x3, x4, x5, x6, x7, y0, y1, y2, y3, y4, y5, y6, y7;
-      IO::Load(d, x + i, x0, x1);
-      IO::Load(d, x + i + block, x2, x3);
-      IO::Load(d, x + i + 2 * block, x4, x5);
-      IO::Load(d, x + i + 3 * block, x6, x7);
-      if (HWY_LIKELY(IO::AllAbsLe(d, x + i, x0, x1, x2, x3, F::kFastAbsMax) &&
-                     IO::AllAbsLe(d, x + i + 2 * block, x4, x5, x6, x7, F::kFastAbsMax))) {
-        y0 = f.Fast(d, x0), y1 = f.Fast(d, x1), y2 = f.Fast(d, x2), y3 = f.Fast(d, x3);
-        y4 = f.Fast(d, x4), y5 = f.Fast(d, x5), y6 = f.Fast(d, x6), y7 = f.Fast(d, x7);
-      } else {
-        y0 = f(d, x0), y1 = f(d, x1), y2 = f(d, x2), y3 = f(d, x3);
-        y4 = f(d, x4), y5 = f(d, x5), y6 = f(d, x6), y7 = f(d, x7);
-      }
-      IO::template Store<kApproxOf<F>>(d, y0, y1, out + i);
-      IO::template Store<kApproxOf<F>>(d, y2, y3, out + i + block);
-      IO::template Store<kApproxOf<F>>(d, y4, y5, out + i + 2 * block);
-      IO::template Store<kApproxOf<F>>(d, y6, y7, out + i + 3 * block);
-    }
-  }
-  for (; i + 2 * block <= n; i += 2 * block) {
-    VF x0, x1, x2, x3;
-    IO::Load(d, x + i, x0, x1);
-    IO::Load(d, x + i + block, x2, x3);
-    VF y0, y1, y2, y3;
-    if constexpr (Splits<F>) {
-      if (HWY_LIKELY(IO::AllAbsLe(d, x + i, x0, x1, x2, x3, F::kFastAbsMax))) {
-        y0 = f.Fast(d, x0), y1 = f.Fast(d, x1), y2 = f.Fast(d, x2), y3 = f.Fast(d, x3);
-      } else {
-        y0 = f(d, x0), y1 = f(d, x1), y2 = f(d, x2), y3 = f(d, x3);
-      }
-    } else {
-      y0 = f(d, x0), y1 = f(d, x1), y2 = f(d, x2), y3 = f(d, x3);
-    }
-    IO::template Store<kApproxOf<F>>(d, y0, y1, out + i);
-    IO::template Store<kApproxOf<F>>(d, y2, y3, out + i + block);
-  }
-  for (; i + block <= n; i += block) step(x + i, out + i);
-  if (i == n) return;
-  HWY_ALIGN P tx[kMaxBlock] = {}, to[kMaxBlock] = {};
-  const size_t rest = static_cast<size_t>(n - i);
-  std::memcpy(tx, x + i, rest * sizeof(P));
-  step(tx, to);
-  std::memcpy(out + i, to, rest * sizeof(P));
-}
-
 template <class IO>
 void BinaryRowT(BinaryOp op, const typename IO::P* a, const typename IO::P* b, bool bs, typename IO::P* out,
                 int64_t n, float alpha, float, float) {
@@ -471,29 +207,6 @@ void BinaryRowT(BinaryOp op, const typename IO::P* a, const typename IO::P* b, b
     case BinaryOp::TanhBackward: return RowBinary<IO>(a, b, bs, out, n, TanhBwdF{});
     case BinaryOp::ReluBackward: return RowBinary<IO>(a, b, bs, out, n, ReluBwdF{});
     default: return;  // has_binary() keeps other ops away
-  }
-}
-
-template <class IO>
-void UnaryRowT(UnaryOp op, const typename IO::P* x, typename IO::P* out, int64_t n, float lo, float hi) {
-  switch (op) {
-    case UnaryOp::Neg: return RowUnary<IO>(x, out, n, NegF{});
-    case UnaryOp::Exp: return RowUnary<IO>(x, out, n, ExpF<IO::kLite>{});
-    case UnaryOp::Log: return RowUnary<IO>(x, out, n, LogF<IO::kLite>{});
-    case UnaryOp::Erf: return RowUnary<IO>(x, out, n, ErfF<IO::kLite>{});
-    case UnaryOp::Tanh: return RowUnary<IO>(x, out, n, TanhF<IO::kLite>{});
-    case UnaryOp::Sqrt: return RowUnary<IO>(x, out, n, SqrtF{});
-    case UnaryOp::Rsqrt: return RowUnary<IO>(x, out, n, RsqrtF{});
-    case UnaryOp::Abs: return RowUnary<IO>(x, out, n, AbsF{});
-    case UnaryOp::Sigmoid: return RowUnary<IO>(x, out, n, SigmoidF<IO::kLite>{});
-    case UnaryOp::Relu: return RowUnary<IO>(x, out, n, ReluF{});
-    case UnaryOp::Silu: return RowUnary<IO>(x, out, n, SiluF<IO::kLite>{});
-    case UnaryOp::Gelu:
-      if constexpr (!IO::kLite) return RowUnary<IO>(x, out, n, GeluF{});
-      return;  // bf16: unary_bf16 looks it up in a table
-    case UnaryOp::GeluTanh: return RowUnary<IO>(x, out, n, GeluTanhF<IO::kLite>{});
-    case UnaryOp::Clamp: return RowUnary<IO>(x, out, n, ClampF{lo, hi});
-    default: return;  // has_unary() keeps other ops away
   }
 }
 
@@ -757,12 +470,6 @@ void BinaryBF16(BinaryOp op, const uint16_t* a, const uint16_t* b, bool bs, uint
                 float lo, float hi) {
   BinaryRowT<BF16IO>(op, a, b, bs, out, n, alpha, lo, hi);
 }
-void UnaryF32(UnaryOp op, const float* x, float* out, int64_t n, float lo, float hi) {
-  UnaryRowT<F32IO>(op, x, out, n, lo, hi);
-}
-void UnaryBF16(UnaryOp op, const uint16_t* x, uint16_t* out, int64_t n, float lo, float hi) {
-  UnaryRowT<BF16IO>(op, x, out, n, lo, hi);
-}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace kiln::cpu::simd
@@ -778,8 +485,6 @@ HWY_EXPORT(PowF32Rows);
 
 HWY_EXPORT(BinaryF32);
 HWY_EXPORT(BinaryBF16);
-HWY_EXPORT(UnaryF32);
-HWY_EXPORT(UnaryBF16);
 
 bool has_binary(BinaryOp op) {
   switch (op) {
@@ -792,7 +497,6 @@ bool has_binary(BinaryOp op) {
       return false;
   }
 }
-bool has_unary(UnaryOp) { return true; }
 
 void binary_f32(BinaryOp op, const float* a, const float* b, bool b_scalar, float* out, int64_t n, float alpha,
                 float lo, float hi) {
@@ -805,13 +509,6 @@ void binary_bf16(BinaryOp op, const uint16_t* a, const uint16_t* b, bool b_scala
     return HWY_DYNAMIC_DISPATCH(DerivativeBF16Table)(a, b, out, n, t);
   if (op == BinaryOp::Pow) return HWY_DYNAMIC_DISPATCH(PowBF16Table)(a, b, b_scalar, out, n, log2_bf16_table());
   HWY_DYNAMIC_DISPATCH(BinaryBF16)(op, a, b, b_scalar, out, n, alpha, lo, hi);
-}
-void unary_f32(UnaryOp op, const float* x, float* out, int64_t n, float lo, float hi) {
-  HWY_DYNAMIC_DISPATCH(UnaryF32)(op, x, out, n, lo, hi);
-}
-void unary_bf16(UnaryOp op, const uint16_t* x, uint16_t* out, int64_t n, float lo, float hi) {
-  if (unary_bf16_by_table(op, x, out, n)) return;
-  HWY_DYNAMIC_DISPATCH(UnaryBF16)(op, x, out, n, lo, hi);
 }
 }  // namespace kiln::cpu::simd
 #endif
