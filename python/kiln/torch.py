@@ -83,11 +83,13 @@ def _leaf(t, needs_grad):
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
+    # grad_enabled: torch's grad mode at the call (forward runs with grad off, and needs_input_grad
+    # follows requires_grad alone, so under torch.no_grad kiln would record a graph for nothing).
     @staticmethod
-    def forward(ctx, input, linear_weight, linear_bias, target, weight, options):
+    def forward(ctx, grad_enabled, input, linear_weight, linear_bias, target, weight, options):
         from .nn import functional as F
 
-        needs = ctx.needs_input_grad
+        needs = ctx.needs_input_grad[1:] if grad_enabled else (False,) * 6
         with _on_torch_stream(input.device):
             x, w, b = _leaf(input, needs[0]), _leaf(linear_weight, needs[1]), _leaf(linear_bias, needs[2])
             kt = _kiln_view(target.contiguous())
@@ -101,11 +103,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         loss, x, w, b = _take(ctx, "linear_cross_entropy")  # kiln's graph is freed by its backward; drop our handles too
         if not loss.requires_grad:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         with _on_torch_stream(grad_loss.device):
             loss.backward(_kiln_view(grad_loss.contiguous()))
             grads = [_torch_view(t.grad) if t is not None and t.grad is not None else None for t in (x, w, b)]
-        return grads[0], grads[1], grads[2], None, None, None
+        return None, grads[0], grads[1], grads[2], None, None, None
 
 
 def _take(ctx, name):
@@ -137,17 +139,17 @@ def linear_cross_entropy(input, linear_weight, target, linear_bias=None, weight=
     linear_weight [V, H], target [N] / [B, T] -> loss [] (mean/sum) or target's shape (none).
     kiln_options: z_loss, logit_softcap, strategy, chunk_tokens, chunk_vocab, memory_budget."""
     options = dict(reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing, **kiln_options)
-    return _LinearCrossEntropy.apply(input, linear_weight, linear_bias, target, weight, options)
+    return _LinearCrossEntropy.apply(torch.is_grad_enabled(), input, linear_weight, linear_bias, target, weight, options)
 
 
 class _FlexAttention(torch.autograd.Function):
-    # apply(score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query, key, value,
-    #       *captured_torch): the torch tensors a score_mod captured are inputs, so torch routes
+    # apply(grad_enabled, score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query, key,
+    #       value, *captured_torch): the torch tensors a score_mod captured are inputs, so torch routes
     # their gradients; captured_kiln are the kiln views of them inside score_mod's IR.
     @staticmethod
-    def forward(ctx, score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query, key, value,
-                *captured):
-        needs = ctx.needs_input_grad[6:]
+    def forward(ctx, grad_enabled, score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query, key,
+                value, *captured):
+        needs = ctx.needs_input_grad[7:] if grad_enabled else (False,) * (3 + len(captured))
         with _on_torch_stream(query.device):
             q, k, v = (_leaf(t, n) for t, n in zip((query, key, value), needs))
             for kt, n in zip(captured_kiln, needs[3:]):
@@ -181,7 +183,7 @@ def _flex_backward(out, lse, inputs, needs, devices, grads):
         for i, g in zip(want, gs):
             # A CUDA tensor captured by score_mod is mirrored on the CPU: its gradient goes back.
             result[i] = _torch_view(g).to(devices[i]) if g is not None else None
-    return (None,) * 6 + tuple(result)
+    return (None,) * 7 + tuple(result)
 
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
@@ -219,5 +221,5 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             if src.is_floating_point():
                 captured_kiln.append(kt)
                 captured.append(src)
-    return _FlexAttention.apply(score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln,
-                                query, key, value, *captured)
+    return _FlexAttention.apply(torch.is_grad_enabled(), score_mod, block_mask, scale, enable_gqa, return_lse,
+                                captured_kiln, query, key, value, *captured)

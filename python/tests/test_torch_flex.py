@@ -130,6 +130,23 @@ def test_zero_copy_inputs_and_no_grad():
     assert kt.to_kiln(q).data_ptr() == q.data_ptr()
 
 
+def test_no_grad_with_parameters_records_no_kiln_graph():
+    # torch runs Function.forward with grad off and needs_input_grad from requires_grad alone: under
+    # torch.no_grad, inputs that require grad must not make kiln record a node, which would keep
+    # the lse [B, H, L] alive as long as the output.
+    q = torch.randn(1, 2, 64, 8, requires_grad=True)
+    with torch.no_grad():
+        kt.flex_attention(q, q, q)  # warm-up: whatever a first call keeps is not what is measured
+    before = kiln.cpu.memory_allocated()
+    with torch.no_grad():
+        out = kt.flex_attention(q, q, q)
+    held = kiln.cpu.memory_allocated() - before
+    assert out.grad_fn is None and not out.requires_grad
+    assert held == out.numel() * out.element_size(), f"kiln holds {held} bytes beside the output"
+    out2 = kt.flex_attention(q, q, q)  # with grad on, a node (and its lse) is recorded as before
+    assert out2.grad_fn is not None
+
+
 def test_inside_a_torch_model_training_step():
     class Attn(torch.nn.Module):
         def __init__(self):
