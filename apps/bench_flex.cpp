@@ -38,7 +38,7 @@ namespace {
 
 struct Args {
   std::string device = "cpu", mask = "sliding:256", score = "none", dtype;
-  int64_t B = 1, H = 4, S = 4096, D = 64, bm_seq = 0;
+  int64_t B = 1, H = 4, S = 4096, D = 64, bm_seq = 0, block = 128;  // block: the BlockMask's block size (--block-size)
   int reps = 0;
   bool json = false;
   bool flex_only = false;  // --flex-only: the flex variant alone (A/B rounds on a device budget)
@@ -77,12 +77,13 @@ Args parse(int argc, char** argv) {
     else if (f == "--dtype") a.dtype = value();
     else if (f == "--reps") a.reps = std::atoi(value().c_str());
     else if (f == "--bm-seq") a.bm_seq = std::atoll(value().c_str());
+    else if (f == "--block-size") a.block = std::atoll(value().c_str());
     else if (f == "--json") a.json = true;
     else if (f == "--flex-only") a.flex_only = true;
     else usage(("unknown flag " + f).c_str());
   }
   if (a.device != "cpu" && a.device != "cuda") usage("--device must be cpu or cuda");
-  if (a.B < 1 || a.H < 1 || a.S < 1 || a.D < 1) usage("sizes must be positive");
+  if (a.B < 1 || a.H < 1 || a.S < 1 || a.D < 1 || a.block < 1) usage("sizes must be positive");
   return a;
 }
 
@@ -269,7 +270,7 @@ int run_main(int argc, char** argv) {
                 static_cast<long long>(a.D), a.mask.c_str(), a.score.c_str());
 
   const bool uses_mask = a.mask != "none";
-  const BlockMask sparse = create_block_mask(m, 1, 1, a.S, a.S, 128, dev);
+  const BlockMask sparse = create_block_mask(m, 1, 1, a.S, a.S, a.block, dev);
   auto flex_with = [&](const BlockMask* bm) {
     return [bm, &sm](const Tensor& x, const Tensor& y, const Tensor& z) {
       FlexOptions o;
@@ -324,7 +325,7 @@ int run_bench_flex(int argc, char** argv) {
     std::fprintf(stderr,
                  "bench flex: %s\nusage: bench flex [--device cpu|cuda] [--batch B] [--heads H] [--seq S] "
                  "[--head-dim D] [--mask causal|sliding:W|document[:N]|prefix:N|chunked:N|none] "
-                 "[--score none|alibi|softcap:C] [--dtype f32|bf16|f16] [--reps N] [--bm-seq N] [--json] [--flex-only]\n",
+                 "[--score none|alibi|softcap:C] [--dtype f32|bf16|f16] [--reps N] [--bm-seq N] [--block-size N (128)] [--json] [--flex-only]\n",
                  e.what());
     return 2;
   } catch (const Error& e) {
