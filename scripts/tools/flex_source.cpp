@@ -5,13 +5,11 @@
 //   /tmp/flex_source 128 document persist,mask_bits > /tmp/f.cu
 //   (echo '#define KILN_BUILD_BWD 0'; cat /tmp/f.cu) > /tmp/fwd.cu && nvcc -arch=sm_90a -cubin -Xptxas -v /tmp/fwd.cu
 // Usage: flex_source HEAD_DIM causal|document|window [switches: persist,mask_bits,keepbits,kbuf1,walk_ahead,softcap,alibi,wide,m64,n64,
-// bkbuf1,unpaired,dkdvwgs2,dqwgs2,splitp,relbias,subskip]
+// bkbuf1,unpaired,splitp,relbias]
 // (softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: without fast_mods
 // (KILN_FLEX_FAST_MODS=0: 64-bit ints, IEEE divisions, tanhf); m64 / n64: a forward tile of 64 q
 // rows / 64 kv columns instead of 128 at E = 128; bkbuf1: the dQ kernel's one K / V stage; unpaired: KILN_FLEX_BWD_PAIRED=0;
-// dkdvwgs2: KILN_FLEX_BWD_DKDV_WGS=2; dqwgs2: KILN_FLEX_BWD_DQ_WGS=2;
-// splitp: KILN_FLEX_BWD_SPLIT_P=1 without softcap / alibi; relbias: a learned relative bias, its gradient;
-// subskip: KILN_FLEX_SUB_SKIP=1)
+// splitp: KILN_FLEX_BWD_SPLIT_P=1 without softcap / alibi; relbias: a learned relative bias, its gradient)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -48,9 +46,6 @@ int main(int argc, char** argv) {
   cfg.fwd_kbuf = has("kbuf1") ? 1 : 2;
   cfg.bwd_kbuf = has("bkbuf1") ? 1 : 2;
   cfg.bwd_paired = !has("unpaired");
-  cfg.dkdv_wgs = has("dkdvwgs2") ? 2 : 1;
-  cfg.dq_wgs = has("dqwgs2") ? 2 : 1;
-  cfg.sub_skip = has("subskip");
   cfg.bwd_split_p = has("splitp") && !has("softcap") && !has("alibi") && !has("relbias");
   cfg.index_check = false;
   cfg.index32 = true;

@@ -38,7 +38,6 @@ struct State {
   const FlexKernels* kernels = nullptr;
   int64_t fwd_smem = 0, bwd_smem = 0, bwd_dq_smem = 0, bwd_dkdv_smem = 0;
   int64_t mask_bits_words = 0;  // KILN_FLEX_MASK_BITS: the keep bits' size, else 0
-  int64_t sub_kv_entries = 0, sub_q_entries = 0;  // KILN_FLEX_SUB_SKIP: the lists' entries, else 0
   int fwd_threads = kThreads;
   int64_t fwd_q_tiles = 0;
   int64_t fwd_grid = 0;  // CTAs of the forward: one per q tile, or what fits at once (fwd_persist)
@@ -59,7 +58,7 @@ const char* env_switch(const char* var, const char* a, const char* b) {
 bool env_flag(const char* var, bool dflt) { return kiln::detail::env_flag(kOp, var, dflt); }
 
 // Whether the mask reads b / h no more than the BlockMask's own dims, so that what a kernel
-// derives from one mask row (keep bits, sub-tile nibbles) holds for every (b, h) it serves.
+// derives from one mask row (keep bits) holds for every (b, h) it serves.
 bool per_mask_row(const cpu::Problem& p) {
   const auto uses = [&](Op op) {
     return std::any_of(p.mask->code.begin(), p.mask->code.end(), [&](const detail::Instr& in) { return in.op == op; });
@@ -105,12 +104,6 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   cfg.fwd_tile_m = m;
   cfg.fwd_tile_n = n;
   cfg.fwd_mt = mt;
-}
-
-// KILN_FLEX_BWD_<DKDV|DQ>_WGS (for measurements): 2 warpgroups where the kernel allows them, else 1.
-int warpgroups(const char* var, bool allowed) {
-  const char* v = env_switch(var, "1", "2");
-  return v && v[0] == '2' && allowed ? 2 : 1;
 }
 
 // KILN_FLEX_<FWD|BWD>_KBUF / KILN_FLEX_BWD_QBUF (for measurements): 1 (default) or 2 buffers.
@@ -190,13 +183,13 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
-                cfg.bwd_paired, cfg.dkdv_wgs, cfg.dq_wgs, cfg.bwd_split_p, cfg.sub_skip);
+                cfg.bwd_paired, cfg.bwd_split_p);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -247,6 +240,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
     P.q_m = p.q_m;
     P.fq_m = p.fq_m;
   }
+  P.q_tiles = ceil_div(p.L, kTileM);   // the dQ kernel's units
+  P.kv_tiles = ceil_div(p.S, kTileN);  // the dK/dV kernel's units
   P.scale = p.scale;
   if (p.score) {
     upload(*p.score, device, st->buffers, P.sptr, P.ssize, P.sstride);
@@ -314,13 +309,6 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
       cfg.fwd_keepbits = false;  // the keep-bits forward evaluates the mask itself
     }
   }
-  // KILN_FLEX_SUB_SKIP=1: the partial blocks' empty 64 x 64 sub-tiles skipped by every kernel.
-  if (env_flag("KILN_FLEX_SUB_SKIP", false) && p.mask && !p.all_full && p.QB == 128 && p.KB == 128 &&
-      per_mask_row(p)) {
-    cfg.sub_skip = true;
-    st->sub_kv_entries = p.mB * p.mH * p.nQ * p.kv_m;
-    st->sub_q_entries = p.mB * p.mH * p.nKV * p.q_m;
-  }
   // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
   // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
   // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
@@ -335,10 +323,6 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // 10.21 / 10.25, 16 documents 5.49 / 5.49 -> 5.36 / 5.38, softcap 11.38 / 11.28 -> 11.22 / 11.18,
   // the rest within noise); KILN_FLEX_BWD_PAIRED=0 waits for each product alone.
   cfg.bwd_paired = cfg.bwd_tma && env_flag("KILN_FLEX_BWD_PAIRED", true);
-  // 128-row dK/dV and dQ units in two warpgroups (see KernelConfig::dkdv_wgs / dq_wgs).
-  cfg.dkdv_wgs = warpgroups("KILN_FLEX_BWD_DKDV_WGS",
-                            cfg.bwd_tma && !(p.score && p.score->any_grad) && p.KB % (2 * kTileN) == 0);
-  cfg.dq_wgs = warpgroups("KILN_FLEX_BWD_DQ_WGS", cfg.bwd_tma && cfg.bwd_kbuf == 2 && p.QB % (2 * kTileM) == 0);
   // KILN_FLEX_BWD_SPLIT_P=1: P while dP is in flight (paired TMA products, two dQ stages, no score_mod).
   cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", false) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
   const int64_t ld = p.E + 8;
@@ -356,11 +340,9 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
     return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * ld * 2;
   };
   const int64_t q_sets = cfg.bwd_tma ? 2 : cfg.bwd_qbuf;
-  st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 * cfg.dq_wgs + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
-  st->bwd_dkdv_smem = tiles_bytes(2 * cfg.dkdv_wgs + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
+  st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
+  st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
-  P.q_tiles = ceil_div(p.L, kTileM * cfg.dq_wgs);     // the dQ kernel's units
-  P.kv_tiles = ceil_div(p.S, kTileN * cfg.dkdv_wgs);  // the dK/dV kernel's units
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, device.index, st->fwd_smem, st->bwd_smem);
   st->fwd_grid = p.B * p.Hq * st->fwd_q_tiles;
@@ -385,18 +367,6 @@ Tensor launch_mask_bits(const State& st, FlexParams& P, void* stream) {
   return bits;
 }
 
-// KILN_FLEX_SUB_SKIP: flex_sub_bits writes the lists' sub-tile nibbles into a buffer that P.kvsub
-// and P.qsub point at (returned, to live until the kernels that read it have run); else nothing.
-Tensor launch_sub_bits(const State& st, FlexParams& P, void* stream) {
-  const int64_t n = st.sub_kv_entries + st.sub_q_entries;
-  if (n == 0) return Tensor();
-  Tensor nibbles = empty({n}, TensorOptions().dtype(kUInt8).device(st.device));
-  P.kvsub = static_cast<uint8_t*>(nibbles.data_ptr());
-  P.qsub = P.kvsub + st.sub_kv_entries;
-  launch(st.kernels->sub_bits, n, 128, 0, stream, &P);
-  return nibbles;
-}
-
 }  // namespace
 
 bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
@@ -417,7 +387,6 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
     encode_tile_map(P.vmap, P.v, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
   }
   const Tensor bits = launch_mask_bits(st, P, stream_of(st));
-  const Tensor nibbles = launch_sub_bits(st, P, stream_of(st));
   const Tensor prof = attach_profile_counters(st, P);
   launch(st.kernels->fwd, st.fwd_grid, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
   if (st.profile) {
@@ -460,7 +429,6 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   }
 
   const Tensor bits = launch_mask_bits(st, P, stream);  // the dQ kernel's, as the forward's
-  const Tensor nibbles = launch_sub_bits(st, P, stream);
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kThreads / (p.E / 8)), kThreads, 0, stream, &P);  // E / 8 lanes a row
@@ -488,9 +456,8 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     side.emplace(st.device.index, stream);
     side->follow();  // after the preprocess (delta, lse2) and the slots' zeros
   }
-  launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads * st.cfg.dq_wgs, st.bwd_dq_smem, stream, &P);
-  launch(st.kernels->bwd_dkdv, grid, kThreads * st.cfg.dkdv_wgs, st.bwd_dkdv_smem, side ? side->stream() : stream,
-         &P);
+  launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_dq_smem, stream, &P);
+  launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_dkdv_smem, side ? side->stream() : stream, &P);
   if (side) side->join();
   if (st.profile) {
     static const char* const dq_phases[] = {"prologue", "wait V", "dP=dO V^T", "wait K",

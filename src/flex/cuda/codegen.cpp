@@ -390,10 +390,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   if (cfg.bwd_qbuf == 2) os << "#define BWD_QBUF 2\n";
   if (cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_TMA 1\n";
   if (cfg.bwd_paired && cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_PAIRED 1\n";
-  if (cfg.dkdv_wgs == 2) os << "#define DKDV_WGS 2\n";
-  if (cfg.dq_wgs == 2) os << "#define DQ_WGS 2\n";
   if (cfg.bwd_split_p) os << "#define BWD_SPLIT_P 1\n";
-  if (cfg.sub_skip && mask) os << "#define SUB_SKIP 1\n";
   if (cfg.walk_ahead) os << "#define WALK_AHEAD 1\n";
   if (cfg.mask_bits && cfg.fwd_tma && cfg.fwd_wgmma && mask) os << "#define MASK_BITS 1\n";
   os << "#define NTHREADS " << kThreads << "\n";

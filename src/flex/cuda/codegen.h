@@ -38,7 +38,6 @@ struct FlexParams {
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
   unsigned long long* prof;  // KILN_FLEX_PROFILE: per-phase cycle counters (kProfileSlots), else null
   uint32_t* mbits;  // KILN_FLEX_MASK_BITS: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
-  uint8_t *kvsub, *qsub;  // KILN_FLEX_SUB_SKIP: the kv / q lists' partial blocks' sub-tile nibbles, else null
   int64_t B, Hq, Hkv, L, S, G;
   int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -100,21 +99,9 @@ struct KernelConfig {
   // wait a pair, and the dQ kernel's dP in flight while K lands (the default on sm_90;
   // KILN_FLEX_BWD_PAIRED=0 turns it off).
   bool bwd_paired = false;
-  // TMA backward without captured-tensor gradients, kv blocks a multiple of 128: warpgroups of the
-  // dK/dV kernel, each owning 64 kv rows of a 64 * dkdv_wgs-row unit and sharing its Q / dO tiles
-  // (KILN_FLEX_BWD_DKDV_WGS=2, a measurement switch; the kernel takes 128 * dkdv_wgs threads).
-  int dkdv_wgs = 1;
-  // TMA backward with two K / V stages, q blocks a multiple of 128: warpgroups of the dQ kernel, each
-  // owning 64 q rows of a 64 * dq_wgs-row unit and sharing its K / V tiles (KILN_FLEX_BWD_DQ_WGS=2,
-  // a measurement switch; the kernel takes 128 * dq_wgs threads).
-  int dq_wgs = 1;
   // Paired TMA products with two dQ stages and no score_mod: each backward tile's P computed while
   // its dP product is still in flight, then dS (KILN_FLEX_BWD_SPLIT_P=1, a measurement switch).
   bool bwd_split_p = false;
-  // 128 x 128 blocks and a mask_mod evaluable per mask row: every kernel's tile walk skips the
-  // partial blocks' empty 64 x 64 sub-tiles, from nibbles flex_sub_bits writes before each pass
-  // (KILN_FLEX_SUB_SKIP=1, a measurement switch).
-  bool sub_skip = false;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;

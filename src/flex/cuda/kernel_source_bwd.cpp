@@ -25,20 +25,6 @@ const char* backward_kernels_source() {
 #if BWD_PAIRED && !BWD_TMA
 #error "the paired products are the TMA backward's"
 #endif
-#ifndef DKDV_WGS
-#define DKDV_WGS 1  // TMA only: dK/dV warpgroups, each 64 kv rows of one unit, sharing its Q / dO tiles
-#endif
-#if DKDV_WGS == 2 && (!BWD_TMA || HAS_CAP_GRAD)
-#error "two dK/dV warpgroups need the TMA backward and no captured-tensor gradients"
-#endif
-#define DKDV_ROWS (TILE_N * DKDV_WGS)  // kv rows of a dK/dV unit
-#ifndef DQ_WGS
-#define DQ_WGS 1  // TMA with two K / V stages only: dQ warpgroups, each 64 q rows of a unit, sharing its K / V
-#endif
-#if DQ_WGS == 2 && !(BWD_TMA && BWD_KBUF == 2)
-#error "two dQ warpgroups need the TMA backward's two K / V stages"
-#endif
-#define DQ_ROWS (TILE_M * DQ_WGS)  // q rows of a dQ unit
 #ifndef BWD_SPLIT_P
 #define BWD_SPLIT_P 0  // paired TMA products, two dQ stages, no score_mod: P computed while dP is in flight
 #endif
@@ -46,6 +32,11 @@ const char* backward_kernels_source() {
 #error "the split P / dS needs the paired products, two dQ stages and no score_mod"
 #endif
 #define BWD_QSETS (BWD_TMA ? 2 : BWD_QBUF)  // dK/dV's buffers of Q, dO and rows
+// Both kernels run one warpgroup (NTHREADS threads) a CTA, so their wg = threadIdx.x / NTHREADS is
+// 0; it stays a run-time value in their tile and row offsets (dQ: Qw, dOw, r0; dK/dV: Kw, Vw, w0),
+// and warp stays (threadIdx.x >> 5) % NWARPS, because ptxas allocates the kernels better so
+// (sm_90a, nvcc 13.0, E = 128 causal: dK/dV 255 registers without spills, 70 bytes of spills with
+// the offsets folded away). This is the SASS measured on the H200 in session 13.
 // The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
 // tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
 #if BWD_WGMMA
@@ -228,24 +219,22 @@ __device__ __forceinline__ void dq_tile_ds_from_p(float (*p)[4], const float (*d
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(NTHREADS * DQ_WGS)
-    flex_bwd_dq(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
-  u16* Qs = BWD_SMEM_BASE(smem);  // DQ_WGS 64-row tiles of Q, then as many of dO
-  u16* dOs = Qs + BWD_TILE_ELEMS(DQ_ROWS);
-  u16* Ks = dOs + BWD_TILE_ELEMS(DQ_ROWS);
+  u16* Qs = BWD_SMEM_BASE(smem);
+  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
+  u16* Ks = dOs + BWD_TILE_ELEMS(TILE_M);
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
   u16* Ks2 = Vs + BWD_TILE_ELEMS(TILE_N);  // BWD_KBUF 2: the second K buffer
 #if !BWD_TMA
   u16* Kcur = Ks;  // K of the current tile
 #endif
-  // wg: this thread's warpgroup, owning q rows wg * 64.. of the unit (u0..); warp: its warp within it.
   const int wg = threadIdx.x / NTHREADS, warp = (threadIdx.x >> 5) % NWARPS, lane = threadIdx.x & 31, g = lane >> 2,
-            t = lane & 3;
+            t = lane & 3;  // wg: 0, kept a run-time value (the note at the top)
   const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
-  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, u0 = tile * DQ_ROWS, r0 = u0 + wg * TILE_M;
-  const u16* Qw = Qs + wg * BWD_TILE_ELEMS(TILE_M);  // this warpgroup's Q and dO rows
+  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, u0 = tile * TILE_M, r0 = u0 + wg * TILE_M;
+  const u16* Qw = Qs + wg * BWD_TILE_ELEMS(TILE_M);  // = Qs, dOs
   const u16* dOw = dOs + wg * BWD_TILE_ELEMS(TILE_M);
 #if !BWD_TMA
   const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
@@ -267,9 +256,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DQ_WGS)
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + u0 / P.QB;
   TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
-#if SUB_SKIP
-  if (P.kvsub) walk.skip_empty(P.kvsub + mrow * P.kv_m, DQ_ROWS >= 128 ? 3u : 1u << ((u0 % 128) / 64));
-#endif
   i64 c0, c_next;
   bool partial, p_next;
   int slot0 = 0, s_next = 0;  // the partial list's slot of c0's block (MASK_BITS)
@@ -285,10 +271,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DQ_WGS)
   if (threadIdx.x == 0) {
     mbar_init_all(bars, 4);
     if (more) {
-      for (int w = 0; w < DQ_WGS; ++w) {
-        tma_tile(dOs + w * BWD_TILE_ELEMS(TILE_M), P.domap, &bars[2], u0 + w * TILE_M, bh, TILE_M, false);
-        tma_tile(Qs + w * BWD_TILE_ELEMS(TILE_M), P.qmap, &bars[0], u0 + w * TILE_M, bh, TILE_M, false);
-      }
+      tma_tile(dOs, P.domap, &bars[2], u0, bh, TILE_M, false);
+      tma_tile(Qs, P.qmap, &bars[0], u0, bh, TILE_M, false);
       tma_tile(Vs, P.vmap, &bars[2], c0, bhk, TILE_N);
       tma_tile(Ks, P.kmap, &bars[0], c0, bhk, TILE_N);
     }
@@ -539,22 +523,20 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS * DKDV_WGS)
-    flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
-  u16* Ks = BWD_SMEM_BASE(smem);  // DKDV_WGS 64-row tiles of K, then as many of V
-  u16* Vs = Ks + BWD_TILE_ELEMS(DKDV_ROWS);
-  u16* Qs = Vs + BWD_TILE_ELEMS(DKDV_ROWS);
+  u16* Ks = BWD_SMEM_BASE(smem);
+  u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
+  u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
   u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS;
   float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS);  // 2 sets: Qs, Qs2, dOs, dOs2
 #if !BWD_TMA && BWD_QBUF == 1
   float* delta_s = lse2_s + TILE_M;  // each rows buffer: lse2 then delta (load_rows), 2 TILE_M floats
 #endif
-  // wg: this thread's warpgroup, owning kv rows wg * 64.. of a unit; warp: its warp within it.
   const int wg = threadIdx.x / NTHREADS, warp = (threadIdx.x >> 5) % NWARPS, lane = threadIdx.x & 31, g = lane >> 2,
-            t = lane & 3;
-  const u16* Kw = Ks + wg * BWD_TILE_ELEMS(TILE_N);  // this warpgroup's K and V rows
+            t = lane & 3;  // wg: 0, kept a run-time value (the note at the top)
+  const u16* Kw = Ks + wg * BWD_TILE_ELEMS(TILE_N);  // = Ks, Vs
   const u16* Vw = Vs + wg * BWD_TILE_ELEMS(TILE_N);
   // Units [u_begin, u_end) in order: one unit per CTA, or a fixed slot of units with captured grads.
   const i64 u_begin = (i64)blockIdx.x * P.units / gridDim.x, u_end = ((i64)blockIdx.x + 1) * P.units / gridDim.x;
@@ -572,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DKDV_WGS)
 #endif
   for (i64 u = u_begin; u < u_end; ++u) {
     const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
-    const i64 c0 = tile * DKDV_ROWS, jblk = c0 / P.KB, w0 = c0 + wg * TILE_N;  // w0: this warpgroup's first row
+    const i64 c0 = tile * TILE_N, jblk = c0 / P.KB, w0 = c0 + wg * TILE_N;  // w0 = c0
     __syncthreads();
 #if !BWD_TMA
     BWD_LOAD_RESIDENT(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);  // with Q(r0)'s group
@@ -592,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DKDV_WGS)
     // tile's work (one barrier a tile instead of four). With TMA, the tiles from thread 0 on
     // bars[buffer] and the rows by cp.async.
     {
-      GroupWalk walk(P, b, hk, jblk, DKDV_ROWS >= 128 ? 3u : 1u << ((c0 % 128) / 64));
+      GroupWalk walk(P, b, hk, jblk);
       i64 gi, r0;
       bool partial;
       bool more = walk.next(gi, r0, partial);
@@ -612,10 +594,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DKDV_WGS)
       };
 #if BWD_TMA
       if (more && threadIdx.x == 0) {  // K and V with the first q tile (the unit's barrier freed them)
-        for (int w = 0; w < DKDV_WGS; ++w) {
-          tma_tile(Ks + w * BWD_TILE_ELEMS(TILE_N), P.kmap, &bars[0], c0 + w * TILE_N, bhk, TILE_N, false);
-          tma_tile(Vs + w * BWD_TILE_ELEMS(TILE_N), P.vmap, &bars[0], c0 + w * TILE_N, bhk, TILE_N, false);
-        }
+        tma_tile(Ks, P.kmap, &bars[0], c0, bhk, TILE_N, false);
+        tma_tile(Vs, P.vmap, &bars[0], c0, bhk, TILE_N, false);
       }
 #endif
       if (more) load_q_tile(0, gi, r0);
@@ -696,7 +676,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS * DKDV_WGS)
 #else
     // Pipeline per q tile (groups in flight at the top: Q(r0), dO(r0)): S = K Q^T while dO lands;
     // Q(next) loads during dV += P^T dO, dO(next) during the next S.
-    GroupWalk walk(P, b, hk, jblk, DKDV_ROWS >= 128 ? 3u : 1u << ((c0 % 128) / 64));
+    GroupWalk walk(P, b, hk, jblk);
     i64 gi, r0, gi_n, r0_n;
     bool partial, p_n;
     bool more = walk.next(gi, r0, partial);

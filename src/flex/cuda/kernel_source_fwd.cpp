@@ -335,9 +335,6 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
   TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
-#if SUB_SKIP
-  if (P.kvsub) walk.skip_empty(P.kvsub + mrow * P.kv_m, FWD_TILE_M >= 128 ? 3u : 1u << ((r0 % 128) / 64));
-#endif
   i64 c0, c_next;
   bool partial, p_next;
   int slot0 = 0;  // the partial list's slot of c0's block (MASK_BITS)

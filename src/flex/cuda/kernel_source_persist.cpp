@@ -38,9 +38,6 @@ struct UnitStream {
     const i64 mrow = fwd_unit_mrow(P, bh, r0);
     TileWalk t(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S,
                FWD_TILE_N);
-#if SUB_SKIP
-    if (P.kvsub) t.skip_empty(P.kvsub + mrow * P.kv_m, FWD_TILE_M >= 128 ? 3u : 1u << ((r0 % 128) / 64));
-#endif
     return t;
   }
   __device__ __forceinline__ UnitStream(const FlexParams& p, i64 qt)

@@ -20,9 +20,6 @@ __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
 #ifndef WALK_AHEAD
 #define WALK_AHEAD 0  // the lists' next entries loaded a step ahead (KILN_FLEX_WALK_AHEAD=1)
 #endif
-#ifndef SUB_SKIP
-#define SUB_SKIP 0  // 128 x 128 blocks: tiles skip a partial block's empty 64 x 64 sub-tiles (flex_sub_bits)
-#endif
 // Merged ascending walk of a partial list and a full list (or every block when all_full). With
 // WALK_AHEAD the heads of both lists (va = *pa, vf = *fa) are loaded one step ahead, so a step
 // reads registers and its global load's latency hides behind the tile's work.
@@ -62,7 +59,7 @@ struct BlockWalk {
     if (fa == fe || (pa < pe && va < vf)) {
       j = va;
       partial = true;
-#if MASK_BITS || SUB_SKIP
+#if MASK_BITS
       slot = (int)(pa - p0);
 #endif
       ++pa;
@@ -75,7 +72,7 @@ struct BlockWalk {
     }
 #else
     if (fa == fe || (pa < pe && *pa < *fa)) {
-#if MASK_BITS || SUB_SKIP
+#if MASK_BITS
       slot = (int)(pa - p0);
 #endif
       j = *pa++;
@@ -94,39 +91,16 @@ struct TileWalk {
   BlockWalk w;
   i64 c, cend, blk, total, step_n;
   bool part;
-#if SUB_SKIP
-  // skip_empty: the walked list row's sub-tile nibbles by slot (flex_sub_bits: bit 2 * o + x for
-  // the other dimension's 64-row half o and the walked one's half x), and the other halves this
-  // CTA covers; a partial block's tile whose sub-tiles are all empty is skipped.
-  const unsigned char* sub = nullptr;
-  unsigned other = 3u, nib = 15u;
-  __device__ __forceinline__ void skip_empty(const unsigned char* row_nibbles, unsigned other_halves) {
-    sub = row_nibbles;
-    other = other_halves;
-  }
-#endif
   __device__ __forceinline__ TileWalk(const BlockWalk& walk, i64 block, i64 n, i64 step = TILE_N)
       : w(walk), c(0), cend(0), blk(block), total(n), step_n(step), part(false) {}
   // slot: the partial list's slot of the tile's block (MASK_BITS), when asked for.
   __device__ __forceinline__ bool next(i64& c0, bool& partial, int* slot = nullptr) {
-#if SUB_SKIP
-    for (;; c += step_n) {
-#endif
-      while (c >= cend) {
-        int j;
-        if (!w.step(j, part)) return false;
-        c = (i64)j * blk;
-        cend = c + blk < total ? c + blk : total;
-#if SUB_SKIP
-        nib = part && sub ? sub[w.slot] : 15u;
-#endif
-      }
-#if SUB_SKIP
-      const unsigned x0 = (unsigned)((c % blk) / 64), xs = step_n == 128 ? 3u : 1u << x0;  // walked halves
-      const unsigned want = ((other & 1u) ? xs : 0u) | ((other & 2u) ? xs << 2 : 0u);
-      if (nib & want) break;
+    while (c >= cend) {
+      int j;
+      if (!w.step(j, part)) return false;
+      c = (i64)j * blk;
+      cend = c + blk < total ? c + blk : total;
     }
-#endif
     c0 = c;
     partial = part;
 #if MASK_BITS
@@ -141,18 +115,14 @@ struct TileWalk {
 struct GroupWalk {
   const FlexParams& P;
   i64 b, hk, jblk, gi;
-  unsigned kv_halves;  // SUB_SKIP: the 64-row halves of block jblk this CTA's kv rows cover
   TileWalk tw;
   __device__ __forceinline__ TileWalk head(i64 g) const {
     const i64 mcol = P.all_full ? 0 : mask_row(P, b, hk * P.G + g) * P.nKVB + jblk;
     TileWalk t(BlockWalk(P, P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m, mcol, P.nQB), P.QB, P.L);
-#if SUB_SKIP
-    if (P.qsub) t.skip_empty(P.qsub + mcol * P.q_m, kv_halves);
-#endif
     return t;
   }
-  __device__ __forceinline__ GroupWalk(const FlexParams& p, i64 b_, i64 hk_, i64 jblk_, unsigned kvh = 3u)
-      : P(p), b(b_), hk(hk_), jblk(jblk_), gi(0), kv_halves(kvh), tw(head(0)) {}
+  __device__ __forceinline__ GroupWalk(const FlexParams& p, i64 b_, i64 hk_, i64 jblk_)
+      : P(p), b(b_), hk(hk_), jblk(jblk_), gi(0), tw(head(0)) {}
   __device__ __forceinline__ bool next(i64& g, i64& r0, bool& partial) {
     while (gi < P.G) {
       if (tw.next(r0, partial)) {
@@ -164,37 +134,6 @@ struct GroupWalk {
     return false;
   }
 };
-
-// SUB_SKIP: one CTA per entry of the kv lists' partial blocks (rows: q blocks), then one per entry
-// of the q lists' (rows: kv blocks); warp w decides the 64 x 64 sub-tile (q half w / 2, kv half
-// w % 2) of the 128 x 128 block (elements past the lengths are empty) and the entry's nibble goes
-// to P.kvsub / P.qsub + row * m + slot, bit 2 * o + x (o: the other dimension's half, x: the walked
-// one's). Evaluated per mask row, so only where the mask uses b / h no more than the BlockMask's dims.
-extern "C" __global__ void __launch_bounds__(128) flex_sub_bits(const FlexParams P) {
-#if HAS_MASK && SUB_SKIP
-  const i64 nkv = P.mB * P.mH * P.nQB * P.kv_m;
-  const bool kv_list = (i64)blockIdx.x < nkv;
-  const i64 e = kv_list ? (i64)blockIdx.x : (i64)blockIdx.x - nkv, m = kv_list ? P.kv_m : P.q_m;
-  const i64 row = e / m, slot = e % m;
-  if (slot >= (kv_list ? P.kv_num : P.q_num)[row]) return;
-  const i64 nrows = kv_list ? P.nQB : P.nKVB, blk = row % nrows, mbh = row / nrows, b = mbh / P.mH, h = mbh % P.mH;
-  const i64 listed = (kv_list ? P.kv_idx : P.q_idx)[row * m + slot];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, qh = warp >> 1, kh = warp & 1;
-  const i64 q0 = (kv_list ? blk : listed) * 128 + qh * 64, k0 = (kv_list ? listed : blk) * 128 + kh * 64;
-  bool any = false;
-  for (int i = lane; i < 64 * 64 && !any; i += 32) {
-    const i64 q = q0 + i / 64, kv = k0 + i % 64;
-    if (q < P.L && kv < P.S) any = (bool)mask_mod(b, h, q, kv, P);
-  }
-  any = __any_sync(0xffffffffu, any);
-  __shared__ unsigned nib;
-  if (threadIdx.x == 0) nib = 0u;
-  __syncthreads();
-  if (lane == 0 && any) atomicOr(&nib, 1u << (kv_list ? 2 * qh + kh : 2 * kh + qh));
-  __syncthreads();
-  if (threadIdx.x == 0) (kv_list ? P.kvsub : P.qsub)[row * m + slot] = (unsigned char)nib;
-#endif
-}
 
 // The modified score of one element and whether it is kept (in bounds, and mask true on partial
 // blocks). Branch-free: the mods see the element clamped into the lengths (an element of the same

@@ -41,7 +41,6 @@ struct FlexKernels {
   void* bwd_dkdv = nullptr;
   void* capgrad_reduce = nullptr;
   void* mask_bits = nullptr;  // flex_mask_bits (KILN_FLEX_MASK_BITS)
-  void* sub_bits = nullptr;   // flex_sub_bits (KILN_FLEX_SUB_SKIP)
 };
 const FlexKernels& load_kernels(const std::string& source, int device, int64_t fwd_smem, int64_t bwd_smem);
 // load_kernels behind a cache keyed by `id`, a string the caller derives from whatever determines
