@@ -724,9 +724,10 @@ void check_document_variant(const char* var, const char* on = "1", const char* o
   expect_same_bits_across(var, on, off, q, k, v, cot, o);
 }
 
-// KILN_FLEX_BWD_SPLIT_P=1: without a score_mod each backward tile's P is computed while its dP
-// product is in flight, then dS; bit for bit against the joint P / dS, on the variant suite and on a
-// document mask (the dQ kernel's keep-bits path).
+// KILN_FLEX_BWD_SPLIT_P=1 (the default on sm_90): without a score_mod each backward tile's P is
+// computed while its dP product is in flight, then dS; against the reference, and bit for bit against
+// KILN_FLEX_BWD_SPLIT_P=0's joint P / dS, on the variant suite and on a document mask (the dQ kernel's
+// keep-bits path).
 TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(39);

@@ -323,8 +323,11 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // 10.21 / 10.25, 16 documents 5.49 / 5.49 -> 5.36 / 5.38, softcap 11.38 / 11.28 -> 11.22 / 11.18,
   // the rest within noise); KILN_FLEX_BWD_PAIRED=0 waits for each product alone.
   cfg.bwd_paired = cfg.bwd_tma && env_flag("KILN_FLEX_BWD_PAIRED", true);
-  // KILN_FLEX_BWD_SPLIT_P=1: P while dP is in flight (paired TMA products, two dQ stages, no score_mod).
-  cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", false) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
+  // With paired products, two dQ stages and no score_mod each tile's P is computed while its dP
+  // product is in flight by default (H200, session 13, 2026-12-04, a20b950, `bash
+  // scripts/device/bwd_round.sh`, fwd+bwd ms, two interleaved passes: window E 128 1.642 / 1.637 ->
+  // 1.562 / 1.560, the rest within noise); KILN_FLEX_BWD_SPLIT_P=0 computes P and dS together.
+  cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).

@@ -100,7 +100,8 @@ struct KernelConfig {
   // KILN_FLEX_BWD_PAIRED=0 turns it off).
   bool bwd_paired = false;
   // Paired TMA products with two dQ stages and no score_mod: each backward tile's P computed while
-  // its dP product is still in flight, then dS (KILN_FLEX_BWD_SPLIT_P=1, a measurement switch).
+  // its dP product is still in flight, then dS (the default on sm_90; KILN_FLEX_BWD_SPLIT_P=0 turns
+  // it off).
   bool bwd_split_p = false;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
