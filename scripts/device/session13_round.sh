@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Session 13's GPU round (carry [".device"], built by pack.sh): PARTS (default all, in order)
+#   tests:  the CUDA flex suite at the defaults (TEST_TIMEOUT, FLEX_FILTER);
+#   host:   the torch adapter tests (pytest) and scripts/device/flex_host.py (times, GPU kernels);
+#   blocks: kiln alone with a 128- and a 64-block BlockMask on BLOCK_ROWS (default 0 1 2: the
+#           windows), interleaved, two passes;
+#   compare: compare_torch.py's flex rows CMP_ROWS (default 0,1,2,4) beside torch.
+# Logs to stdout and $OUT/session13.log (compare: $OUT/compare_flex.txt and JSON).
+set -uo pipefail
+LOG_NAME=session13.log
+. scripts/device/prelude.sh
+. scripts/device/flex_rows.sh
+export KILN_CACHE_DIR=/tmp/kiln-cache-s13
+log "commit $(cat .device/commit)"
+for part in ${PARTS:-tests host blocks compare}; do
+  case $part in
+    tests)
+      timeout ${TEST_TIMEOUT:-260} build-gpu/tests/test_flex --gtest_filter="${FLEX_FILTER:-FlexAttentionCuda*}" > "$OUT/flex_tests.log" 2>&1
+      log "flex tests: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests.log" | tr '\n' ' ') $(grep 'test suite ran' "$OUT/flex_tests.log")"
+      grep -E "Failure" -A6 "$OUT/flex_tests.log" | head -30 | tee -a "$OUT/$LOG_NAME" ;;
+    host)
+      PYTHONPATH=/tmp/kiln-py timeout 200 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_flex.py \
+        python/tests/test_torch_lce.py python/tests/test_dlpack.py > "$OUT/pytest_torch.log" 2>&1
+      log "pytest torch adapters: $(tail -1 "$OUT/pytest_torch.log")"
+      grep -E "^FAILED|Error" "$OUT/pytest_torch.log" | head -10 | tee -a "$OUT/$LOG_NAME"
+      FLEX_HOST_PARTS=times,kernels PYTHONPATH=/tmp/kiln-py timeout 120 python3 scripts/device/flex_host.py > "$OUT/flex_host.log" 2>&1
+      grep -E "kiln.torch" "$OUT/flex_host.log" | tee -a "$OUT/$LOG_NAME"
+      grep -E "flex_(fwd|bwd)" "$OUT/flex_host.log" | grep -v Flex | cut -c1-60,120-175 | tee -a "$OUT/$LOG_NAME" ;;
+    blocks)
+      for pass in 1 2; do
+        for r in ${BLOCK_ROWS:-0 1 2}; do
+          for bs in 128 64; do
+            line=$(timeout 40 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --block-size $bs --dtype bf16 --json \
+                   --reps 20 --flex-only 2>&1 | grep '"variant": "flex"' | grep -o '"fwd_ms": [0-9.]*, "fwd_bwd_ms": [0-9.]*')
+            log "row $r block $bs $line"
+          done
+        done
+      done ;;
+    compare)
+      KILN_PY=/tmp/kiln-py SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-260} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,4}" \
+        bash scripts/device/round_c.sh > "$OUT/compare.log" 2>&1
+      grep -v Warn "$OUT/compare_flex.txt" 2>/dev/null | tee -a "$OUT/$LOG_NAME" | grep -A4 '^flex' ;;
+  esac
+done
