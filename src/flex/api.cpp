@@ -8,6 +8,7 @@
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 #include "flex/cpu/attention.h"
+#include "flex/block_mask_impl.h"
 #include "flex/cuda/attention_cuda.h"
 #include "kiln/autograd.h"
 
@@ -24,16 +25,18 @@ struct Prepared {
   std::shared_ptr<cuda::State> cuda;  // CUDA: device buffers and compiled kernels
 };
 
-// `bm` with its tensors on `device`: as is when they are there already, else a copy from a small
-// cache keyed by the tensors' identities and versions (so a CPU mask reused every step moves once).
-BlockMask block_mask_on(const BlockMask& bm, Device device) {
-  if (bm.kv_num_blocks.device() == device) return bm;
+// A BlockMask derived from `bm` (moved to a device, halved) by make(), from a small cache keyed by
+// bm's tensors' identities and versions and by `key` (what else the result depends on), so a mask
+// reused every step is derived once. Entries keep their source, so identities stay unique.
+template <class Make>
+BlockMask derived_mask(const BlockMask& bm, const std::string& key, Make make) {
   auto tensors = [](const BlockMask& m) {
     return std::vector<const Tensor*>{&m.kv_num_blocks, &m.kv_indices, &m.full_kv_num_blocks, &m.full_kv_indices,
                                       &m.q_num_blocks, &m.q_indices, &m.full_q_num_blocks, &m.full_q_indices};
   };
   struct Entry {
-    BlockMask src, moved;  // src keeps its tensors alive, so the identities below stay unique
+    BlockMask src, derived;
+    std::string key;
     std::vector<uint64_t> versions;
   };
   static std::mutex mutex;
@@ -44,20 +47,24 @@ BlockMask block_mask_on(const BlockMask& bm, Device device) {
   std::lock_guard<std::mutex> lock(mutex);
   for (const Entry& e : cache) {
     const std::vector<const Tensor*> es = tensors(e.src);
-    bool same = e.moved.kv_num_blocks.device() == device && e.versions == versions;
+    bool same = e.key == key && e.versions == versions;
     for (size_t i = 0; same && i < ts.size(); ++i) same = ts[i]->impl() == es[i]->impl();
-    if (same) {
-      BlockMask m = e.moved;
-      m.mask_mod = bm.mask_mod;
-      m.q_len = bm.q_len;
-      m.kv_len = bm.kv_len;
-      return m;
-    }
+    if (same) return e.derived;
   }
-  Entry e{bm, bm.to(device), versions};
+  Entry e{bm, make(), key, versions};
   cache.push_front(e);
   if (cache.size() > 8) cache.pop_back();
-  return e.moved;
+  return e.derived;
+}
+
+// `bm` with its tensors on `device`: as is when they are there already, else a cached copy.
+BlockMask block_mask_on(const BlockMask& bm, Device device) {
+  if (bm.kv_num_blocks.device() == device) return bm;
+  BlockMask m = derived_mask(bm, "on " + device.str(), [&] { return bm.to(device); });
+  m.mask_mod = bm.mask_mod;  // the tensors are shared; the mod and lengths are the caller's
+  m.q_len = bm.q_len;
+  m.kv_len = bm.kv_len;
+  return m;
 }
 
 // detail::compile of a mod, cached by expression node while the tensors it captures keep their
@@ -91,6 +98,45 @@ std::shared_ptr<detail::Program> compiled(const Expr& e) {
   if (cache.size() > 8) cache.pop_back();  // entries keep their captured tensors alive: a few suffice
   return prog;
 }
+
+// The problem's block fields from m (its tensors on the kernels' device).
+void use_block_mask(cpu::Problem& p, const BlockMask& m) {
+  p.QB = m.q_block_size;
+  p.KB = m.kv_block_size;
+  p.mB = m.batch();
+  p.mH = m.heads();
+  p.kv_num = m.kv_num_blocks.data_ptr<int32_t>();
+  p.kv_idx = m.kv_indices.data_ptr<int32_t>();
+  p.fkv_num = m.full_kv_num_blocks.data_ptr<int32_t>();
+  p.fkv_idx = m.full_kv_indices.data_ptr<int32_t>();
+  p.q_num = m.q_num_blocks.data_ptr<int32_t>();
+  p.q_idx = m.q_indices.data_ptr<int32_t>();
+  p.fq_num = m.full_q_num_blocks.data_ptr<int32_t>();
+  p.fq_idx = m.full_q_indices.data_ptr<int32_t>();
+  p.kv_m = m.kv_indices.size(3);
+  p.fkv_m = m.full_kv_indices.size(3);
+  p.q_m = m.q_indices.size(3);
+  p.fq_m = m.full_q_indices.size(3);
+  p.nQ = (p.L + p.QB - 1) / p.QB;
+  p.nKV = (p.S + p.KB - 1) / p.KB;
+}
+
+#ifdef KILN_WITH_CUDA
+// On CUDA, short rows of a 128-block mask run at 64-blocks (cuda::halve_blocks says when; the
+// halving, detail::halve_blocks, lists a subset of the caller's blocks, so results are the same
+// elements' sums). Needs the mask to use b / h only where the BlockMask has those dims.
+void halve_blocks_if_short(Prepared& pr, Device device) {
+  cpu::Problem& p = pr.p;
+  const Expr& mod = pr.block_mask.mask_mod.expr;
+  const bool dims_fit = (!mod.uses_b() || p.mB == p.B) && (!mod.uses_h() || p.mH == p.Hq);
+  if (!dims_fit || !cuda::halve_blocks(p, device.index)) return;
+  const std::shared_ptr<detail::Program> prog = pr.mask;
+  const std::string key = "halved " + std::to_string(reinterpret_cast<uintptr_t>(mod.node().get()));
+  const BlockMask& bm = pr.block_mask;
+  pr.block_mask = derived_mask(bm, key, [&] { return detail::halve_blocks(bm, *prog).to(device); });
+  use_block_mask(p, pr.block_mask);
+}
+#endif
 
 std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor& v, const FlexOptions& o) {
   KILN_CHECK(q.defined() && k.defined() && v.defined(), kOp, "q, k and v must be defined");
@@ -134,39 +180,23 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
     KILN_CHECK(bm.heads() == 1 || bm.heads() == p.Hq, kOp, "block_mask heads ", bm.heads(), " do not match q heads ",
                p.Hq, " (use 1 to broadcast)");
     pr->block_mask = block_mask_on(bm, q.device());
-    p.QB = bm.q_block_size;
-    p.KB = bm.kv_block_size;
-    p.mB = bm.batch();
-    p.mH = bm.heads();
-    const BlockMask& m = pr->block_mask;
-    p.kv_num = m.kv_num_blocks.data_ptr<int32_t>();
-    p.kv_idx = m.kv_indices.data_ptr<int32_t>();
-    p.fkv_num = m.full_kv_num_blocks.data_ptr<int32_t>();
-    p.fkv_idx = m.full_kv_indices.data_ptr<int32_t>();
-    p.q_num = m.q_num_blocks.data_ptr<int32_t>();
-    p.q_idx = m.q_indices.data_ptr<int32_t>();
-    p.fq_num = m.full_q_num_blocks.data_ptr<int32_t>();
-    p.fq_idx = m.full_q_indices.data_ptr<int32_t>();
-    p.kv_m = m.kv_indices.size(3);
-    p.fkv_m = m.full_kv_indices.size(3);
-    p.q_m = m.q_indices.size(3);
-    p.fq_m = m.full_q_indices.size(3);
-    const ExprNode& root = *m.mask_mod.expr.node();
+    use_block_mask(p, pr->block_mask);
+    const ExprNode& root = *pr->block_mask.mask_mod.expr.node();
     if (!(root.op == Op::ConstBool && root.ival == 1)) {
-      pr->mask = compiled(m.mask_mod.expr);
+      pr->mask = compiled(pr->block_mask.mask_mod.expr);
       p.mask = pr->mask.get();
     }
   } else {
     p.all_full = true;
+    p.nQ = (p.L + p.QB - 1) / p.QB;
+    p.nKV = (p.S + p.KB - 1) / p.KB;
   }
-  p.nQ = (p.L + p.QB - 1) / p.QB;
-  p.nKV = (p.S + p.KB - 1) / p.KB;
   if (!o.score_mod.is_identity()) {
     pr->score = compiled(o.score_mod.expr);
     p.score = pr->score.get();
   }
   if (q.is_cuda()) {
-    KILN_CUDA_ONLY(kOp, pr->cuda = cuda::make_state(p, q.dtype(), q.device()));
+    KILN_CUDA_ONLY(kOp, halve_blocks_if_short(*pr, q.device()); pr->cuda = cuda::make_state(p, q.dtype(), q.device()));
   }
   return pr;
 }

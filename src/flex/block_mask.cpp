@@ -141,6 +141,30 @@ BlockMask detail::assemble(std::vector<std::vector<int32_t>> part, std::vector<s
   return m;
 }
 
+BlockMask detail::halve_blocks(const BlockMask& bm, const Program& prog) {
+  const int64_t bs = bm.q_block_size / 2, B = bm.batch(), H = bm.heads();
+  const int64_t nQ = ceil_div(bm.q_len, bm.q_block_size), nQ2 = ceil_div(bm.q_len, bs), nKV2 = ceil_div(bm.kv_len, bs);
+  const auto part = unpack(bm.kv_num_blocks, bm.kv_indices, "kv_indices");
+  const auto full = unpack(bm.full_kv_num_blocks, bm.full_kv_indices, "full_kv_indices");
+  std::vector<std::vector<int32_t>> part2(static_cast<size_t>(B * H * nQ2)), full2(part2.size());
+  std::vector<Interval> regs;
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i2 = 0; i2 < nQ2; ++i2) {
+      const size_t parent = static_cast<size_t>(bh * nQ + i2 / 2), row = static_cast<size_t>(bh * nQ2 + i2);
+      const int64_t q0 = i2 * bs, q1 = std::min(bm.q_len, q0 + bs) - 1;
+      for (int32_t j : full[parent])
+        for (int32_t j2 = 2 * j; j2 < 2 * j + 2 && j2 < nKV2; ++j2) full2[row].push_back(j2);
+      for (int32_t j : part[parent])
+        for (int32_t j2 = 2 * j; j2 < 2 * j + 2 && j2 < nKV2; ++j2) {
+          const int64_t k0 = int64_t{j2} * bs, k1 = std::min(bm.kv_len, k0 + bs) - 1;
+          const Interval iv = eval_interval(prog, bh / H, bh % H, q0, q1, k0, k1, regs);
+          if (iv.can_true) (iv.can_false ? part2 : full2)[row].push_back(j2);
+        }
+      std::sort(full2[row].begin(), full2[row].end());
+    }
+  return assemble(std::move(part2), std::move(full2), B, H, bm.q_len, bm.kv_len, bs, bm.mask_mod);
+}
+
 BlockMask create_block_mask(const MaskMod& mask_mod, int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN,
                             int64_t block_size, Device device) {
   const char* op = "create_block_mask";

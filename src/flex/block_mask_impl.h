@@ -11,4 +11,12 @@ namespace kiln::flex::detail {
 BlockMask assemble(std::vector<std::vector<int32_t>> part, std::vector<std::vector<int32_t>> full, int64_t B,
                    int64_t H, int64_t q_len, int64_t kv_len, int64_t block_size, MaskMod mask_mod);
 
+struct Program;
+
+// bm at half its (square, even) block size: a full block's four sub-blocks full, a partial block's
+// classified by interval analysis of prog (bm's mask_mod, compiled): provably empty ones dropped,
+// provably full ones full, the rest partial. Lists nothing bm does not, so every kernel sees the
+// same kept elements. prog may use b / h only where bm has those dims (bm's row b, h are passed).
+BlockMask halve_blocks(const BlockMask& bm, const Program& prog);
+
 }  // namespace kiln::flex::detail

@@ -735,6 +735,16 @@ TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
   check_document_variant("KILN_FLEX_BWD_SPLIT_P");
 }
 
+// KILN_FLEX_HALVE_BLOCKS=1 (the default): 128-block masks on short rows run at 64-blocks, the
+// empty halves of partial blocks dropped; against the reference, and bit for bit against the
+// caller's 128-blocks (=0), on the variant suite and a document mask (data-dependent halving).
+TEST(FlexAttentionCuda, HalvedBlocksMatchReferenceAndCallersBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(41);
+  check_kernel_variant("KILN_FLEX_HALVE_BLOCKS");
+  check_document_variant("KILN_FLEX_HALVE_BLOCKS");
+}
+
 // KILN_FLEX_FAST_MODS=0: the exact mods (64-bit int locals, IEEE divisions, tanhf) still match the
 // reference, now that the suite's other tests run the cheaper ones.
 TEST(FlexAttentionCuda, ExactModsMatchReference) {

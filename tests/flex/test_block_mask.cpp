@@ -3,6 +3,7 @@
 #include <chrono>
 #include <random>
 
+#include "flex/block_mask_impl.h"
 #include "flex/ir.h"
 #include "kiln/flex.h"
 #include "reference.h"
@@ -158,6 +159,61 @@ TEST(FlexBlockMask, RandomCompositionsAndHeadDependence) {
     check_block_mask(create_block_mask(and_masks({batchy, causal_mask()}), B, H, L, S, bs),
                      [&](int64_t x, int64_t y, int64_t q, int64_t kv) { return fbb(x, y, q, kv) && q >= kv; }, B, H, L, S, bs,
                      false);
+  }
+}
+
+// detail::halve_blocks (the CUDA path's 64-blocks for short rows): the halved mask, read with the
+// parent's semantics (a full parent keeps everything, a partial one the mask, an unlisted one
+// nothing), is a valid BlockMask of that effective mask at half the block size, and drops the
+// sub-blocks interval analysis proves empty.
+TEST(FlexBlockMask, HalvedBlocksKeepTheParentsElements) {
+  std::mt19937 rng(29);
+  for (int trial = 0; trial < 6; ++trial) {
+    const int64_t B = 1 + rng() % 2, H = 1 + rng() % 3, L = 20 + rng() % 90, S = 20 + rng() % 90;
+    const int64_t bs = std::vector<int64_t>{8, 16, 32}[rng() % 3], w = 1 + rng() % 40;
+    const Tensor keep = randint(0, 2, {H, S}, kInt64);
+    const std::vector<double> kv_keep = keep.to_vector();
+    Captured kk = capture(keep);
+    const MaskMod window = sliding_window_mask(w);
+    const MaskMod data([&](Expr, Expr hh, Expr q, Expr kv) { return (kk[hh][kv] == 1) & (q >= kv); });
+    const testing::MaskFn fw = [w](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < w; };
+    const testing::MaskFn fd = [&](int64_t, int64_t hh, int64_t q, int64_t kv) { return kv_keep[hh * S + kv] == 1 && q >= kv; };
+    for (const auto& [mod, fn, heads] : {std::tuple{window, fw, int64_t{1}}, std::tuple{data, fd, H}}) {
+      BlockMask parent = create_block_mask(mod, B, heads, L, S, bs);
+      if (trial % 2 == 1) {  // a caller's subset: the last listed partial block of each row dropped
+        Tensor num = parent.kv_num_blocks.clone();
+        int32_t* n = num.data_ptr<int32_t>();
+        for (int64_t r = 0; r < num.numel(); ++r) n[r] = std::max(0, n[r] - 1);
+        parent = BlockMask::from_kv_blocks(num, parent.kv_indices, parent.full_kv_num_blocks, parent.full_kv_indices, L, S,
+                                           bs, mod);
+      }
+      const Tensor cls = parent.to_dense();  // 1 where listed; full ones found below
+      const int64_t nKV = (S + bs - 1) / bs, nQ = (L + bs - 1) / bs;
+      std::vector<int> kind(static_cast<size_t>(cls.numel()), 0);  // 0 unlisted, 1 partial, 2 full
+      const std::vector<double> pn = parent.kv_num_blocks.to_vector(), pi = parent.kv_indices.to_vector(),
+                                fn2 = parent.full_kv_num_blocks.to_vector(), fi = parent.full_kv_indices.to_vector();
+      for (int64_t r = 0; r < static_cast<int64_t>(pn.size()); ++r) {
+        for (int64_t c = 0; c < pn[r]; ++c) kind[r * nKV + static_cast<int64_t>(pi[r * parent.kv_indices.size(3) + c])] = 1;
+        for (int64_t c = 0; c < fn2[r]; ++c) kind[r * nKV + static_cast<int64_t>(fi[r * parent.full_kv_indices.size(3) + c])] = 2;
+      }
+      const int64_t hs = heads;
+      const testing::MaskFn effective = [&, hs](int64_t b, int64_t h, int64_t q, int64_t kv) {
+        const int k = kind[((b * hs + h) * nQ + q / bs) * nKV + kv / bs];
+        return k == 2 || (k == 1 && fn(b, h, q, kv));
+      };
+      const detail::Program prog = detail::compile(mod.expr);
+      for (const detail::Buffer& buf : prog.buffers) buf.build_pyramid();
+      const BlockMask half = detail::halve_blocks(parent, prog);
+      EXPECT_EQ(half.q_block_size, bs / 2);
+      check_block_mask(half, effective, B, hs, L, S, bs / 2, false);
+      if (trial % 2 == 0 && heads == 1) {  // a window's diagonal blocks lose their empty upper corner
+        int64_t listed = 0, parents = 0;
+        for (double x : half.kv_num_blocks.to_vector()) listed += static_cast<int64_t>(x);
+        for (double x : half.full_kv_num_blocks.to_vector()) listed += static_cast<int64_t>(x);
+        for (double x : cls.to_vector()) parents += static_cast<int64_t>(x);
+        EXPECT_LT(listed, 4 * parents) << "nothing dropped at L " << L << ", S " << S << ", block " << bs;
+      }
+    }
   }
 }
 

@@ -106,6 +106,20 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
   cfg.fwd_mt = mt;
 }
 
+}  // namespace
+
+// (H200, session 13, kiln fwd+bwd ms with a 64- against a 128-block mask, two passes: window 256
+// E 64 0.532 / 0.530 -> 0.450 / 0.457, E 128 1.507 / 1.516 -> 1.352 / 1.366, window 1024 3.135 /
+// 3.204 -> 2.994 / 3.051; long rows keep 128 x 128 forward tiles, which need 128-blocks.)
+bool halve_blocks(const cpu::Problem& p, int device) {
+  if (!p.mask || p.all_full || p.QB != 128 || p.KB != 128 || !env_flag("KILN_FLEX_HALVE_BLOCKS", true)) return false;
+  KernelConfig cfg;
+  pick_kernel_config(cfg, p, device);
+  return cfg.fwd_wgmma && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64;
+}
+
+namespace {
+
 // KILN_FLEX_<FWD|BWD>_KBUF / KILN_FLEX_BWD_QBUF (for measurements): 1 (default) or 2 buffers.
 int k_buffers(const char* var) {
   const char* v = env_switch(var, "1", "2");

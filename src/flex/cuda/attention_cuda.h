@@ -12,6 +12,11 @@ namespace kiln::flex::cuda {
 // BlockMask block sizes); the CPU handles those.
 void check_supported(const cpu::Problem& p, DType dtype);
 
+// Whether p (a BlockMask of 128 x 128 blocks with a mask) should run at 64-blocks instead: on rows
+// short enough that the forward takes 64 x 64 tiles anyway, a 64-block mask drops the empty halves
+// of its partial blocks from every kernel's walk. KILN_FLEX_HALVE_BLOCKS=0 keeps the caller's.
+bool halve_blocks(const cpu::Problem& p, int device);
+
 // Device copies of the captured tensors and the compiled kernels for one call; shared by the
 // forward and its backward. p's BlockMask pointers must be device pointers.
 struct State;
