@@ -179,7 +179,10 @@ __device__ __forceinline__ void fwd_softmax(float (&s)[FWD_MT][FWD_TILE_N / 8][4
       // p = 2^(x log2e - m log2e): one FFMA and the SFU per element. Nothing attended yet
       // (m_new = -inf): p = 0 from x = -inf with m taken as 0.
       const float m_log2 = (m_new == NEG_INF ? 0.f : m_new) * LOG2E;
-      alpha[mt][r] = m[mt][r] == NEG_INF ? 0.f : fast_exp2(fmaf(m[mt][r], LOG2E, -m_log2));
+      // Exactly 1 when the max did not move (the fmaf would give m log2e's rounding error, not 0,
+      // and 2^err can round to 1 + 1 ulp): a tile that moves nothing, an empty one included, then
+      // leaves l and o bit for bit, so skipping empty tiles (64-blocks) keeps the bits.
+      alpha[mt][r] = m[mt][r] == NEG_INF ? 0.f : m_new == m[mt][r] ? 1.f : fast_exp2(fmaf(m[mt][r], LOG2E, -m_log2));
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < FWD_TILE_N / 8; ++n)
