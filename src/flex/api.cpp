@@ -131,7 +131,9 @@ void halve_blocks_if_short(Prepared& pr, Device device) {
   const bool dims_fit = (!mod.uses_b() || p.mB == p.B) && (!mod.uses_h() || p.mH == p.Hq);
   if (!dims_fit || !cuda::halve_blocks(p, device.index)) return;
   const std::shared_ptr<detail::Program> prog = pr.mask;
-  const std::string key = "halved " + std::to_string(reinterpret_cast<uintptr_t>(mod.node().get()));
+  // Keyed by the mod and its captured tensors' versions too: the halving reads their values.
+  std::string key = "halved " + std::to_string(reinterpret_cast<uintptr_t>(mod.node().get()));
+  for (const detail::Buffer& b : prog->buffers) key += " " + std::to_string(b.src->tensor.version());
   const BlockMask& bm = pr.block_mask;
   pr.block_mask = derived_mask(bm, key, [&] { return detail::halve_blocks(bm, *prog).to(device); });
   use_block_mask(p, pr.block_mask);
