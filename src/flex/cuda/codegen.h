@@ -138,7 +138,8 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
 // The kernel templates, concatenated once by kernel_template() (kernel_source.cpp) in this order:
 // prelude, wgmma helpers (kernel_source_wgmma.cpp), walks and mod_score (kernel_source_walks.cpp),
 // the forward's tiles and kernel (kernel_source_fwd.cpp), the persistent forward
-// (kernel_source_persist.cpp) and the backward kernels (kernel_source_bwd.cpp).
+// (kernel_source_persist.cpp) and the backward: its shared part and flex_bwd_pre (kernel_source_bwd.cpp),
+// the dQ kernel (kernel_source_bwd_dq.cpp) and the dK/dV kernel (kernel_source_bwd_dkdv.cpp).
 const std::string& kernel_template();
 const char* params_struct_source();
 const char* kernel_prelude();
@@ -147,6 +148,8 @@ const char* kernel_walks();
 const char* kernel_forward_tiles();
 const char* kernel_forward();
 const char* kernel_forward_persist();
-const char* backward_kernels_source();
+const char* kernel_backward_common();
+const char* kernel_backward_dq();
+const char* kernel_backward_dkdv();
 
 }  // namespace kiln::flex::cuda

@@ -1,0 +1,305 @@
+// The backward's dQ kernel as source text: dQ's tile helpers (P / dS, keep bits, split P) and flex_bwd_dq.
+#include "flex/cuda/codegen.h"
+
+namespace kiln::flex::cuda {
+
+// Pasted after kernel_backward_common() (kernel_source_bwd.cpp), inside its #if KILN_BUILD_BWD.
+const char* kernel_backward_dq() {
+  return R"kiln_src(// dQ's tile: s (raw scores) becomes dS, from dp, row by row (rows[r], columns c0..).
+template <bool kInterior>
+__device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
+                                           const i64* rows, i64 c0, int t, bool partial, const float* lse2,
+                                           const float* delta) {
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p, ds_post, ds;
+      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial, lse2[e >> 1],
+                      delta[e >> 1], &p, &ds_post, &ds);
+      s[n][e] = ds;
+    }
+}
+
+#if MASK_BITS
+// The keep-bit words of a thread's two rows over dQ's tile of a partial block (columns c0..), from
+// the block's bits `blk` (flex_mask_bits): each thread loads them once; dq_bit picks element (n, e).
+__device__ __forceinline__ void dq_row_bits(const FlexParams& P, const i64* rows, i64 c0, const unsigned* blk,
+                                            unsigned (*w)[TILE_N / 32]) {
+  const i64 qb0 = rows[0] - rows[0] % P.QB, wpr = P.KB / 32, col0 = (c0 % P.KB) / 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int x = 0; x < TILE_N / 32; ++x) w[r][x] = blk[(rows[r] - qb0) * wpr + col0 + x];
+}
+__device__ __forceinline__ bool dq_bit(const unsigned (*w)[TILE_N / 32], int n, int e, int t) {
+  return (w[e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u;
+}
+
+// dQ's tile of a partial block from the block's keep bits `blk`.
+__device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
+                                                const i64* rows, i64 c0, int t, const float* lse2, const float* delta,
+                                                const unsigned* blk) {
+  unsigned w[2][TILE_N / 32];
+  dq_row_bits(P, rows, c0, blk, w);
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p, ds_post, ds;
+      p_ds<false, true>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), true, lse2[e >> 1],
+                        delta[e >> 1], &p, &ds_post, &ds, dq_bit(w, n, e, t));
+      s[n][e] = ds;
+    }
+}
+#endif
+
+#if BWD_SPLIT_P
+// Without a score_mod dS = P (dP - delta), so the tiles split in two: P from the raw scores while
+// dP's product is still in flight, then dS. The same arithmetic as p_ds, so the same bits.
+// dQ's tile (rows[r], columns c0..): s becomes P; kBits: a partial block's keep bits `blk`.
+template <bool kInterior, bool kBits = false>
+__device__ __forceinline__ void dq_tile_p(const FlexParams& P, float (*s)[4], i64 b, i64 h, const i64* rows, i64 c0,
+                                          int t, bool partial, const float* lse2, const unsigned* blk = nullptr) {
+#if MASK_BITS
+  unsigned w[2][TILE_N / 32];
+  if (kBits) dq_row_bits(P, rows, c0, blk, w);
+#endif
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+#if MASK_BITS
+      const bool bit = kBits ? dq_bit(w, n, e, t) : true;
+#else
+      const bool bit = true;
+#endif
+      s[n][e] = elem_p<kInterior, kBits>(P, s[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), partial,
+                                         lse2[e >> 1], bit);
+    }
+}
+// dQ's tile: p becomes dS (row r's delta).
+__device__ __forceinline__ void dq_tile_ds_from_p(float (*p)[4], const float (*dp)[4], const float* delta) {
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[n][e] = p[n][e] * (dp[n][e] - delta[e >> 1]);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
+  PROF_DECL
+  extern __shared__ __align__(16) u16 smem[];
+  u16* Qs = BWD_SMEM_BASE(smem);
+  u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
+  u16* Ks = dOs + BWD_TILE_ELEMS(TILE_M);
+  u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
+  u16* Ks2 = Vs + BWD_TILE_ELEMS(TILE_N);  // BWD_KBUF 2: the second K buffer
+#if !BWD_TMA
+  u16* Kcur = Ks;  // K of the current tile
+#endif
+  const int wg = threadIdx.x / NTHREADS, warp = (threadIdx.x >> 5) % NWARPS, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;  // wg: 0, kept a run-time value (the note at the top)
+  const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
+  const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, u0 = tile * TILE_M, r0 = u0 + wg * TILE_M;
+  const u16* Qw = Qs + wg * BWD_TILE_ELEMS(TILE_M);  // = Qs, dOs
+  const u16* dOw = dOs + wg * BWD_TILE_ELEMS(TILE_M);
+#if !BWD_TMA
+  const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  BWD_LOAD_RESIDENT(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);  // with V(c0)'s group
+  BWD_LOAD_RESIDENT(dOs, (const u16*)P.dout + bh * P.L * HEAD_DIM, r0, P.L, TILE_M);
+#endif
+  const i64 rows[2] = {r0 + warp * 16 + g, r0 + warp * 16 + g + 8};
+  const bool rows_in = r0 + TILE_M <= P.L;
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lse2[r] = rows[r] < P.L ? P.lse2[bh * P.L + rows[r]] : POS_INF;
+    delta[r] = rows[r] < P.L ? P.delta[bh * P.L + rows[r]] : 0.f;
+  }
+  float dq[HEAD_DIM / 8][4];
+#pragma unroll
+  for (int n = 0; n < HEAD_DIM / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+
+  const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + u0 / P.QB;
+  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  i64 c0, c_next;
+  bool partial, p_next;
+  int slot0 = 0, s_next = 0;  // the partial list's slot of c0's block (MASK_BITS)
+  bool more = walk.next(c0, partial, &slot0);
+#if BWD_TMA
+  // bars[slot]: K tiles (Q joins slot 0's first phase); bars[2 + slot]: V tiles (dO joins slot 0's).
+  // Thread 0 issues the loads. BWD_KBUF 1: one K and one V buffer, each refilled within the step
+  // once every warp is done with it; BWD_KBUF 2: two of each, the next tile's K and V issued at
+  // the top of a step into the buffers the previous step freed (a whole step ahead).
+  __shared__ __align__(8) u64 bars[4];
+  u16* Vs2 = Ks2 + BWD_TILE_ELEMS(TILE_N);  // BWD_KBUF 2: the second V buffer
+  const i64 bhk = b * P.Hkv + hk;
+  if (threadIdx.x == 0) {
+    mbar_init_all(bars, 4);
+    if (more) {
+      tma_tile(dOs, P.domap, &bars[2], u0, bh, TILE_M, false);
+      tma_tile(Qs, P.qmap, &bars[0], u0, bh, TILE_M, false);
+      tma_tile(Vs, P.vmap, &bars[2], c0, bhk, TILE_N);
+      tma_tile(Ks, P.kmap, &bars[0], c0, bhk, TILE_N);
+    }
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+#if BWD_KBUF == 2
+  bool more_next = more && walk.next(c_next, p_next, &s_next);
+#endif
+  PROF_MARK(0);
+  for (int step = 0; more; ++step) {
+    float s[TILE_N / 8][4], dp[TILE_N / 8][4];
+    const int slot = BWD_KBUF == 2 ? step & 1 : 0;
+    const u32 phase = BWD_KBUF == 2 ? (step >> 1) & 1 : step & 1;  // each slot's barriers flip once a use
+    u16* Kb = slot ? Ks2 : Ks;
+    u16* Vb = slot ? Vs2 : Vs;
+#if BWD_KBUF == 2
+    if (more_next && threadIdx.x == 0) {  // the other slot, freed by the previous step's last barrier
+      tma_tile(slot ? Vs : Vs2, P.vmap, &bars[2 + (slot ^ 1)], c_next, bhk, TILE_N);
+      tma_tile(slot ? Ks : Ks2, P.kmap, &bars[slot ^ 1], c_next, bhk, TILE_N);
+    }
+#endif
+#if BWD_SPLIT_P
+    mbar_wait(&bars[slot], phase);  // K(c0) (and Q on the first tile) landed
+    PROF_MARK(1);
+    wg_abt_issue<64>(s, Qw, 64, 0, Kb);  // S first: its P while dP = dO V^T is in flight
+    mbar_wait(&bars[2 + slot], phase);   // V(c0) (and dO on the first tile) landed
+    PROF_MARK(3);
+    wg_abt_issue<64>(dp, dOw, 64, 0, Vb);
+    wg_wait<1>();
+    reg_fence<TILE_N / 8>(s);
+    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_p<true>(P, s, b, h, rows, c0, t, partial, lse2);
+#if MASK_BITS
+    else if (P.mbits && partial)
+      dq_tile_p<false, true>(P, s, b, h, rows, c0, t, true, lse2, P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
+#endif
+    else dq_tile_p<false>(P, s, b, h, rows, c0, t, partial, lse2);
+    wg_wait<0>();
+    reg_fence<TILE_N / 8>(dp);
+    PROF_MARK(4);
+    dq_tile_ds_from_p(s, dp, delta);
+#else
+    mbar_wait(&bars[2 + slot], phase);  // V(c0) (and dO on the first tile) landed
+    PROF_MARK(1);
+#if BWD_KBUF == 2 && BWD_PAIRED
+    wg_abt_issue<64>(dp, dOw, 64, 0, Vb);  // dP = dO V^T in flight while K lands and S is issued
+    mbar_wait(&bars[slot], phase);         // K(c0) (and Q on the first tile) landed
+    PROF_MARK(3);
+    wg_abt_issue<64>(s, Qw, 64, 0, Kb);
+    wg_wait_all();
+    reg_fence<TILE_N / 8>(dp);
+    reg_fence<TILE_N / 8>(s);
+#else
+    BWD_ABT(dp, dOw, Vb, LDSM_B_Q);
+    PROF_MARK(2);
+#if BWD_KBUF == 1
+    more = walk.next(c_next, p_next, &s_next);
+    __syncthreads();  // everyone is done with Vs
+    if (more && threadIdx.x == 0) tma_tile(Vs, P.vmap, &bars[2], c_next, bhk, TILE_N);
+#endif
+    mbar_wait(&bars[slot], phase);  // K(c0) (and Q on the first tile) landed
+    PROF_MARK(3);
+    BWD_ABT(s, Qw, Kb, LDSM_B_Q);
+#endif
+    PROF_MARK(4);
+    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+#if MASK_BITS
+    else if (P.mbits && partial)
+      dq_tile_ds_bits(P, s, dp, b, h, rows, c0, t, lse2, delta,
+                      P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
+#endif
+    else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+#endif  // BWD_SPLIT_P
+    PROF_MARK(5);
+    BWD_PB(dq, s, Kb, LDSM_B_Q);  // dQ += dS K
+    __syncthreads();              // everyone is done with this slot's K (and V)
+#if BWD_KBUF == 1
+    if (more && threadIdx.x == 0) tma_tile(Ks, P.kmap, &bars[0], c_next, bhk, TILE_N);
+#else
+    more = more_next;
+#endif
+    PROF_MARK(6);
+    c0 = c_next;
+    partial = p_next;
+    slot0 = s_next;
+#if BWD_KBUF == 2
+    if (more) more_next = walk.next(c_next, p_next, &s_next);
+#endif
+  }
+#else
+  if (more) BWD_LOAD_TILE(Vs, vg, c0, P.S, TILE_N);
+  cp_async_commit();
+  if (more) BWD_LOAD_TILE(Ks, kg, c0, P.S, TILE_N);
+  cp_async_commit();
+  PROF_MARK(0);
+  // Pipeline per tile (groups in flight at the top: V(c0), K(c0)): dP = dO V^T first, then V(next)
+  // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP (BWD_KBUF 1)
+  // or, into the other K buffer, with V(next) (BWD_KBUF 2).
+  while (more) {
+    float s[TILE_N / 8][4], dp[TILE_N / 8][4];
+#if BWD_KBUF == 2
+    cp_async_wait<0>();  // V(c0) and K(c0) landed
+#else
+    cp_async_wait<1>();  // V(c0) landed
+#endif
+    SMEM_PROXY_FENCE();
+    __syncthreads();
+    PROF_MARK(1);
+    BWD_ABT(dp, dOs, Vs, LDSM_B_Q);
+    PROF_MARK(2);
+#if BWD_KBUF == 2
+    __syncthreads();  // everyone is done with Vs and with the other K buffer (the previous tile's)
+    u16* Knext = Kcur == Ks ? Ks2 : Ks;
+    more = walk.next(c_next, p_next);
+    if (more) {
+      BWD_LOAD_TILE(Vs, vg, c_next, P.S, TILE_N);
+      BWD_LOAD_TILE(Knext, kg, c_next, P.S, TILE_N);
+    }
+    cp_async_commit();
+#else
+    cp_async_wait<0>();  // K(c0) landed
+    SMEM_PROXY_FENCE();
+    __syncthreads();     // and everyone is done with Vs
+    more = walk.next(c_next, p_next);
+    if (more) BWD_LOAD_TILE(Vs, vg, c_next, P.S, TILE_N);
+    cp_async_commit();
+#endif
+    PROF_MARK(3);
+    BWD_ABT(s, Qs, Kcur, LDSM_B_Q);
+    PROF_MARK(4);
+    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+    else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+    PROF_MARK(5);
+    BWD_PB(dq, s, Kcur, LDSM_B_Q);  // dQ += dS K
+#if BWD_KBUF == 2
+    Kcur = Knext;
+#else
+    __syncthreads();  // everyone is done with Ks
+    if (more) BWD_LOAD_TILE(Ks, kg, c_next, P.S, TILE_N);
+    cp_async_commit();
+#endif
+    PROF_MARK(6);
+    c0 = c_next;
+    partial = p_next;
+  }
+  cp_async_wait<0>();  // nothing in flight when the CTA ends (Q and dO with an empty list)
+#endif
+  const float sc = (float)P.scale;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= P.L) continue;
+    u16* dg = (u16*)P.dq + (bh * P.L + rows[r]) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
+  }
+  PROF_MARK(7);
+  PROF_FLUSH(8);
+}
+
+)kiln_src";
+}
+
+}  // namespace kiln::flex::cuda
