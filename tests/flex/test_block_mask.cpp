@@ -48,6 +48,25 @@ std::vector<uint8_t> dense_mask(const testing::MaskFn& f, int64_t b, int64_t h, 
   return m;
 }
 
+// Every (b, h, q block, kv block) of bm's kv lists, row-major: 0 unlisted, 1 partial, 2 full.
+// listed_twice (when given) is set if a block appears in both lists or twice in one.
+std::vector<int> block_classes(const BlockMask& bm, bool* listed_twice = nullptr) {
+  const int64_t nKV = bm.num_kv_blocks(), rows = bm.kv_num_blocks.numel();
+  std::vector<int> cls(static_cast<size_t>(rows * nKV), 0);
+  for (const auto& [num_t, idx_t, kind] : {std::tuple{bm.kv_num_blocks, bm.kv_indices, 1},
+                                           std::tuple{bm.full_kv_num_blocks, bm.full_kv_indices, 2}}) {
+    const std::vector<double> n = num_t.to_vector(), x = idx_t.to_vector();
+    const int64_t m = idx_t.size(3);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < n[r]; ++c) {
+        int& slot = cls[r * nKV + static_cast<int64_t>(x[r * m + c])];
+        if (slot != 0 && listed_twice) *listed_twice = true;
+        slot = kind;
+      }
+  }
+  return cls;
+}
+
 // Every full block all-true, every empty block all-false, every non-empty block listed once, and
 // the q_* lists are the transpose. `exact`: partial blocks must be mixed (data-dependent masks).
 void check_block_mask(const BlockMask& bm, const testing::MaskFn& f, int64_t B, int64_t H, int64_t L, int64_t S,
@@ -55,14 +74,9 @@ void check_block_mask(const BlockMask& bm, const testing::MaskFn& f, int64_t B, 
   const int64_t nQ = (L + bs - 1) / bs, nKV = (S + bs - 1) / bs;
   ASSERT_EQ(bm.kv_num_blocks.sizes(), (Shape{B, H, nQ}));
   ASSERT_EQ(bm.q_num_blocks.sizes(), (Shape{B, H, nKV}));
-  const std::vector<double> pn = bm.kv_num_blocks.to_vector(), pi = bm.kv_indices.to_vector(),
-                            fn = bm.full_kv_num_blocks.to_vector(), fi = bm.full_kv_indices.to_vector();
-  const int64_t pm = bm.kv_indices.size(3), fm = bm.full_kv_indices.size(3);
-  std::vector<int> cls(static_cast<size_t>(B * H * nQ * nKV), 0);  // 0 empty, 1 partial, 2 full
-  for (int64_t r = 0; r < B * H * nQ; ++r) {
-    for (int64_t c = 0; c < pn[r]; ++c) { ASSERT_EQ(cls[r * nKV + static_cast<int64_t>(pi[r * pm + c])], 0); cls[r * nKV + static_cast<int64_t>(pi[r * pm + c])] = 1; }
-    for (int64_t c = 0; c < fn[r]; ++c) { ASSERT_EQ(cls[r * nKV + static_cast<int64_t>(fi[r * fm + c])], 0); cls[r * nKV + static_cast<int64_t>(fi[r * fm + c])] = 2; }
-  }
+  bool listed_twice = false;
+  const std::vector<int> cls = block_classes(bm, &listed_twice);  // [B, H, nQ, nKV]
+  ASSERT_FALSE(listed_twice) << "a block is listed twice";
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const std::vector<uint8_t> m = dense_mask(f, b, h, L, S);
@@ -100,8 +114,7 @@ void check_block_mask(const BlockMask& bm, const testing::MaskFn& f, int64_t B, 
       for (int64_t c = 0; c < fqn[r]; ++c) EXPECT_EQ(cls[(bh * nQ + static_cast<int64_t>(fqi[r * fqm + c])) * nKV + j], 2);
     }
   int64_t listed = 0, qlisted = 0;
-  for (double x : pn) listed += static_cast<int64_t>(x);
-  for (double x : fn) listed += static_cast<int64_t>(x);
+  for (int c : cls) listed += c != 0;
   for (double x : qn) qlisted += static_cast<int64_t>(x);
   for (double x : fqn) qlisted += static_cast<int64_t>(x);
   EXPECT_EQ(listed, qlisted);
@@ -187,15 +200,8 @@ TEST(FlexBlockMask, HalvedBlocksKeepTheParentsElements) {
         parent = BlockMask::from_kv_blocks(num, parent.kv_indices, parent.full_kv_num_blocks, parent.full_kv_indices, L, S,
                                            bs, mod);
       }
-      const Tensor cls = parent.to_dense();  // 1 where listed; full ones found below
       const int64_t nKV = (S + bs - 1) / bs, nQ = (L + bs - 1) / bs;
-      std::vector<int> kind(static_cast<size_t>(cls.numel()), 0);  // 0 unlisted, 1 partial, 2 full
-      const std::vector<double> pn = parent.kv_num_blocks.to_vector(), pi = parent.kv_indices.to_vector(),
-                                fn2 = parent.full_kv_num_blocks.to_vector(), fi = parent.full_kv_indices.to_vector();
-      for (int64_t r = 0; r < static_cast<int64_t>(pn.size()); ++r) {
-        for (int64_t c = 0; c < pn[r]; ++c) kind[r * nKV + static_cast<int64_t>(pi[r * parent.kv_indices.size(3) + c])] = 1;
-        for (int64_t c = 0; c < fn2[r]; ++c) kind[r * nKV + static_cast<int64_t>(fi[r * parent.full_kv_indices.size(3) + c])] = 2;
-      }
+      const std::vector<int> kind = block_classes(parent);
       const int64_t hs = heads;
       const testing::MaskFn effective = [&, hs](int64_t b, int64_t h, int64_t q, int64_t kv) {
         const int k = kind[((b * hs + h) * nQ + q / bs) * nKV + kv / bs];
@@ -210,7 +216,7 @@ TEST(FlexBlockMask, HalvedBlocksKeepTheParentsElements) {
         int64_t listed = 0, parents = 0;
         for (double x : half.kv_num_blocks.to_vector()) listed += static_cast<int64_t>(x);
         for (double x : half.full_kv_num_blocks.to_vector()) listed += static_cast<int64_t>(x);
-        for (double x : cls.to_vector()) parents += static_cast<int64_t>(x);
+        for (int k : kind) parents += k != 0;
         EXPECT_LT(listed, 4 * parents) << "nothing dropped at L " << L << ", S " << S << ", block " << bs;
       }
     }

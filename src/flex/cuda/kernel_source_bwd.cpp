@@ -73,18 +73,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexPa
   const int sub = threadIdx.x % PRE_LANES;
   const i64 row = (i64)blockIdx.x * (NTHREADS / PRE_LANES) + threadIdx.x / PRE_LANES;
   const bool live = row < P.B * P.Hq * P.L;
-  const u16* dout = (const u16*)P.dout + row * HEAD_DIM + sub * 8;
-  const u16* out = (const u16*)P.out + row * HEAD_DIM + sub * 8;
   float s = 0.f;
-  if (live && (((unsigned long long)P.dout | (unsigned long long)P.out) & 15) == 0) {
-    const uint4 a = *(const uint4*)dout, b = *(const uint4*)out;
+  if (live) {  // dO and O are 16-byte aligned: O is kiln's own, dO passed through kernel_operand (api.cpp)
+    const uint4 a = *(const uint4*)((const u16*)P.dout + row * HEAD_DIM + sub * 8),
+                b = *(const uint4*)((const u16*)P.out + row * HEAD_DIM + sub * 8);
     const u32 av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       s += to_f((u16)(av[j] & 0xffffu)) * to_f((u16)(bv[j] & 0xffffu)) + to_f((u16)(av[j] >> 16)) * to_f((u16)(bv[j] >> 16));
-  } else if (live) {  // a dO not 16-byte aligned (a caller's view at an odd offset)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) s += to_f(dout[e]) * to_f(out[e]);
   }
 #pragma unroll
   for (int off = PRE_LANES / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
