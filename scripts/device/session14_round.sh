@@ -37,20 +37,6 @@ for part in ${PARTS:-smoke tests ab compare}; do
           done
         done
       done ;;
-    modes)  # measurement: the fused dQ's write modes (KILN_FLEX_DQ_MODE 0 red, 1 read-add-store, 2 unordered) on ROWS
-      for r in ${ROWS:-0 3}; do
-        line=$(KILN_FLEX_BWD_FUSED_DQ=0 timeout 40 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --dtype bf16 \
-               --json --reps 20 --flex-only 2>&1 | grep '"variant": "flex"' | grep -o '"fwd_ms": [0-9.]*, "fwd_bwd_ms": [0-9.]*')
-        log "row $r separate dQ $line"
-        for m in 0 1 2; do
-          line=$(KILN_FLEX_DQ_MODE=$m timeout 40 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --dtype bf16 \
-                 --json --reps 20 --flex-only 2>&1 | grep '"variant": "flex"' | grep -o '"fwd_ms": [0-9.]*, "fwd_bwd_ms": [0-9.]*')
-          log "row $r dq mode $m $line"
-          KILN_FLEX_PROFILE=1 KILN_FLEX_DQ_MODE=$m timeout 60 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --dtype bf16 \
-            --json --reps 1 --flex-only > "$OUT/prof_${r}_$m.log" 2>&1
-          grep "bwd dkdv profile" "$OUT/prof_${r}_$m.log" | tail -1 | cut -c1-400 | tee -a "$OUT/$LOG_NAME"
-        done
-      done ;;
     compare)
       KILN_PY=/tmp/kiln-py SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-260} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,3,4}" \
         bash scripts/device/round_c.sh > "$OUT/compare.log" 2>&1

@@ -203,7 +203,7 @@ const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, i
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
-                cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_fused_dq + 4 * (std::getenv("KILN_FLEX_DQ_MODE") ? std::atoi(std::getenv("KILN_FLEX_DQ_MODE")) : 0));
+                cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_fused_dq);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 

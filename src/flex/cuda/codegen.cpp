@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <cstdlib>
 #include <sstream>
 
 namespace kiln::flex::cuda {
@@ -400,7 +399,6 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   if (cfg.bwd_paired && cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_PAIRED 1\n";
   if (cfg.bwd_split_p) os << "#define BWD_SPLIT_P 1\n";
   if (cfg.bwd_fused_dq && cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_FUSED_DQ 1\n";
-  if (const char* m = std::getenv("KILN_FLEX_DQ_MODE")) os << "#define DQ_MODE " << std::atoi(m) << "\n";  // measurement
   if (cfg.walk_ahead) os << "#define WALK_AHEAD 1\n";
   if (cfg.mask_bits && cfg.fwd_tma && cfg.fwd_wgmma && mask) os << "#define MASK_BITS 1\n";
   os << "#define NTHREADS " << kThreads << "\n";

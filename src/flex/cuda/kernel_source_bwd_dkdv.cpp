@@ -137,9 +137,6 @@ __device__ __forceinline__ void dq_issue(float (*acc)[4], const u16* dSs, const 
 }
 // This warp's rows of a q tile: lane 0 waits until the earlier ranks have added into them.
 __device__ __forceinline__ void dq_wait_rank(const int* sem, int rank, int lane) {
-#if DQ_MODE == 2
-  return;
-#endif
   if (lane == 0)
     while (ld_acquire(sem) != rank) {
     }
@@ -160,10 +157,6 @@ __device__ __forceinline__ void dq_write(const FlexParams& P, const float (*acc)
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
       float x = acc[n][2 * r], y = acc[n][2 * r + 1];
-#if DQ_MODE == 2  // measurement only: unordered adds, dQ not written
-      asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(x), "f"(y) : "memory");
-      continue;
-#endif
       if (last) {
         if (rank > 0) {
           float px, py;
@@ -175,13 +168,7 @@ __device__ __forceinline__ void dq_write(const FlexParams& P, const float (*acc)
       } else if (rank == 0) {
         asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(x), "f"(y) : "memory");
       } else {
-#if DQ_MODE == 1  // measurement: a plain read, add and store
-        float px, py;
-        asm volatile("ld.relaxed.gpu.global.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "l"(a + n * 8) : "memory");
-        asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(px + x), "f"(py + y) : "memory");
-#else
         asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(x), "f"(y) : "memory");
-#endif
       }
     }
   }
@@ -363,7 +350,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
           reg_fence_pk<TILE_M / 8>(pk_ds);
           reg_fence_pk<TILE_M / 8>(pk_p);
         }
-        PROF_MARK(6);
 #if BWD_FUSED_DQ
         reg_fence<8>(acc);
         dq_write(P, acc, bh, r0, 0, rank, last, warp, g, t);
