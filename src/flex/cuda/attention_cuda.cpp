@@ -418,13 +418,13 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
 
 namespace {
 
-// The fused dQ's buffers (one tensor, returned to live until the dK/dV kernel has run): the
-// semaphores of the q tiles' warps (zeroed), dQ's fp32 accumulator (written by each q tile's first rank) and, for masks
+// The fused dQ's buffers (one tensor, returned to live until the dK/dV kernel has run): the q tiles'
+// semaphores (zeroed), dQ's fp32 accumulator (written by each q tile's first rank) and, for masks
 // with lists, the rank codes, which flex_bwd_dq_prep writes along with zeros for dQ's rows of q
 // blocks without kv blocks.
 Tensor fused_dq_buffers(const State& st, FlexParams& P, void* stream) {
   const cpu::Problem& p = st.p;
-  const int64_t sems = p.B * p.Hq * P.q_tiles * kWarps, acc = p.B * p.Hq * p.L * p.E;
+  const int64_t sems = p.B * p.Hq * P.q_tiles, acc = p.B * p.Hq * p.L * p.E;
   const int64_t ranks = p.all_full ? 0 : p.mB * p.mH * p.nKV * (p.q_m + p.fq_m);
   // 4-byte words: semaphores, then ranks, then the accumulator (16-byte aligned for its v2 stores).
   const int64_t acc_at = ceil_div(sems + ranks, 4) * 4;

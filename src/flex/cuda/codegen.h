@@ -38,7 +38,7 @@ struct FlexParams {
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
   unsigned long long* prof;  // KILN_FLEX_PROFILE: per-phase cycle counters (kProfileSlots), else null
   uint32_t* mbits;  // KILN_FLEX_MASK_BITS: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
-  // The fused dQ (KernelConfig::bwd_fused_dq), else null: a semaphore per (b, q head, 64-row q tile, warp),
+  // The fused dQ (KernelConfig::bwd_fused_dq), else null: a semaphore per (b, q head, 64-row q tile),
   // dQ's fp32 accumulator [B*Hq, L, E], and the rank codes of the transposed lists' entries (the
   // shapes of q_idx and fq_idx; flex_bwd_dq_prep).
   int32_t* dq_sem;

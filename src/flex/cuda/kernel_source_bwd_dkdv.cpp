@@ -99,12 +99,10 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 
 #if BWD_FUSED_DQ
 // The fused dQ: each tile of the dK/dV kernel also forms dQ's part dS K for its q tile and adds it
-// into an fp32 accumulator in a fixed order, the q tile's kv tiles by descending index. Warp w owns
-// rows 16w.. of every q tile, with a semaphore per (q tile, warp): it waits until the semaphore
-// reaches its rank (how many of the q tile's kv tiles lie above its own), adds, and releases rank
-// + 1 at its next tile, once that tile's first products are issued (the release's fence then waits
-// beside them). Units run kv tiles top down, so a tile waits only for units launched before its
-// own, and on short rows mostly for its neighbour's previous step (q tiles run in ascending order).
+// into an fp32 accumulator in a fixed order, the q tile's kv tiles by descending index: a tile
+// waits until the q tile's semaphore reaches its rank (how many of the q tile's kv tiles lie above
+// it). Units run kv tiles top down, so a tile waits only for units launched before its own, and
+// on short rows mostly for its neighbour's previous step (the q tiles run in ascending order).
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -114,8 +112,7 @@ __device__ __forceinline__ void st_release(int* p, int v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 // dS^T (rows kv = this thread's cols, columns q; rounded to T) into the swizzled [kv][q] tile dSs,
-// which wgmma reads as dS's M-major A operand (stores of 4 bytes, no bank conflicts). The caller's
-// block barrier follows.
+// which wgmma reads as dS's M-major A operand (stores of 4 bytes, no bank conflicts).
 __device__ __forceinline__ void store_ds_t(u16* dSs, const float (*ds)[4], int warp, int g, int t) {
 #pragma unroll
   for (int n = 0; n < TILE_M / 8; ++n)
@@ -123,65 +120,67 @@ __device__ __forceinline__ void store_ds_t(u16* dSs, const float (*ds)[4], int w
     for (int r = 0; r < 2; ++r)
       *(u32*)((unsigned char*)dSs + sw_offset(warp * 16 + g + 8 * r, n, TILE_N) + 4 * t) =
           pack2(ds[n][2 * r], ds[n][2 * r + 1]);
-  fence_async_smem();  // the generic-proxy stores, before wgmma reads them
+  fence_async_smem();  // the generic-proxy stores, before wgmma reads them (after a block barrier)
 }
-// Issues acc[64 x 64] = dS K[:, 64 hh..] as one wgmma group (dS^T from dSs, K's panel hh).
-__device__ __forceinline__ void dq_issue(float (*acc)[4], const u16* dSs, const u16* Kw, int hh) {
-  const u32 da = smem_addr(dSs), ka = smem_addr(Kw) + hh * TILE_N * 128;
-  reg_fence<8>(acc);
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < TILE_N / 16; ++kk)
-    wgmma_ss_tt_n64(acc, sw_desc(da + kk * 16 * 128, TILE_M * 128), sw_desc(ka + kk * 16 * 128, TILE_N * 128), kk > 0);
-  wg_commit();
-}
-// This warp's rows of a q tile: lane 0 waits until the earlier ranks have added into them.
-__device__ __forceinline__ void dq_wait_rank(const int* sem, int rank, int lane) {
-  if (lane == 0)
-    while (ld_acquire(sem) != rank) {
-    }
-  __syncwarp();
-}
-// Half hh of this warp's part of dQ (rows r0 + 16 warp.., after the wait for its rank): rank 0
-// stores into the accumulator, later ranks add (red, in L2), and the last one reads the sum back,
-// adds its part and writes dQ (scaled, rounded to T).
-__device__ __forceinline__ void dq_write(const FlexParams& P, const float (*acc)[4], i64 bh, i64 r0, int hh, int rank,
-                                         bool last, int warp, int g, int t) {
+// dQ's part of one tile, dS K (rows r0.. of head bh, in 64-column halves), at its rank: rank 0
+// stores into the accumulator, later ranks add (red, in L2), and the last one reads the sum, adds
+// its part and writes dQ (scaled, rounded to T). `rank` and `last` are the whole CTA's.
+__device__ __forceinline__ void fused_dq_tile(const FlexParams& P, const u16* dSs, const u16* Kw, i64 bh, i64 r0,
+                                              int rank, bool last, int warp, int g, int t) {
+  int* sem = P.dq_sem + bh * P.q_tiles + r0 / TILE_M;
+  const u32 da = smem_addr(dSs), ka = smem_addr(Kw);
   const float sc = (float)P.scale;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const i64 q = r0 + warp * 16 + g + 8 * r;
-    if (q >= P.L) continue;
-    float* a = P.dq_acc + (bh * P.L + q) * HEAD_DIM + hh * 64 + 2 * t;
-    u16* o = (u16*)P.dq + (bh * P.L + q) * HEAD_DIM + hh * 64 + 2 * t;
+  for (int hh = 0; hh < HEAD_DIM / 64; ++hh) {
+    float acc[8][4];
+    wg_fence();
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      float x = acc[n][2 * r], y = acc[n][2 * r + 1];
-      if (last) {
-        if (rank > 0) {
-          float px, py;
-          asm volatile("ld.relaxed.gpu.global.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "l"(a + n * 8) : "memory");
-          x = px + x;
-          y = py + y;
+    for (int kk = 0; kk < TILE_N / 16; ++kk)
+      wgmma_ss_tt_n64(acc, sw_desc(da + kk * 16 * 128, TILE_M * 128),
+                      sw_desc(ka + hh * TILE_N * 128 + kk * 16 * 128, TILE_N * 128), kk > 0);
+    wg_commit();
+    if (hh == 0 && rank > 0) {  // the earlier ranks' adds, awaited while the product runs
+      if (threadIdx.x == 0)
+        while (ld_acquire(sem) != rank) {
         }
-        *(u32*)(o + n * 8) = pack2(x * sc, y * sc);
-      } else if (rank == 0) {
-        asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(x), "f"(y) : "memory");
-      } else {
-        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(x), "f"(y) : "memory");
+      __syncthreads();
+    }
+    wg_wait_all();
+    reg_fence<8>(acc);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const i64 q = r0 + warp * 16 + g + 8 * r;
+      if (q >= P.L) continue;
+      float* a = P.dq_acc + (bh * P.L + q) * HEAD_DIM + hh * 64 + 2 * t;
+      u16* o = (u16*)P.dq + (bh * P.L + q) * HEAD_DIM + hh * 64 + 2 * t;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        float x = acc[n][2 * r], y = acc[n][2 * r + 1];
+        if (last) {
+          if (rank > 0) {
+            float px, py;
+            asm volatile("ld.relaxed.gpu.global.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "l"(a + n * 8) : "memory");
+            x = px + x;
+            y = py + y;
+          }
+          *(u32*)(o + n * 8) = pack2(x * sc, y * sc);
+        } else if (rank == 0) {
+          asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(x), "f"(y) : "memory");
+        } else {
+          asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(x), "f"(y)
+                       : "memory");
+        }
       }
     }
   }
-}
-// A warp's semaphore release left for later (null: none), by lane 0 after the warp's __syncwarp.
-struct DqRelease {
-  int* sem = nullptr;
-  int value = 0;
-  __device__ __forceinline__ void flush(int lane) {
-    if (sem && lane == 0) st_release(sem, value);
-    sem = nullptr;
+  if (!last) {
+    __syncthreads();  // every thread's stores / adds issued (and seen by thread 0) ...
+    if (threadIdx.x == 0) {
+      __threadfence();  // ... and visible at gpu scope before the next rank may go
+      st_release(sem, rank + 1);
+    }
   }
-};
+}
 #endif
 
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
@@ -253,7 +252,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
       bool more = walk.next(gi, r0, partial);
 #if BWD_FUSED_DQ
       int code = more ? walk.rank_code() : 0;
-      DqRelease pending;
 #endif
       int cur = 0;
       auto load_q_tile = [&](int buf, i64 g, i64 row0) {
@@ -304,9 +302,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
         // S^T and dP^T issued together, then dK and dV: one wait for each pair.
         wg_abt_issue<64>(s, Kw, 64, 0, Qc);
         wg_abt_issue<64>(dp, Vw, 64, 0, dOc);
-#if BWD_FUSED_DQ
-        pending.flush(lane);  // the previous tile's dQ rows, beside this tile's first products
-#endif
 #if BWD_SPLIT_P
         wg_wait<1>();  // S^T landed: its P while dP^T is in flight
         reg_fence<TILE_M / 8>(s);
@@ -327,12 +322,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
         PROF_MARK(5);
 #if BWD_FUSED_DQ
         store_ds_t(dSs, dp, warp, g, t);
-        __syncthreads();  // every warp's dS^T stored
-        const int rank = P.all_full ? (int)(P.kv_tiles - 1 - tile) : (code >> 1) + sub_above;
-        const bool last = P.all_full ? tile == 0 : (code & 1) && block_bottom;
-        const i64 bh = b * P.Hq + h;
-        int* sem = P.dq_sem + (bh * P.q_tiles + r0 / TILE_M) * NWARPS + warp;
-        float acc[8][4];
 #endif
         {
           u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
@@ -340,71 +329,33 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
           pack_rows<TILE_M>(pk_p, s);
           wg_pb_issue<TILE_M>(dk, pk_ds, Qc);  // dK += dS^T Q
           wg_pb_issue<TILE_M>(dv, pk_p, dOc);  // dV += P^T dO
-#if BWD_FUSED_DQ
-          dq_issue(acc, dSs, Kw, 0);  // dQ's first 64 columns beside them
-          if (rank > 0) dq_wait_rank(sem, rank, lane);
-#endif
           wg_wait_all();
           reg_fence<HEAD_DIM / 8>(dk);
           reg_fence<HEAD_DIM / 8>(dv);
           reg_fence_pk<TILE_M / 8>(pk_ds);
           reg_fence_pk<TILE_M / 8>(pk_p);
         }
-#if BWD_FUSED_DQ
-        reg_fence<8>(acc);
-        dq_write(P, acc, bh, r0, 0, rank, last, warp, g, t);
-#pragma unroll
-        for (int hh = 1; hh < HEAD_DIM / 64; ++hh) {
-          dq_issue(acc, dSs, Kw, hh);
-          wg_wait_all();
-          reg_fence<8>(acc);
-          dq_write(P, acc, bh, r0, hh, rank, last, warp, g, t);
-        }
-        __syncwarp();  // the warp's stores and adds, before lane 0's release
-        if (!last) {
-          pending.sem = sem;
-          pending.value = rank + 1;
-        }
-#endif
 #else
-#if BWD_FUSED_DQ
-        pending.flush(lane);
-#endif
         BWD_ABT(s, Kw, Qc, LDSM_B_KV);
         PROF_MARK(2);
         BWD_ABT(dp, Vw, dOc, LDSM_B_KV);
         PROF_MARK(4);
         dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, slot);
         PROF_MARK(5);
+#if BWD_FUSED_DQ
+        store_ds_t(dSs, dp, warp, g, t);
+#endif
         BWD_PB(dk, dp, Qc, LDSM_B_KV);  // dK += dS^T Q
         PROF_MARK(6);
         BWD_PB(dv, s, dOc, LDSM_B_KV);  // dV += P^T dO
+#endif
 #if BWD_FUSED_DQ
-        {  // dQ's part after dK and dV (the measured default pairs them, above)
-          store_ds_t(dSs, dp, warp, g, t);
-          __syncthreads();
+        {
+          __syncthreads();  // every warp's dS^T stored
           const int rank = P.all_full ? (int)(P.kv_tiles - 1 - tile) : (code >> 1) + sub_above;
           const bool last = P.all_full ? tile == 0 : (code & 1) && block_bottom;
-          const i64 bh = b * P.Hq + h;
-          int* sem = P.dq_sem + (bh * P.q_tiles + r0 / TILE_M) * NWARPS + warp;
-          float acc[8][4];
-#pragma unroll
-          for (int hh = 0; hh < HEAD_DIM / 64; ++hh) {
-            dq_issue(acc, dSs, Kw, hh);
-            if (hh == 0 && rank > 0) dq_wait_rank(sem, rank, lane);
-            wg_wait_all();
-            reg_fence<8>(acc);
-            dq_write(P, acc, bh, r0, hh, rank, last, warp, g, t);
-          }
-          __syncwarp();
-          if (!last) {
-            pending.sem = sem;
-            pending.value = rank + 1;
-          }
+          fused_dq_tile(P, dSs, Kw, b * P.Hq + h, r0, rank, last, warp, g, t);
         }
-#endif
-#endif
-#if BWD_FUSED_DQ
         code = code_n;
 #endif
         PROF_MARK(7);
@@ -414,9 +365,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
         more = more_n;
         cur ^= 1;
       }
-#if BWD_FUSED_DQ
-      pending.flush(lane);
-#endif
     }
 #else
     // Pipeline per q tile (groups in flight at the top: Q(r0), dO(r0)): S = K Q^T while dO lands;
