@@ -5,12 +5,12 @@
 //   /tmp/flex_source 128 document persist,mask_bits > /tmp/f.cu
 //   (echo '#define KILN_BUILD_BWD 0'; cat /tmp/f.cu) > /tmp/fwd.cu && nvcc -arch=sm_90a -cubin -Xptxas -v /tmp/fwd.cu
 // Usage: flex_source HEAD_DIM causal|document|window [switches: persist,mask_bits,keepbits,kbuf1,walk_ahead,softcap,alibi,wide,m64,n64,
-// bkbuf1,unpaired,nosplitp,relbias,unfused]
+// bkbuf1,unpaired,nosplitp,relbias]
 // (softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: without fast_mods
 // (KILN_FLEX_FAST_MODS=0: 64-bit ints, IEEE divisions, tanhf); m64 / n64: a forward tile of 64 q
 // rows / 64 kv columns instead of 128 at E = 128; bkbuf1: the dQ kernel's one K / V stage; unpaired: KILN_FLEX_BWD_PAIRED=0;
 // nosplitp: KILN_FLEX_BWD_SPLIT_P=0 (else split P where make_state takes it: paired, two dQ stages, no
-// score_mod); relbias: a learned relative bias, its gradient; unfused: KILN_FLEX_BWD_FUSED_DQ=0)
+// score_mod); relbias: a learned relative bias, its gradient)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -47,7 +47,6 @@ int main(int argc, char** argv) {
   cfg.fwd_kbuf = has("kbuf1") ? 1 : 2;
   cfg.bwd_kbuf = has("bkbuf1") ? 1 : 2;
   cfg.bwd_paired = !has("unpaired");
-  cfg.bwd_fused_dq = !has("unfused");
   const bool scored = has("softcap") || has("alibi") || has("relbias");
   cfg.bwd_split_p = !has("nosplitp") && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !scored;  // as make_state
   cfg.index_check = false;

@@ -170,9 +170,6 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
-    cfg.bwd_fused_dq = true;  // and dQ formed in its dK/dV kernel
-    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
-    cfg.bwd_fused_dq = false;
     cfg.bwd_tma = false;
     cfg.fwd_tma = false;
     cfg.fwd_wgmma = cfg.bwd_wgmma = false;
@@ -563,15 +560,14 @@ TEST(FlexAttentionCuda, FullyMaskedRowsGiveZeroAndNoNan) {
   EXPECT_CLOSE(r.lse, ref_lse, 1e-3);
 }
 
-bool same_bits_of(const Tensor& x, const Tensor& y) {
-  const std::vector<double> u = x.to_vector(), w = y.to_vector();
-  return u.size() == w.size() && std::memcmp(u.data(), w.data(), u.size() * sizeof(double)) == 0;
-}
-
 bool same_bits(const FlexRun& a, const FlexRun& b) {
-  if (!same_bits_of(a.out, b.out) || a.grads.size() != b.grads.size()) return false;
+  auto eq = [](const Tensor& x, const Tensor& y) {
+    const std::vector<double> u = x.to_vector(), w = y.to_vector();
+    return u.size() == w.size() && std::memcmp(u.data(), w.data(), u.size() * sizeof(double)) == 0;
+  };
+  if (!eq(a.out, b.out) || a.grads.size() != b.grads.size()) return false;
   for (size_t i = 0; i < a.grads.size(); ++i)
-    if (!same_bits_of(a.grads[i], b.grads[i])) return false;
+    if (!eq(a.grads[i], b.grads[i])) return false;
   return true;
 }
 
@@ -660,7 +656,6 @@ TEST(FlexAttentionCuda, TmaForwardMatchesReferenceAndDefaultBits) {
 TEST(FlexAttentionCuda, ConcurrentBackwardMatchesReferenceAndSequentialBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(31);
-  const ScopedEnv separate("KILN_FLEX_BWD_FUSED_DQ", "0");  // the dQ kernel, which runs beside dK/dV
   check_kernel_variant("KILN_FLEX_BWD_CONCURRENT");
 }
 
@@ -670,7 +665,6 @@ TEST(FlexAttentionCuda, ConcurrentBackwardMatchesReferenceAndSequentialBits) {
 TEST(FlexAttentionCuda, ConcurrentBackwardCapturedGradsOnLongRows) {
   KILN_REQUIRE_CUDA();
   manual_seed(36);
-  const ScopedEnv separate("KILN_FLEX_BWD_FUSED_DQ", "0");
   const int64_t L = 2048, H = 8;
   const Tensor q = randn({1, H, L, 64}), k = randn({1, H, L, 64}), v = randn({1, H, L, 64}), cot = randn({1, H, L, 64});
   const Tensor bias = randn({H, 2 * L}, kFloat32).requires_grad_();
@@ -692,7 +686,6 @@ TEST(FlexAttentionCuda, ConcurrentBackwardCapturedGradsOnLongRows) {
 TEST(FlexAttentionCuda, TwoStageTmaDqMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(34);
-  const ScopedEnv separate("KILN_FLEX_BWD_FUSED_DQ", "0");  // the dQ kernel's stages
   check_kernel_variant("KILN_FLEX_BWD_KBUF", "2", "1");
 }
 
@@ -852,48 +845,7 @@ TEST(FlexAttentionCuda, WalkAheadMatchesReferenceAndDefaultBits) {
 TEST(FlexAttentionCuda, TmaBackwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(25);
-  const ScopedEnv separate("KILN_FLEX_BWD_FUSED_DQ", "0");  // the fused dQ needs TMA: both with the dQ kernel
   check_kernel_variant("KILN_FLEX_BWD_TMA");
-}
-
-// KILN_FLEX_BWD_FUSED_DQ (the default with the TMA backward): dQ formed in the dK/dV kernel and
-// added into each q tile's fp32 sum in a fixed order under a semaphore. The dQ kernel (=0) still
-// matches the reference; fused, against the reference with a q block that lists no kv block (its
-// dQ rows written as zeros) on GQA and ragged lengths, then bit for bit run to run where many kv
-// tiles add into each q tile (2048 causal rows: 32 tiles; no mask: ranks without lists), and
-// within bf16 tolerance of the dQ kernel's result.
-TEST(FlexAttentionCuda, FusedDqMatchesReferenceAndIsDeterministic) {
-  KILN_REQUIRE_CUDA();
-  manual_seed(43);
-  const MaskMod causal = causal_mask(), late([](Expr, Expr, Expr q, Expr kv) { return kv < q - 200; });
-  const MaskFn late_fn = [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < q - 200; };
-  {
-    const ScopedEnv separate("KILN_FLEX_BWD_FUSED_DQ", "0");
-    check_cuda(GpuCase(), kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
-    check_cuda(gqa_ragged_e128(700), kBFloat16, &late, late_fn, softcap(5.0), kSoftcap5);
-  }
-  check_cuda(gqa_ragged_e128(700), kBFloat16, &late, late_fn, softcap(5.0), kSoftcap5);
-  check_cuda(gqa_ragged_e128(500), kFloat16, nullptr, nullptr, ScoreMod(), nullptr);
-  for (const int64_t E : {64, 128}) {
-    SCOPED_TRACE("E = " + std::to_string(E));
-    const int64_t L = 2048;
-    const Tensor q = randn({1, 8, L, E}), k = randn({1, 4, L, E}), v = randn({1, 4, L, E}), cot = randn({1, 8, L, E});
-    const BlockMask bm = create_block_mask(causal, 1, 1, L, L);
-    FlexOptions o;
-    o.enable_gqa = true;
-    for (const BlockMask* m : {&bm, static_cast<const BlockMask*>(nullptr)}) {
-      SCOPED_TRACE(m ? "causal" : "no mask");
-      o.block_mask = m;
-      const FlexRun a = run_on(kGpu, kBFloat16, q, k, v, o, cot);
-      for (int run = 0; run < 2; ++run)
-        EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot))) << "run " << run;
-      const ScopedEnv separate("KILN_FLEX_BWD_FUSED_DQ", "0");
-      const FlexRun b = run_on(kGpu, kBFloat16, q, k, v, o, cot);
-      EXPECT_CLOSE(a.grads[0], b.grads[0], 4e-2);
-      EXPECT_TRUE(same_bits_of(a.grads[1], b.grads[1]) && same_bits_of(a.grads[2], b.grads[2]))
-          << "dK / dV changed with the fused dQ";
-    }
-  }
 }
 
 // KILN_FLEX_FWD_PERSIST=1: the persistent forward. Beside the variant checks, more q tiles than

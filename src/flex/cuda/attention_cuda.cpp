@@ -197,13 +197,13 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
-                cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_fused_dq);
+                cfg.bwd_paired, cfg.bwd_split_p);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -342,9 +342,6 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // scripts/device/bwd_round.sh`, fwd+bwd ms, two interleaved passes: window E 128 1.642 / 1.637 ->
   // 1.562 / 1.560, the rest within noise); KILN_FLEX_BWD_SPLIT_P=0 computes P and dS together.
   cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
-  // The TMA backward forms dQ in the dK/dV kernel (codegen.h) by default; KILN_FLEX_BWD_FUSED_DQ=0
-  // runs the dQ kernel beside it instead.
-  cfg.bwd_fused_dq = cfg.bwd_tma && env_flag("KILN_FLEX_BWD_FUSED_DQ", true);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).
@@ -361,7 +358,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   };
   const int64_t q_sets = cfg.bwd_tma ? 2 : cfg.bwd_qbuf;
   st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
-  st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets + (cfg.bwd_fused_dq ? kTileN * kTileM * 2 : 0);
+  st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, device.index, st->fwd_smem, st->bwd_smem);
@@ -416,33 +413,6 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   return read_error(st, err);
 }
 
-namespace {
-
-// The fused dQ's buffers (one tensor, returned to live until the dK/dV kernel has run): the q tiles'
-// semaphores (zeroed), dQ's fp32 accumulator (written by each q tile's first rank) and, for masks
-// with lists, the rank codes, which flex_bwd_dq_prep writes along with zeros for dQ's rows of q
-// blocks without kv blocks.
-Tensor fused_dq_buffers(const State& st, FlexParams& P, void* stream) {
-  const cpu::Problem& p = st.p;
-  const int64_t sems = p.B * p.Hq * P.q_tiles, acc = p.B * p.Hq * p.L * p.E;
-  const int64_t ranks = p.all_full ? 0 : p.mB * p.mH * p.nKV * (p.q_m + p.fq_m);
-  // 4-byte words: semaphores, then ranks, then the accumulator (16-byte aligned for its v2 stores).
-  const int64_t acc_at = ceil_div(sems + ranks, 4) * 4;
-  Tensor buf = empty({acc_at + acc}, TensorOptions().dtype(kInt32).device(st.device));
-  int32_t* words = buf.data_ptr<int32_t>();
-  KILN_CUDA_CHECK(cudaMemsetAsync(words, 0, static_cast<size_t>(sems) * 4, static_cast<cudaStream_t>(stream)));
-  P.dq_sem = words;
-  P.dq_acc = reinterpret_cast<float*>(words + acc_at);
-  if (!p.all_full) {
-    P.q_rank = words + sems;
-    P.fq_rank = P.q_rank + p.mB * p.mH * p.nKV * p.q_m;
-    launch(st.kernels->bwd_dq_prep, ceil_div(ranks, kThreads) + p.B * p.Hq * p.nQ, kThreads, 0, stream, &P);
-  }
-  return buf;
-}
-
-}  // namespace
-
 bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
               const Tensor& dout_in, const Tensor& lse, const Tensor& dlse, Tensor& dq, Tensor& dk, Tensor& dv,
               std::vector<std::vector<double>>& cap_grads) {
@@ -475,8 +445,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     encode_tile_map(P.vmap, P.v, bf16, p.B * p.Hkv, p.S, p.E, kTileN);
   }
 
-  // The dQ kernel's keep bits, as the forward's (the fused dQ's dK/dV kernel evaluates the mask).
-  const Tensor bits = st.cfg.bwd_fused_dq ? Tensor() : launch_mask_bits(st, P, stream);
+  const Tensor bits = launch_mask_bits(st, P, stream);  // the dQ kernel's, as the forward's
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   launch(st.kernels->bwd_pre, ceil_div(rows, kThreads / (p.E / 8)), kThreads, 0, stream, &P);  // E / 8 lanes a row
@@ -495,31 +464,25 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     P.capgrad = capgrad.data_ptr<double>();
     grid = P.nslots;
   }
-  Tensor fused;  // the fused dQ's buffers, alive until its kernel has run
-  if (st.cfg.bwd_fused_dq) {
-    fused = fused_dq_buffers(st, P, stream);
-    launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_dkdv_smem, stream, &P);
-  } else {
-    // The dK/dV kernel on a side stream beside the dQ kernel (they share only read-only inputs):
-    // each fills the other's last wave and launch gaps (H200, session 11, fwd+bwd: 16 documents
-    // 5.74 -> 5.46 ms, causal 4x16x8192 10.37 -> 10.18, window E 64 0.58 -> 0.56; the rest within
-    // noise). KILN_FLEX_BWD_CONCURRENT=0 runs them in turn, as does the profile (one kernel at a time).
-    std::optional<kiln::cuda::SideStream> side;
-    if (!st.profile && env_flag("KILN_FLEX_BWD_CONCURRENT", true)) {
-      side.emplace(st.device.index, stream);
-      side->follow();  // after the preprocess (delta, lse2) and the slots' zeros
-    }
-    launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_dq_smem, stream, &P);
-    launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_dkdv_smem, side ? side->stream() : stream, &P);
-    if (side) side->join();
+  // The dK/dV kernel on a side stream beside the dQ kernel (they share only read-only inputs): each
+  // fills the other's last wave and launch gaps (H200, session 11, fwd+bwd: 16 documents 5.74 ->
+  // 5.46 ms, causal 4x16x8192 10.37 -> 10.18, window E 64 0.58 -> 0.56; the rest within noise).
+  // KILN_FLEX_BWD_CONCURRENT=0 runs them in turn, as does the profile (one kernel at a time).
+  std::optional<kiln::cuda::SideStream> side;
+  if (!st.profile && env_flag("KILN_FLEX_BWD_CONCURRENT", true)) {
+    side.emplace(st.device.index, stream);
+    side->follow();  // after the preprocess (delta, lse2) and the slots' zeros
   }
+  launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_dq_smem, stream, &P);
+  launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_dkdv_smem, side ? side->stream() : stream, &P);
+  if (side) side->join();
   if (st.profile) {
     static const char* const dq_phases[] = {"prologue", "wait V", "dP=dO V^T", "wait K",
                                             "S=QK^T",   "dS",     "dQ+=dS K",  "epilogue", nullptr};
     static const char* const dkdv_phases[] = {"prologue",    "wait Q",     "S^T=K Q^T",         "wait dO", "dP^T",
                                               "P, dS",       "dK+=dS^T Q", "dV+=P^T dO, loads", nullptr};
     const std::vector<double> c = read_counters(prof);
-    if (!st.cfg.bwd_fused_dq) print_profile("bwd dq", c, 8, dq_phases);
+    print_profile("bwd dq", c, 8, dq_phases);
     print_profile("bwd dkdv", c, 16, dkdv_phases);
   }
   if (cap) {

@@ -342,13 +342,6 @@ std::string wgmma_wrappers(const KernelConfig& cfg) {
        << ", %" << acc << ", %" << acc + 1 << ", p, 1, 1, 0, 0;\\n}\\n\"\n"
        << "    : " << accumulator_operands(acc) << "\n    : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n}\n";
   }
-  // wgmma_ss_tt_n64: d[64 x 64] (=|+=) A * B with both descriptors M/N-major (transposed): the fused
-  // dQ's dS (stored as dS^T) times K (stored [kv][E]).
-  os << "__device__ __forceinline__ void wgmma_ss_tt_n64(float (*d)[4], u64 a, u64 b, int accumulate) {\n"
-     << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %34, 0;\\n\"\n"
-     << "    \"wgmma.mma_async.sync.aligned.m64n64k16.f32.\" WG_T \".\" WG_T \" " << operand_list(0, 32)
-     << ", %32, %33, p, 1, 1, 1, 1;\\n}\\n\"\n"
-     << "    : " << accumulator_operands(32) << "\n    : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n}\n";
   const int acc = cfg.head_dim / 2;
   os << "__device__ __forceinline__ void wgmma_rs_n" << cfg.head_dim << "(float (*d)[4], const u32* a, u64 b) {\n"
      << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << acc + 5 << ", 0;\\n\"\n"
@@ -398,7 +391,6 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   if (cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_TMA 1\n";
   if (cfg.bwd_paired && cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_PAIRED 1\n";
   if (cfg.bwd_split_p) os << "#define BWD_SPLIT_P 1\n";
-  if (cfg.bwd_fused_dq && cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_FUSED_DQ 1\n";
   if (cfg.walk_ahead) os << "#define WALK_AHEAD 1\n";
   if (cfg.mask_bits && cfg.fwd_tma && cfg.fwd_wgmma && mask) os << "#define MASK_BITS 1\n";
   os << "#define NTHREADS " << kThreads << "\n";

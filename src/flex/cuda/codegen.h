@@ -38,12 +38,6 @@ struct FlexParams {
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
   unsigned long long* prof;  // KILN_FLEX_PROFILE: per-phase cycle counters (kProfileSlots), else null
   uint32_t* mbits;  // KILN_FLEX_MASK_BITS: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
-  // The fused dQ (KernelConfig::bwd_fused_dq), else null: a semaphore per (b, q head, 64-row q tile),
-  // dQ's fp32 accumulator [B*Hq, L, E], and the rank codes of the transposed lists' entries (the
-  // shapes of q_idx and fq_idx; flex_bwd_dq_prep).
-  int32_t* dq_sem;
-  float* dq_acc;
-  int32_t *q_rank, *fq_rank;
   int64_t B, Hq, Hkv, L, S, G;
   int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -121,10 +115,6 @@ struct KernelConfig {
   // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
   // (KILN_FLEX_BWD_QBUF=2).
   int bwd_qbuf = 1;
-  // TMA backward only: the dK/dV kernel also forms each tile's dS K and adds it into dQ's fp32
-  // accumulator in a fixed order (kv tiles by descending index, a semaphore per q tile), so no dQ
-  // kernel recomputes S and dP (KILN_FLEX_BWD_FUSED_DQ=0 runs the dQ kernel instead).
-  bool bwd_fused_dq = false;
   // Cheaper mods (the default; KILN_FLEX_FAST_MODS=0 turns them off): int locals the
   // interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are `int` (64-bit
   // multiplies and conversions cost several instructions each on sm_90), float divisions by

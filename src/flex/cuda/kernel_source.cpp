@@ -52,9 +52,6 @@ struct FlexParams {
   double* capgrad;
   unsigned long long* prof;
   unsigned* mbits;
-  int* dq_sem;
-  float* dq_acc;
-  int *q_rank, *fq_rank;
   i64 B, Hq, Hkv, L, S, G;
   i64 QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   i64 q_tiles, kv_tiles, units, nslots, grad_numel;

@@ -32,9 +32,6 @@ const char* kernel_backward_common() {
 #if BWD_SPLIT_P && !(BWD_PAIRED && BWD_KBUF == 2 && !HAS_SCORE)
 #error "the split P / dS needs the paired products, two dQ stages and no score_mod"
 #endif
-#if BWD_FUSED_DQ && !BWD_TMA
-#error "the fused dQ is the TMA backward's"
-#endif
 #define BWD_QSETS (BWD_TMA ? 2 : BWD_QBUF)  // dK/dV's buffers of Q, dO and rows
 // Both kernels run one warpgroup (NTHREADS threads) a CTA, so their wg = threadIdx.x / NTHREADS is
 // 0; it stays a run-time value in their tile and row offsets (dQ: Qw, dOw, r0; dK/dV: Kw, Vw, w0),

@@ -97,92 +97,6 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
-#if BWD_FUSED_DQ
-// The fused dQ: each tile of the dK/dV kernel also forms dQ's part dS K for its q tile and adds it
-// into an fp32 accumulator in a fixed order, the q tile's kv tiles by descending index: a tile
-// waits until the q tile's semaphore reaches its rank (how many of the q tile's kv tiles lie above
-// it). Units run kv tiles top down, so a tile waits only for units launched before its own, and
-// on short rows mostly for its neighbour's previous step (the q tiles run in ascending order).
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-// dS^T (rows kv = this thread's cols, columns q; rounded to T) into the swizzled [kv][q] tile dSs,
-// which wgmma reads as dS's M-major A operand (stores of 4 bytes, no bank conflicts).
-__device__ __forceinline__ void store_ds_t(u16* dSs, const float (*ds)[4], int warp, int g, int t) {
-#pragma unroll
-  for (int n = 0; n < TILE_M / 8; ++n)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *(u32*)((unsigned char*)dSs + sw_offset(warp * 16 + g + 8 * r, n, TILE_N) + 4 * t) =
-          pack2(ds[n][2 * r], ds[n][2 * r + 1]);
-  fence_async_smem();  // the generic-proxy stores, before wgmma reads them (after a block barrier)
-}
-// dQ's part of one tile, dS K (rows r0.. of head bh, in 64-column halves), at its rank: rank 0
-// stores into the accumulator, later ranks add (red, in L2), and the last one reads the sum, adds
-// its part and writes dQ (scaled, rounded to T). `rank` and `last` are the whole CTA's.
-__device__ __forceinline__ void fused_dq_tile(const FlexParams& P, const u16* dSs, const u16* Kw, i64 bh, i64 r0,
-                                              int rank, bool last, int warp, int g, int t) {
-  int* sem = P.dq_sem + bh * P.q_tiles + r0 / TILE_M;
-  const u32 da = smem_addr(dSs), ka = smem_addr(Kw);
-  const float sc = (float)P.scale;
-#pragma unroll
-  for (int hh = 0; hh < HEAD_DIM / 64; ++hh) {
-    float acc[8][4];
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < TILE_N / 16; ++kk)
-      wgmma_ss_tt_n64(acc, sw_desc(da + kk * 16 * 128, TILE_M * 128),
-                      sw_desc(ka + hh * TILE_N * 128 + kk * 16 * 128, TILE_N * 128), kk > 0);
-    wg_commit();
-    if (hh == 0 && rank > 0) {  // the earlier ranks' adds, awaited while the product runs
-      if (threadIdx.x == 0)
-        while (ld_acquire(sem) != rank) {
-        }
-      __syncthreads();
-    }
-    wg_wait_all();
-    reg_fence<8>(acc);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const i64 q = r0 + warp * 16 + g + 8 * r;
-      if (q >= P.L) continue;
-      float* a = P.dq_acc + (bh * P.L + q) * HEAD_DIM + hh * 64 + 2 * t;
-      u16* o = (u16*)P.dq + (bh * P.L + q) * HEAD_DIM + hh * 64 + 2 * t;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        float x = acc[n][2 * r], y = acc[n][2 * r + 1];
-        if (last) {
-          if (rank > 0) {
-            float px, py;
-            asm volatile("ld.relaxed.gpu.global.v2.f32 {%0, %1}, [%2];" : "=f"(px), "=f"(py) : "l"(a + n * 8) : "memory");
-            x = px + x;
-            y = py + y;
-          }
-          *(u32*)(o + n * 8) = pack2(x * sc, y * sc);
-        } else if (rank == 0) {
-          asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(x), "f"(y) : "memory");
-        } else {
-          asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a + n * 8), "f"(x), "f"(y)
-                       : "memory");
-        }
-      }
-    }
-  }
-  if (!last) {
-    __syncthreads();  // every thread's stores / adds issued (and seen by thread 0) ...
-    if (threadIdx.x == 0) {
-      __threadfence();  // ... and visible at gpu scope before the next rank may go
-      st_release(sem, rank + 1);
-    }
-  }
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -190,8 +104,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
   u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
   u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS;
-  u16* dSs = dOs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS;  // the fused dQ's dS^T tile (TILE_N x TILE_M)
-  float* lse2_s = (float*)(dSs + (BWD_FUSED_DQ ? TILE_N * TILE_M : 0));  // 2 sets: Qs, Qs2, dOs, dOs2
+  float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS);  // 2 sets: Qs, Qs2, dOs, dOs2
 #if !BWD_TMA && BWD_QBUF == 1
   float* delta_s = lse2_s + TILE_M;  // each rows buffer: lse2 then delta (load_rows), 2 TILE_M floats
 #endif
@@ -214,19 +127,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
   if (threadIdx.x == 0) mbar_init_all(bars, 2);  // before the unit's first block barrier
 #endif
   for (i64 u = u_begin; u < u_end; ++u) {
-#if BWD_FUSED_DQ
-    const i64 tile = P.kv_tiles - 1 - u % P.kv_tiles;  // top down: the fused dQ's ranks (above)
-#else
-    const i64 tile = u % P.kv_tiles;
-#endif
-    const i64 bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
+    const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
     const i64 c0 = tile * TILE_N, jblk = c0 / P.KB, w0 = c0 + wg * TILE_N;  // w0 = c0
-#if BWD_FUSED_DQ
-    // This tile's kv tiles above it within its block (of nt; the last block may be short), for ranks.
-    const i64 jb0 = jblk * P.KB, blk_cols = P.KB < P.S - jb0 ? P.KB : P.S - jb0;
-    const int sub_above = (int)((blk_cols + TILE_N - 1) / TILE_N - 1 - (c0 - jb0) / TILE_N);
-    const bool block_bottom = c0 == jb0;  // the block's lowest kv tile
-#endif
     __syncthreads();
 #if !BWD_TMA
     BWD_LOAD_RESIDENT(Ks, (const u16*)P.k + bhk * P.S * HEAD_DIM, c0, P.S, TILE_N);  // with Q(r0)'s group
@@ -250,9 +152,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
       i64 gi, r0;
       bool partial;
       bool more = walk.next(gi, r0, partial);
-#if BWD_FUSED_DQ
-      int code = more ? walk.rank_code() : 0;
-#endif
       int cur = 0;
       auto load_q_tile = [&](int buf, i64 g, i64 row0) {
         const i64 bh = b * P.Hq + hk * P.G + g;
@@ -289,9 +188,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
         i64 gi_n, r0_n;
         bool p_n;
         const bool more_n = walk.next(gi_n, r0_n, p_n);
-#if BWD_FUSED_DQ
-        const int code_n = more_n ? walk.rank_code() : 0;
-#endif
         if (more_n) load_q_tile(cur ^ 1, gi_n, r0_n);
         cp_async_commit();
         const u16* Qc = Qs + cur * BWD_TILE_ELEMS(TILE_M);
@@ -320,9 +216,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
         dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, slot);
 #endif
         PROF_MARK(5);
-#if BWD_FUSED_DQ
-        store_ds_t(dSs, dp, warp, g, t);
-#endif
         {
           u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
           pack_rows<TILE_M>(pk_ds, dp);
@@ -342,21 +235,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __gri
         PROF_MARK(4);
         dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, slot);
         PROF_MARK(5);
-#if BWD_FUSED_DQ
-        store_ds_t(dSs, dp, warp, g, t);
-#endif
         BWD_PB(dk, dp, Qc, LDSM_B_KV);  // dK += dS^T Q
         PROF_MARK(6);
         BWD_PB(dv, s, dOc, LDSM_B_KV);  // dV += P^T dO
-#endif
-#if BWD_FUSED_DQ
-        {
-          __syncthreads();  // every warp's dS^T stored
-          const int rank = P.all_full ? (int)(P.kv_tiles - 1 - tile) : (code >> 1) + sub_above;
-          const bool last = P.all_full ? tile == 0 : (code & 1) && block_bottom;
-          fused_dq_tile(P, dSs, Kw, b * P.Hq + h, r0, rank, last, warp, g, t);
-        }
-        code = code_n;
 #endif
         PROF_MARK(7);
         gi = gi_n;
@@ -444,41 +325,6 @@ extern "C" __global__ void flex_capgrad_reduce(const FlexParams P) {
   double s = 0.0;
   for (i64 k = 0; k < P.nslots * NWARPS; ++k) s += P.slots[k * P.grad_numel + x];
   P.capgrad[x] = s;
-}
-// The fused dQ's preparation (compiled always, launched with it for masks with lists), one launch
-// of two parts: blocks [0, rank_blocks) give entry y of the transposed lists (q block i of kv block column j) its
-// rank code, 2 * (kv tiles of row i's blocks above j) + (j is row i's lowest block); the blocks after
-// them, one per (b, q head, q block), zero dQ's rows of q blocks that list no kv block (no tile adds
-// into them).
-extern "C" __global__ void flex_bwd_dq_prep(const FlexParams P) {
-  const i64 cols = P.mB * P.mH * P.nKVB, np = cols * P.q_m, nf = cols * P.fq_m;
-  const i64 rank_blocks = (np + nf + blockDim.x - 1) / blockDim.x;
-  if ((i64)blockIdx.x < rank_blocks) {
-    const i64 x = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (x >= np + nf) return;
-    const bool part = x < np;
-    const i64 y = part ? x : x - np, m = part ? P.q_m : P.fq_m, col = y / m;
-    if (y % m >= (part ? P.q_num : P.fq_num)[col]) return;
-    const i64 j = col % P.nKVB, row = col / P.nKVB * P.nQB + (part ? P.q_idx : P.fq_idx)[y];
-    int above = 0, lowest = 1;
-    for (int list = 0; list < 2; ++list) {
-      const int* idx = list ? P.fkv_idx + row * P.fkv_m : P.kv_idx + row * P.kv_m;
-      const int n = (list ? P.fkv_num : P.kv_num)[row];
-      for (int e = 0; e < n; ++e) {
-        const i64 jj = idx[e], width = P.KB < P.S - jj * P.KB ? P.KB : P.S - jj * P.KB;
-        if (jj > j) above += (int)((width + TILE_N - 1) / TILE_N);
-        if (jj < j) lowest = 0;
-      }
-    }
-    (part ? P.q_rank : P.fq_rank)[y] = 2 * above + lowest;
-    return;
-  }
-  const i64 z = (i64)blockIdx.x - rank_blocks, bh = z / P.nQB, i = z % P.nQB;
-  const i64 row = mask_row(P, bh / P.Hq, bh % P.Hq) * P.nQB + i;
-  if (P.kv_num[row] + P.fkv_num[row] != 0) return;
-  const i64 r0 = i * P.QB, r1 = r0 + P.QB < P.L ? r0 + P.QB : P.L;
-  uint4* o = (uint4*)((u16*)P.dq + (bh * P.L + r0) * HEAD_DIM);
-  for (i64 e = threadIdx.x; e < (r1 - r0) * HEAD_DIM / 8; e += blockDim.x) o[e] = make_uint4(0u, 0u, 0u, 0u);
 }
 #endif  // KILN_BUILD_BWD
 )kiln_src";

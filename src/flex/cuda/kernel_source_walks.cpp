@@ -26,7 +26,6 @@ __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
 struct BlockWalk {
   const int *pa, *pe, *fa, *fe;
   const int* p0;  // the partial list's start: a partial block's slot is its offset from here
-  const int* ent;  // the list entry of the last block stepped to (the fused dQ's rank codes run parallel)
   int va, vf, slot;
   i64 next, count;
   bool all;
@@ -35,7 +34,7 @@ struct BlockWalk {
     all = P.all_full != 0;
     next = 0;
     count = total;
-    pa = pe = fa = fe = p0 = ent = 0;
+    pa = pe = fa = fe = p0 = 0;
     va = vf = slot = 0;
     if (!all) {
       pa = p0 = idx + row * m;
@@ -63,13 +62,11 @@ struct BlockWalk {
 #if MASK_BITS
       slot = (int)(pa - p0);
 #endif
-      ent = pa;
       ++pa;
       va = pa < pe ? *pa : 0;
     } else {
       j = vf;
       partial = false;
-      ent = fa;
       ++fa;
       vf = fa < fe ? *fa : 0;
     }
@@ -78,11 +75,9 @@ struct BlockWalk {
 #if MASK_BITS
       slot = (int)(pa - p0);
 #endif
-      ent = pa;
       j = *pa++;
       partial = true;
     } else {
-      ent = fa;
       j = *fa++;
       partial = false;
     }
@@ -116,9 +111,6 @@ struct TileWalk {
   }
 };
 
-#ifndef BWD_FUSED_DQ
-#define BWD_FUSED_DQ 0  // TMA backward: dQ formed in the dK/dV kernel (KernelConfig::bwd_fused_dq)
-#endif
 // dK/dV's q tiles: the transposed list of each q head of the kv head's group, head by head.
 struct GroupWalk {
   const FlexParams& P;
@@ -141,14 +133,6 @@ struct GroupWalk {
     }
     return false;
   }
-#if BWD_FUSED_DQ
-  // The rank code (flex_bwd_dq_prep) of the q block of the tile next() returned last (0 for all_full,
-  // whose ranks the kernel derives).
-  __device__ __forceinline__ int rank_code() const {
-    if (P.all_full) return 0;
-    return tw.part ? P.q_rank[tw.w.ent - P.q_idx] : P.fq_rank[tw.w.ent - P.fq_idx];
-  }
-#endif
 };
 
 // The modified score of one element and whether it is kept (in bounds, and mask true on partial

@@ -285,7 +285,6 @@ const FlexKernels& load_kernels(const std::string& source, int device, int64_t f
   loaded->k.bwd_dq = get(1, "flex_bwd_dq", bwd_smem);
   loaded->k.bwd_dkdv = get(1, "flex_bwd_dkdv", bwd_smem);
   loaded->k.capgrad_reduce = get(1, "flex_capgrad_reduce", 0);
-  loaded->k.bwd_dq_prep = get(1, "flex_bwd_dq_prep", 0);
   loaded->k.mask_bits = get(0, "flex_mask_bits", 0);
   const FlexKernels& out = loaded->k;
   modules().emplace(key, std::move(loaded));

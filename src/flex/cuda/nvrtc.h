@@ -40,7 +40,6 @@ struct FlexKernels {
   void* bwd_dq = nullptr;
   void* bwd_dkdv = nullptr;
   void* capgrad_reduce = nullptr;
-  void* bwd_dq_prep = nullptr;  // flex_bwd_dq_prep (the fused dQ's rank codes and empty rows)
   void* mask_bits = nullptr;  // flex_mask_bits (KILN_FLEX_MASK_BITS)
 };
 const FlexKernels& load_kernels(const std::string& source, int device, int64_t fwd_smem, int64_t bwd_smem);
