@@ -126,6 +126,18 @@ int k_buffers(const char* var) {
   return v ? v[0] - '0' : 1;
 }
 
+// KILN_FLEX_BWD_MIN_BLOCKS=<dK/dV>,<dQ> (for measurements; each 1 to 4): the backward kernels'
+// minimum resident CTAs an SM (KernelConfig::bwd_dkdv_min_blocks).
+void bwd_min_blocks(KernelConfig& cfg) {
+  const char* v = std::getenv("KILN_FLEX_BWD_MIN_BLOCKS");
+  if (!v) return;
+  int a = 0, b = 0;
+  KILN_CHECK(std::sscanf(v, "%d,%d", &a, &b) == 2 && a >= 1 && a <= 4 && b >= 1 && b <= 4, kOp,
+             "KILN_FLEX_BWD_MIN_BLOCKS must be two counts 1-4 as dkdv,dq (e.g. 3,4), got '", v, "'");
+  cfg.bwd_dkdv_min_blocks = a;
+  cfg.bwd_dq_min_blocks = b;
+}
+
 // KILN_FLEX_PROFILE: one kernel's phase cycles (thread 0 of each CTA, summed) as one stderr line;
 // names ends with nullptr, counters at `base` of the kProfileSlots.
 void print_profile(const char* kernel, const std::vector<double>& c, int base, const char* const* names) {
@@ -197,13 +209,13 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
-                cfg.bwd_paired, cfg.bwd_split_p);
+                cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -342,6 +354,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // scripts/device/bwd_round.sh`, fwd+bwd ms, two interleaved passes: window E 128 1.642 / 1.637 ->
   // 1.562 / 1.560, the rest within noise); KILN_FLEX_BWD_SPLIT_P=0 computes P and dS together.
   cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
+  bwd_min_blocks(cfg);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).

@@ -97,7 +97,7 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Ks = BWD_SMEM_BASE(smem);

@@ -87,7 +87,7 @@ __device__ __forceinline__ void dq_tile_ds_from_p(float (*p)[4], const float (*d
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = BWD_SMEM_BASE(smem);
