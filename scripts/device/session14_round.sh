@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 14's GPU round (carry [".device"], built by pack.sh). PARTS (default all, in order):
 #   tests:   the CUDA flex suite at the defaults (TEST_TIMEOUT, FLEX_FILTER);
-#   ab:      kiln alone on ROWS (default 0: the E = 64 window) with AB_VAR at each of AB_VALUES,
-#            interleaved, AB_PASSES passes (default 2);
+#   ab:      kiln alone on ROWS (default 0: the E = 64 window; or AB_BENCH, `kiln bench flex` arguments)
+#            with AB_VAR at each of AB_VALUES, interleaved, AB_PASSES passes (default 2);
 #   compare: compare_torch.py's flex rows CMP_ROWS (default 0,1,2,4) beside torch.
 # Logs to stdout and $OUT/session14.log (compare: $OUT/compare_flex.txt and JSON).
 set -uo pipefail
@@ -20,8 +20,9 @@ for part in ${PARTS:-tests ab compare}; do
     ab)
       for pass in $(seq "${AB_PASSES:-2}"); do
         for r in ${ROWS:-0}; do
+          args=${AB_BENCH:-${ISSUE_ROWS[$r]}}
           for x in ${AB_VALUES:?}; do
-            line=$(env "${AB_VAR:?}=$x" timeout 40 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --dtype bf16 \
+            line=$(env "${AB_VAR:?}=$x" timeout 40 build-gpu/kiln bench flex --device cuda $args --dtype bf16 \
                    --json --reps 20 --flex-only 2>&1 | grep '"variant": "flex"' | grep -o '"fwd_ms": [0-9.]*, "fwd_bwd_ms": [0-9.]*')
             log "row $r $AB_VAR=$x $line"
           done

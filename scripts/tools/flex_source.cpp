@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   cfg.fwd_kbuf = has("kbuf1") ? 1 : 2;
   cfg.bwd_kbuf = has("bkbuf1") ? 1 : 2;
   cfg.bwd_paired = !has("unpaired");
+  if (cfg.head_dim == 64 && !has("relbias")) cfg.bwd_dkdv_min_blocks = 3;  // as make_state
   const bool scored = has("softcap") || has("alibi") || has("relbias");
   cfg.bwd_split_p = !has("nosplitp") && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !scored;  // as make_state
   cfg.index_check = false;

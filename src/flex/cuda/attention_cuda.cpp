@@ -354,6 +354,12 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // scripts/device/bwd_round.sh`, fwd+bwd ms, two interleaved passes: window E 128 1.642 / 1.637 ->
   // 1.562 / 1.560, the rest within noise); KILN_FLEX_BWD_SPLIT_P=0 computes P and dS together.
   cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
+  // At E = 64 the wgmma dK/dV kernel is held to 168 registers, three CTAs an SM instead of two (no
+  // spills; H200, session 14, 2026-12-04, 3576941, `AB_VAR=KILN_FLEX_BWD_MIN_BLOCKS AB_VALUES="1,1 3,1
+  // 1,4 3,4" PARTS=ab bash scripts/device/session14_round.sh`, window 256 E 64 fwd+bwd ms, two
+  // interleaved passes: 0.481 / 0.455 -> 0.415 / 0.429; the dQ kernel at four gained nothing).
+  // Not with captured-tensor gradients, which spill ~800 bytes at that cap.
+  if (cfg.bwd_wgmma && p.E == 64 && st->grad_numel == 0) cfg.bwd_dkdv_min_blocks = 3;
   bwd_min_blocks(cfg);
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
