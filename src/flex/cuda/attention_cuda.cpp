@@ -209,13 +209,13 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
-                cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks);
+                cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -361,6 +361,8 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // Not with captured-tensor gradients, which spill ~800 bytes at that cap.
   if (cfg.bwd_wgmma && p.E == 64 && st->grad_numel == 0) cfg.bwd_dkdv_min_blocks = 3;
   bwd_min_blocks(cfg);
+  if (p.E == 64 && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64)
+    if (const char* v = env_switch("KILN_FLEX_FWD_MIN_BLOCKS", "1", "5")) cfg.fwd_min_blocks = v[0] - '0';
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).

@@ -393,6 +393,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   if (cfg.bwd_split_p) os << "#define BWD_SPLIT_P 1\n";
   os << "#define BWD_DKDV_MIN_BLOCKS " << cfg.bwd_dkdv_min_blocks << "\n";
   os << "#define BWD_DQ_MIN_BLOCKS " << cfg.bwd_dq_min_blocks << "\n";
+  os << "#define FWD_MIN_BLOCKS " << cfg.fwd_min_blocks << "\n";
   if (cfg.walk_ahead) os << "#define WALK_AHEAD 1\n";
   if (cfg.mask_bits && cfg.fwd_tma && cfg.fwd_wgmma && mask) os << "#define MASK_BITS 1\n";
   os << "#define NTHREADS " << kThreads << "\n";

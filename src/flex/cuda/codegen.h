@@ -120,6 +120,9 @@ struct KernelConfig {
   // of 146); 1 leaves ptxas free. make_state takes 3 for the E = 64 wgmma dK/dV kernel;
   // KILN_FLEX_BWD_MIN_BLOCKS=dkdv,dq overrides both.
   int bwd_dkdv_min_blocks = 1, bwd_dq_min_blocks = 1;
+  // The forward's minimum resident CTAs an SM (as above; E = 64 with 64 x 64 tiles at 5 takes 93
+  // registers instead of 122): KILN_FLEX_FWD_MIN_BLOCKS, a measurement switch for those tiles.
+  int fwd_min_blocks = 1;
   // Cheaper mods (the default; KILN_FLEX_FAST_MODS=0 turns them off): int locals the
   // interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are `int` (64-bit
   // multiplies and conversions cost several instructions each on sm_90), float divisions by

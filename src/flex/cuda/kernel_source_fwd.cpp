@@ -287,7 +287,7 @@ __device__ __forceinline__ void fwd_store(const FlexParams& P, const float (&o)[
 const char* kernel_forward() {
   return R"kiln_src(#if KILN_BUILD_FWD
 #if !FWD_PERSIST  // else flex_fwd is the persistent kernel of kernel_source_persist.cpp
-extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_fwd(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
 #if FWD_WGMMA

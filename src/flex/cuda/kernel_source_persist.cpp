@@ -65,7 +65,7 @@ __device__ __forceinline__ void fwd_store_empty(const FlexParams& P, i64 q_tiles
   for (i64 i = threadIdx.x; i < rows; i += FWD_THREADS) P.lse[bh * P.L + r0 + i] = NEG_INF;
 }
 
-extern "C" __global__ void __launch_bounds__(FWD_THREADS) flex_fwd(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_fwd(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = wg_smem_base(smem);
