@@ -47,7 +47,12 @@ int main(int argc, char** argv) {
   cfg.fwd_kbuf = has("kbuf1") ? 1 : 2;
   cfg.bwd_kbuf = has("bkbuf1") ? 1 : 2;
   cfg.bwd_paired = !has("unpaired");
-  if (cfg.head_dim == 64 && !has("relbias")) cfg.bwd_dkdv_min_blocks = 3;  // as make_state
+  // As make_state on short E = 64 rows (its 64 x 64 forward tiles; the "causal" and "document" rows here
+  // stand in for them too).
+  if (cfg.head_dim == 64 && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64) {
+    cfg.fwd_min_blocks = 5;
+    if (!has("relbias")) cfg.bwd_dkdv_min_blocks = 3;
+  }
   const bool scored = has("softcap") || has("alibi") || has("relbias");
   cfg.bwd_split_p = !has("nosplitp") && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !scored;  // as make_state
   cfg.index_check = false;

@@ -354,12 +354,18 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // scripts/device/bwd_round.sh`, fwd+bwd ms, two interleaved passes: window E 128 1.642 / 1.637 ->
   // 1.562 / 1.560, the rest within noise); KILN_FLEX_BWD_SPLIT_P=0 computes P and dS together.
   cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
-  // At E = 64 the wgmma dK/dV kernel is held to 168 registers, three CTAs an SM instead of two (no
-  // spills; H200, session 14, 2026-12-04, 3576941, `AB_VAR=KILN_FLEX_BWD_MIN_BLOCKS AB_VALUES="1,1 3,1
-  // 1,4 3,4" PARTS=ab bash scripts/device/session14_round.sh`, window 256 E 64 fwd+bwd ms, two
-  // interleaved passes: 0.481 / 0.455 -> 0.415 / 0.429; the dQ kernel at four gained nothing).
-  // Not with captured-tensor gradients, which spill ~800 bytes at that cap.
-  if (cfg.bwd_wgmma && p.E == 64 && st->grad_numel == 0) cfg.bwd_dkdv_min_blocks = 3;
+  // Short rows at E = 64 (where the forward takes 64 x 64 tiles, fewer than 6 blocks a row) run more
+  // CTAs an SM: the forward held to 93 registers (5 CTAs instead of 4) and the wgmma dK/dV kernel to
+  // 168 (3 instead of 2; not with captured-tensor gradients, which spill ~800 bytes there); no
+  // spills otherwise. H200, session 14, 2026-12-04, `bash scripts/device/session14_round.sh` (PARTS=ab,
+  // AB_VAR the switch), fwd / fwd+bwd ms, two interleaved passes, window 256 E 64: dK/dV 3 (3576941)
+  // fwd+bwd 0.481 / 0.455 -> 0.415 / 0.429 (the dQ kernel at 4 gained nothing); forward 5 (f2d1786)
+  // 0.129 / 0.441, 0.130 / 0.430 -> 0.108 / 0.405, 0.117 / 0.416. The dK/dV cap lost on the longer
+  // rows of 4x12x4096x64 with 4 documents (fwd+bwd 0.782 / 0.781 -> 0.810 / 0.803), hence the rule.
+  // KILN_FLEX_FWD_MIN_BLOCKS=1|5 and KILN_FLEX_BWD_MIN_BLOCKS=dkdv,dq override it.
+  const bool short_e64 = p.E == 64 && cfg.fwd_wgmma && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64;
+  if (short_e64) cfg.fwd_min_blocks = 5;
+  if (short_e64 && cfg.bwd_wgmma && st->grad_numel == 0) cfg.bwd_dkdv_min_blocks = 3;
   bwd_min_blocks(cfg);
   if (p.E == 64 && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64)
     if (const char* v = env_switch("KILN_FLEX_FWD_MIN_BLOCKS", "1", "5")) cfg.fwd_min_blocks = v[0] - '0';

@@ -117,11 +117,11 @@ struct KernelConfig {
   int bwd_qbuf = 1;
   // The backward kernels' minimum resident CTAs an SM (__launch_bounds__' second argument, which
   // caps their registers: E = 64 dK/dV at 3 takes 168 instead of 215, dQ at 4 takes 128 instead
-  // of 146); 1 leaves ptxas free. make_state takes 3 for the E = 64 wgmma dK/dV kernel;
-  // KILN_FLEX_BWD_MIN_BLOCKS=dkdv,dq overrides both.
+  // of 146); 1 leaves ptxas free. make_state takes 3 for the E = 64 wgmma dK/dV kernel on short
+  // rows; KILN_FLEX_BWD_MIN_BLOCKS=dkdv,dq overrides both.
   int bwd_dkdv_min_blocks = 1, bwd_dq_min_blocks = 1;
   // The forward's minimum resident CTAs an SM (as above; E = 64 with 64 x 64 tiles at 5 takes 93
-  // registers instead of 122): KILN_FLEX_FWD_MIN_BLOCKS, a measurement switch for those tiles.
+  // registers instead of 122). make_state takes 5 for those tiles; KILN_FLEX_FWD_MIN_BLOCKS=1|5 there.
   int fwd_min_blocks = 1;
   // Cheaper mods (the default; KILN_FLEX_FAST_MODS=0 turns them off): int locals the
   // interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are `int` (64-bit
