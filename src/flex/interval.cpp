@@ -360,16 +360,25 @@ Interval eval_interval(const Program& p, int64_t bi, int64_t hi, int64_t q0, int
   return regs[p.result];
 }
 
-std::vector<bool> int32_instructions(const Program& p) {
+namespace {
+
+// The int instructions whose values lie in [-bound, bound] for every b, h, q, kv within the narrow
+// bounds (and any captured-tensor values).
+std::vector<bool> ints_within(const Program& p, int64_t bound) {
   std::vector<Interval> regs;
   eval_box(p, Box{{0, 0, 0, 0}, {kNarrowBH - 1, kNarrowBH - 1, kNarrowQKv - 1, kNarrowQKv - 1}}, false, regs);
-  // INT32_MIN left out: then negation, abs and division of an int local never overflow.
-  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   std::vector<bool> fits(p.code.size(), false);
   for (size_t k = 0; k < p.code.size(); ++k)
-    fits[k] = p.code[k].kind == Kind::Int && regs[k].ilo >= -kMax && regs[k].ihi <= kMax;
+    fits[k] = p.code[k].kind == Kind::Int && regs[k].ilo >= -bound && regs[k].ihi <= bound;
   return fits;
 }
+
+}  // namespace
+
+// INT32_MIN left out: then negation, abs and division of an int local never overflow.
+std::vector<bool> int32_instructions(const Program& p) { return ints_within(p, std::numeric_limits<int32_t>::max()); }
+
+std::vector<bool> small_int_instructions(const Program& p) { return ints_within(p, int64_t{1} << 22); }
 
 bool loads_in_bounds(const Program& p, int64_t B, int64_t H, int64_t L, int64_t S) {
   if (!p.reads_tensors) return true;

@@ -103,14 +103,19 @@ struct Interval {
 Interval eval_interval(const Program& p, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0, int64_t k1,
                        std::vector<Interval>& regs);
 
-// The index bounds under which the CUDA codegen may keep int locals in 32 bits: 0 <= q, kv < 2^24,
-// 0 <= b, h < 2^16 (the host falls back to 64-bit locals past them).
-constexpr int64_t kNarrowQKv = int64_t{1} << 24;
+// The index bounds under which the CUDA codegen may keep int locals in 32 bits and convert small
+// ones to float by a magic number: 0 <= q, kv < 2^22, 0 <= b, h < 2^16 (the host falls back to
+// 64-bit locals past them).
+constexpr int64_t kNarrowQKv = int64_t{1} << 22;
 constexpr int64_t kNarrowBH = int64_t{1} << 16;
 
 // Per instruction: an int whose every value fits int32 (INT32_MIN excluded) for any b, h, q, kv
 // within the narrow bounds and any captured-tensor values (loads count as unbounded).
 std::vector<bool> int32_instructions(const Program& p);
+
+// Per instruction: an int whose every value lies in [-2^22, 2^22] under the narrow bounds, which
+// the CUDA codegen converts to float exactly with an integer and a float add (kiln_i2f).
+std::vector<bool> small_int_instructions(const Program& p);
 
 // True when interval analysis proves every tensor load of the program in range for all b < B,
 // h < H, q < L, kv < S (so a kernel need not report out-of-range indices back to the host).

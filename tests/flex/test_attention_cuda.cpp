@@ -136,7 +136,7 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     EXPECT_NE(std::string(e.what()).find("[flex_attention] the wgmma forward takes"), std::string::npos) << e.what();
   }
   // The measurement switches: phase counters in every kernel, the forward's second K buffer; with
-  // narrow int locals, as the host picks for lengths under 2^24.
+  // narrow int locals, as the host picks for lengths under 2^22.
   {
     detail::Program mp = detail::compile(masks[0].expr);
     cuda::KernelConfig cfg;
@@ -219,7 +219,7 @@ TEST(FlexCudaCodegen, ConstantDivisorsMultiplyAndTanhIsApprox) {
   EXPECT_NE(std::string(cuda::params_struct_source()).find("tanh.approx.f32"), std::string::npos);
 }
 
-// Int locals are `int` where the interval analysis proves them within 32 bits (q, kv < 2^24;
+// Int locals are `int` where the interval analysis proves them within 32 bits (q, kv < 2^22;
 // b, h < 2^16), else and without fast_mods `long long`; a 64-bit result widens its operands.
 TEST(FlexCudaCodegen, IntLocalsNarrowUnderTheBounds) {
   const detail::Program causal = detail::compile(causal_mask().expr);
@@ -234,10 +234,11 @@ TEST(FlexCudaCodegen, IntLocalsNarrowUnderTheBounds) {
   const detail::Program al = detail::compile(alibi(rand({4})).expr);
   const std::string an = cuda::generate_mod_functions(&al, nullptr, true);
   EXPECT_NE(an.find("const int v5 = v3 - v4;"), std::string::npos) << an;  // kv - q
-  EXPECT_NE(an.find("const float v6 = (float)v5;"), std::string::npos) << an;
+  EXPECT_NE(an.find("const float v6 = kiln_i2f(v5);"), std::string::npos) << an;  // |kv - q| < 2^22
   EXPECT_EQ(an.find("const long long v"), std::string::npos) << an;
   const std::string aw = cuda::generate_mod_functions(&al, nullptr, false);
   EXPECT_NE(aw.find("const long long v5 = v3 - v4;"), std::string::npos) << aw;
+  EXPECT_NE(aw.find("const float v6 = (float)v5;"), std::string::npos) << aw;
   EXPECT_EQ(aw.find("const int v"), std::string::npos) << aw;
 
   // q * kv needs 64 bits (its int operands widened); its remainder by 7 is narrow again.
@@ -247,11 +248,34 @@ TEST(FlexCudaCodegen, IntLocalsNarrowUnderTheBounds) {
   EXPECT_NE(mn.find("const long long v2 = (long long)v0 * (long long)v1;"), std::string::npos) << mn;
   EXPECT_NE(mn.find("const int v4 = kiln_floormod(v2, (long long)v3);"), std::string::npos) << mn;
 
+  // q * 8 is a 32-bit int but reaches 2^25: its conversion stays (float).
+  const ScoreMod wide_conv([](Expr sc, Expr, Expr, Expr q, Expr) { return sc + q * Expr(8) * Expr(1e-9); });
+  const detail::Program wp = detail::compile(wide_conv.expr);
+  const std::string wc = cuda::generate_mod_functions(&wp, nullptr, true);
+  EXPECT_EQ(wc.find("kiln_i2f"), std::string::npos) << wc;
+  EXPECT_NE(wc.find("(float)v"), std::string::npos) << wc;
+
   // The kernel source follows KernelConfig::fast_mods (and so does the NVRTC cache key).
   cuda::KernelConfig cfg;
   const std::string off = cuda::generate_source(nullptr, &causal, cfg);
   cfg.fast_mods = true;
   EXPECT_NE(off, cuda::generate_source(nullptr, &causal, cfg));
+}
+
+// kiln_i2f (the conversion of ints within +-2^22 under fast_mods) is exact over its whole range:
+// its formula, taken from the generated prelude, evaluated with the host's IEEE float add.
+TEST(FlexCudaCodegen, MagicIntToFloatIsExact) {
+  const std::string formula = "__int_as_float(0x4B400000 + x) - 12582912.0f";
+  ASSERT_NE(std::string(cuda::params_struct_source()).find(formula), std::string::npos);
+  int64_t wrong = 0;
+  for (int32_t x = -(1 << 22); x <= (1 << 22); ++x) {
+    const uint32_t bits = 0x4B400000u + static_cast<uint32_t>(x);
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    const volatile float r = f - 12582912.0f;
+    wrong += r != static_cast<float>(x);
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
 TEST(FlexCudaCodegen, DiskCacheServesASecondLookup) {

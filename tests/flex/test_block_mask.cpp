@@ -303,7 +303,7 @@ TEST(FlexIr, LoadsInBoundsByIntervalAnalysis) {
   EXPECT_TRUE(loads_in_bounds(compile(causal_mask().expr), 1, H, L, S));  // no loads
 }
 
-// The ints the CUDA codegen may keep in 32 bits: those bounded under q, kv < 2^24, b, h < 2^16
+// The ints the CUDA codegen may keep in 32 bits: those bounded under q, kv < 2^22, b, h < 2^16
 // whatever the captured tensors hold (a load's value is unbounded, its index need not be).
 TEST(FlexIr, Int32InstructionsUnderTheNarrowBounds) {
   using detail::int32_instructions;

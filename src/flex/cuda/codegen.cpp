@@ -28,16 +28,18 @@ std::string reg(char prefix, int64_t k) {
 
 const char* ctype(Kind k) { return k == Kind::Int ? "long long" : k == Kind::Float ? "float" : "bool"; }
 
-// An instruction's locals and their types: narrow[k] makes int instruction k an `int`.
-// fast: KernelConfig::fast_mods (narrow ints, reciprocal multiplies, tanh.approx).
+// An instruction's locals and their types: narrow[k] makes int instruction k an `int`, small[k]
+// (within +-2^22) lets its conversion to float be kiln_i2f.
+// fast: KernelConfig::fast_mods (narrow ints, reciprocal multiplies, tanh.approx, kiln_i2f).
 struct Locals {
   const Program& p;
   bool fast;
-  std::vector<bool> narrow;
+  std::vector<bool> narrow, small;
   Locals(const Program& prog, bool fast_mods)
       : p(prog),
         fast(fast_mods),
-        narrow(fast_mods ? detail::int32_instructions(prog) : std::vector<bool>(prog.code.size())) {}
+        narrow(fast_mods ? detail::int32_instructions(prog) : std::vector<bool>(prog.code.size())),
+        small(fast_mods ? detail::small_int_instructions(prog) : std::vector<bool>(prog.code.size())) {}
   const char* type(size_t k) const { return narrow[k] ? "int" : ctype(p.code[k].kind); }
 };
 
@@ -139,7 +141,10 @@ void emit_forward(const Locals& lc, const char* bp, std::ostream& os) {
         break;
       case Op::ConstBool: os << (in.ival ? "true" : "false"); break;
       case Op::ConstFloat: os << float_literal(in.fval); break;
-      case Op::ToFloat: os << "(float)" << A(); break;
+      case Op::ToFloat:
+        if (lc.narrow[in.a] && lc.small[in.a]) os << "kiln_i2f(" << A() << ")";
+        else os << "(float)" << A();
+        break;
       case Op::Load: break;  // handled above
       case Op::Add: os << A() << " + " << B(); break;
       case Op::Sub: os << A() << " - " << B(); break;

@@ -91,6 +91,10 @@ __device__ __forceinline__ float kiln_tanh(float x) {
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+// int -> float for |x| <= 2^22, exact: x added into the mantissa of 1.5 * 2^23, which is then
+// subtracted. Two full-rate adds instead of I2F, a conversion issued at a fraction of the FMA rate
+// (ALiBi's (float)(kv - q) on every element, beside the softmax's ex2).
+__device__ __forceinline__ float kiln_i2f(int x) { return __int_as_float(0x4B400000 + x) - 12582912.0f; }
 
 )kiln_src";
 }
