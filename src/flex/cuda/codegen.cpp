@@ -9,6 +9,8 @@
 // (the kernels store bf16 / fp16, far coarser than either's error).
 #include "flex/cuda/codegen.h"
 
+#include "core/env.h"
+
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -39,7 +41,7 @@ struct Locals {
       : p(prog),
         fast(fast_mods),
         narrow(fast_mods ? detail::int32_instructions(prog) : std::vector<bool>(prog.code.size())),
-        small(fast_mods ? detail::small_int_instructions(prog) : std::vector<bool>(prog.code.size())) {}
+        small(fast_mods && magic_i2f() ? detail::small_int_instructions(prog) : std::vector<bool>(prog.code.size())) {}
   const char* type(size_t k) const { return narrow[k] ? "int" : ctype(p.code[k].kind); }
 };
 
@@ -291,6 +293,8 @@ void emit_score(const Program* score, bool fast_mods, std::ostream& os) {
 }
 
 }  // namespace
+
+bool magic_i2f() { return kiln::detail::env_flag("flex_attention", "KILN_FLEX_MAGIC_I2F", true); }
 
 std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods) {
   if (score) check_program(*score, "score_mod");

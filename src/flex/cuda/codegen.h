@@ -132,6 +132,11 @@ struct KernelConfig {
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 
+// Whether fast_mods converts small ints to float by kiln_i2f: KILN_FLEX_MAGIC_I2F=0 keeps I2F (a
+// measurement switch; kernels_for's id includes it). Throws kiln::Error naming flex_attention on
+// other values than 0 and 1.
+bool magic_i2f();
+
 // score: null for the identity; mask: null for no mask_mod. Throws kiln::Error naming
 // flex_attention when a program cannot run on CUDA (too many captured tensors).
 std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg);
