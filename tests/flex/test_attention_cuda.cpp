@@ -17,6 +17,7 @@
 
 #ifdef KILN_WITH_CUDA
 #include "flex/cuda/codegen.h"
+#include "flex/cuda/kernel_config.h"
 #include "flex/cuda/nvrtc.h"
 #endif
 
@@ -995,9 +996,85 @@ TEST(FlexAttentionCuda, OffsetViewsMatchAlignedCopies) {
     EXPECT_EQ(rel_error(a[i].to(kCPU, kFloat64), b[i].to(kCPU, kFloat64)), 0.0) << "output " << i;
 }
 
+// The configuration kernel_config.cpp chooses (no GPU needed): the measured defaults' rules by head
+// dim, row length (blocks a row), architecture and captured-tensor gradients, and the switches.
+TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
+  // A window-like mask at E = 64: 64-blocks, 5 listed a row (short rows).
+  cpu::Problem p;
+  p.B = 1;
+  p.Hq = p.Hkv = 8;
+  p.L = p.S = 32768;
+  p.E = p.Ev = 64;
+  p.QB = p.KB = 64;
+  p.nQ = p.nKV = 512;
+  p.kv_m = 2;
+  p.fkv_m = 3;
+  int64_t words = -1;
+  auto config = [&](int major, int64_t grad_numel = 0) {
+    return cuda::kernel_config_for(p, kBFloat16, major, false, true, grad_numel, &words);
+  };
+  cuda::KernelConfig c = config(9);
+  EXPECT_TRUE(c.fwd_wgmma && c.bwd_wgmma && c.fwd_tma && c.bwd_tma && c.bwd_paired && c.bwd_split_p && c.fast_mods);
+  EXPECT_EQ(c.fwd_tile_m, 64);
+  EXPECT_EQ(c.fwd_tile_n, 64);
+  EXPECT_EQ(c.fwd_kbuf, 2);
+  EXPECT_EQ(c.bwd_kbuf, 2);
+  EXPECT_EQ(c.fwd_min_blocks, 5);
+  EXPECT_EQ(c.bwd_dkdv_min_blocks, 3);
+  EXPECT_EQ(c.bwd_dq_min_blocks, 1);
+  EXPECT_EQ(words, 0);
+  EXPECT_EQ(config(9, 100).bwd_dkdv_min_blocks, 1) << "captured-tensor gradients spill at 168 registers";
+  {
+    const ScopedEnv off("KILN_FLEX_FWD_MIN_BLOCKS", "1"), both("KILN_FLEX_BWD_MIN_BLOCKS", "2,4");
+    c = config(9);
+    EXPECT_EQ(c.fwd_min_blocks, 1);
+    EXPECT_EQ(c.bwd_dkdv_min_blocks, 2);
+    EXPECT_EQ(c.bwd_dq_min_blocks, 4);
+  }
+  {
+    const ScopedEnv bad("KILN_FLEX_BWD_MIN_BLOCKS", "9");
+    try {
+      config(9);
+      ADD_FAILURE() << "KILN_FLEX_BWD_MIN_BLOCKS=9 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("[flex_attention] KILN_FLEX_BWD_MIN_BLOCKS"), std::string::npos) << e.what();
+    }
+  }
+  // Not sm_90: mma.sync, cp.async, no caps.
+  c = config(8);
+  EXPECT_FALSE(c.fwd_wgmma || c.bwd_wgmma || c.fwd_tma || c.bwd_tma || c.bwd_split_p);
+  EXPECT_EQ(c.fwd_min_blocks, 1);
+  EXPECT_EQ(c.bwd_dkdv_min_blocks, 1);
+  // Longer E = 64 rows (8 blocks of 128): 64 x 128 forward tiles, no caps.
+  p.QB = p.KB = 128;
+  p.nQ = p.nKV = 256;
+  p.kv_m = 3;
+  p.fkv_m = 5;
+  c = config(9);
+  EXPECT_EQ(c.fwd_tile_n, 128);
+  EXPECT_EQ(c.fwd_min_blocks, 1);
+  EXPECT_EQ(c.bwd_dkdv_min_blocks, 1);
+  // E = 128: 64 x 64 tiles up to 9 blocks a row, 128 x 128 beyond; never capped.
+  p.E = p.Ev = 128;
+  c = config(9);
+  EXPECT_EQ(c.fwd_tile_m, 64);
+  EXPECT_EQ(c.fwd_tile_n, 64);
+  EXPECT_EQ(c.fwd_min_blocks, 1);
+  EXPECT_EQ(c.bwd_dkdv_min_blocks, 1);
+  p.kv_m = 8;
+  c = config(9);
+  EXPECT_EQ(c.fwd_tile_m, 128);
+  EXPECT_EQ(c.fwd_tile_n, 128);
+  // A score_mod: no split P.
+  const detail::Program soft = detail::compile(softcap(30.0).expr);
+  p.score = &soft;
+  EXPECT_FALSE(config(9).bwd_split_p);
+}
+
 #else
 
 TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) { GTEST_SKIP() << "kiln was built without CUDA (no NVRTC)"; }
+TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) { GTEST_SKIP() << "kiln was built without CUDA"; }
 
 #endif
 

@@ -19,6 +19,12 @@ namespace {
 
 constexpr const char* kOp = "flex_attention";
 
+int compute_major(int device) {
+  int major = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major;
+}
+
 // Measurement switches (core/env.h) whose errors name flex_attention.
 const char* env_switch(const char* var, const char* a, const char* b) {
   return kiln::detail::env_switch(kOp, var, a, b);
@@ -47,9 +53,7 @@ bool use_wgmma(const char* var, int major) {
 // mma.sync elsewhere: 64 x 64 in 4 warps of 16 rows (128-row variants measured slower, 2317fcd).
 // KILN_FLEX_FWD_TILE=MxNxMT overrides the forward's tile (for measurements); the blocks must be
 // multiples of M and N (and wgmma needs 64 or 128 by 64 or 128 with MT 1), else 64 x 64 stays.
-void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
-  int major = 0;
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int major) {
   const bool wgmma = use_wgmma("KILN_FLEX_FWD_MMA", major);
   cfg.bwd_wgmma = use_wgmma("KILN_FLEX_BWD_MMA", major);
   cfg.fwd_wgmma = wgmma;
@@ -82,7 +86,7 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int device) {
 bool halve_blocks(const cpu::Problem& p, int device) {
   if (!p.mask || p.all_full || p.QB != 128 || p.KB != 128 || !env_flag("KILN_FLEX_HALVE_BLOCKS", true)) return false;
   KernelConfig cfg;
-  pick_kernel_config(cfg, p, device);
+  pick_kernel_config(cfg, p, compute_major(device));
   return cfg.fwd_wgmma && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64;
 }
 
@@ -110,11 +114,16 @@ void bwd_min_blocks(KernelConfig& cfg) {
 
 KernelConfig choose_kernel_config(const cpu::Problem& p, DType dtype, int device, bool check_indices, bool index32,
                                   int64_t grad_numel, int64_t* mask_bits_words) {
+  return kernel_config_for(p, dtype, compute_major(device), check_indices, index32, grad_numel, mask_bits_words);
+}
+
+KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bool check_indices, bool index32,
+                               int64_t grad_numel, int64_t* mask_bits_words) {
   *mask_bits_words = 0;
   KernelConfig cfg;
   cfg.bf16 = dtype == kBFloat16;
   cfg.head_dim = static_cast<int>(p.E);
-  pick_kernel_config(cfg, p, device);
+  pick_kernel_config(cfg, p, major);
   cfg.profile = std::getenv("KILN_FLEX_PROFILE") != nullptr;
   cfg.index_check = check_indices;
   cfg.index32 = index32;

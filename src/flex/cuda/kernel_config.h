@@ -16,4 +16,8 @@ namespace kiln::flex::cuda {
 KernelConfig choose_kernel_config(const cpu::Problem& p, DType dtype, int device, bool check_indices, bool index32,
                                   int64_t grad_numel, int64_t* mask_bits_words);
 
+// choose_kernel_config for a device of compute capability `major` (no device needed: the tests).
+KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bool check_indices, bool index32,
+                               int64_t grad_numel, int64_t* mask_bits_words);
+
 }  // namespace kiln::flex::cuda
