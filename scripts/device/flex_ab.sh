@@ -18,8 +18,7 @@ fi
 for pass in $(seq "${AB_PASSES:-2}"); do
   for r in ${ROWS:-0 1 2 3 4 5 6}; do
     for x in $values; do
-      line=$(env "$var=$x" timeout 40 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --dtype bf16 --json --reps 20 \
-             --flex-only 2>&1 | grep '"variant": "flex"' | grep -o '"fwd_ms": [0-9.]*, "fwd_bwd_ms": [0-9.]*')
+      line=$(export "$var=$x"; flex_bench_line ${ISSUE_ROWS[$r]})
       log "row $r $var=$x $line"
     done
   done

@@ -30,8 +30,7 @@ for part in ${PARTS:-tests host blocks compare}; do
       for pass in 1 2; do
         for r in ${BLOCK_ROWS:-0 1 2}; do
           for bs in 128 64; do
-            line=$(timeout 40 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} --block-size $bs --dtype bf16 --json \
-                   --reps 20 --flex-only 2>&1 | grep '"variant": "flex"' | grep -o '"fwd_ms": [0-9.]*, "fwd_bwd_ms": [0-9.]*')
+            line=$(flex_bench_line ${ISSUE_ROWS[$r]} --block-size $bs)
             log "row $r block $bs $line"
           done
         done

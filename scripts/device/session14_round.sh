@@ -22,8 +22,7 @@ for part in ${PARTS:-tests ab compare}; do
         for r in ${ROWS:-0}; do
           args=${AB_BENCH:-${ISSUE_ROWS[$r]}}
           for x in ${AB_VALUES:?}; do
-            line=$(env "${AB_VAR:?}=$x" timeout 40 build-gpu/kiln bench flex --device cuda $args --dtype bf16 \
-                   --json --reps 20 --flex-only 2>&1 | grep '"variant": "flex"' | grep -o '"fwd_ms": [0-9.]*, "fwd_bwd_ms": [0-9.]*')
+            line=$(export "${AB_VAR:?}=$x"; flex_bench_line $args)
             log "row $r $AB_VAR=$x $line"
           done
         done

@@ -133,7 +133,7 @@ const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, i
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
                 cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks,
-                cfg.fast_mods && magic_i2f());
+                cfg.fast_mods && cfg.magic_i2f);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 

@@ -9,8 +9,6 @@
 // (the kernels store bf16 / fp16, far coarser than either's error).
 #include "flex/cuda/codegen.h"
 
-#include "core/env.h"
-
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -32,16 +30,17 @@ const char* ctype(Kind k) { return k == Kind::Int ? "long long" : k == Kind::Flo
 
 // An instruction's locals and their types: narrow[k] makes int instruction k an `int`, small[k]
 // (within +-2^22) lets its conversion to float be kiln_i2f.
-// fast: KernelConfig::fast_mods (narrow ints, reciprocal multiplies, tanh.approx, kiln_i2f).
+// fast: KernelConfig::fast_mods (narrow ints, reciprocal multiplies, tanh.approx, and kiln_i2f
+// unless KernelConfig::magic_i2f is off).
 struct Locals {
   const Program& p;
   bool fast;
   std::vector<bool> narrow, small;
-  Locals(const Program& prog, bool fast_mods)
+  Locals(const Program& prog, bool fast_mods, bool magic_i2f)
       : p(prog),
         fast(fast_mods),
         narrow(fast_mods ? detail::int32_instructions(prog) : std::vector<bool>(prog.code.size())),
-        small(fast_mods && magic_i2f() ? detail::small_int_instructions(prog) : std::vector<bool>(prog.code.size())) {}
+        small(fast_mods && magic_i2f ? detail::small_int_instructions(prog) : std::vector<bool>(prog.code.size())) {}
   const char* type(size_t k) const { return narrow[k] ? "int" : ctype(p.code[k].kind); }
 };
 
@@ -189,25 +188,25 @@ void check_program(const Program& p, const char* what) {
              p.buffers.size(), " captured tensors; CUDA supports at most ", kMaxBuffers);
 }
 
-void emit_mask(const Program* mask, bool fast_mods, std::ostream& os) {
+void emit_mask(const Program* mask, bool fast_mods, bool magic_i2f, std::ostream& os) {
   os << "__device__ __forceinline__ bool mask_mod(long long b, long long h, long long q, long long kv, "
         "const FlexParams& P) {\n";
   if (!mask) {
     os << "  return true;\n}\n\n";
     return;
   }
-  emit_forward(Locals(*mask, fast_mods), "m", os);
+  emit_forward(Locals(*mask, fast_mods, magic_i2f), "m", os);
   os << "  return v" << mask->result << ";\n";
   os << "}\n\n";
 }
 
-void emit_score(const Program* score, bool fast_mods, std::ostream& os) {
+void emit_score(const Program* score, bool fast_mods, bool magic_i2f, std::ostream& os) {
   os << "__device__ __forceinline__ float score_mod(float score, long long b, long long h, long long q, long long kv, "
         "const FlexParams& P) {\n";
   if (!score) {
     os << "  return score;\n}\n\n";
   } else {
-    emit_forward(Locals(*score, fast_mods), "s", os);
+    emit_forward(Locals(*score, fast_mods, magic_i2f), "s", os);
     os << "  return v" << score->result << ";\n";
     os << "}\n\n";
   }
@@ -219,7 +218,7 @@ void emit_score(const Program* score, bool fast_mods, std::ostream& os) {
     return;
   }
   const Program& p = *score;
-  const Locals lc(p, fast_mods);
+  const Locals lc(p, fast_mods, magic_i2f);
   emit_forward(lc, "s", os);
   os << "  float dscore = 0.f;\n";
   for (size_t k = 0; k < p.code.size(); ++k)
@@ -294,14 +293,13 @@ void emit_score(const Program* score, bool fast_mods, std::ostream& os) {
 
 }  // namespace
 
-bool magic_i2f() { return kiln::detail::env_flag("flex_attention", "KILN_FLEX_MAGIC_I2F", true); }
-
-std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods) {
+std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods,
+                                   bool magic_i2f) {
   if (score) check_program(*score, "score_mod");
   if (mask) check_program(*mask, "mask_mod");
   std::ostringstream os;
-  emit_mask(mask, fast_mods, os);
-  emit_score(score, fast_mods, os);
+  emit_mask(mask, fast_mods, magic_i2f, os);
+  emit_score(score, fast_mods, magic_i2f, os);
   return os.str();
 }
 
@@ -413,7 +411,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << params_struct_source();
-  os << generate_mod_functions(score, mask, cfg.fast_mods);
+  os << generate_mod_functions(score, mask, cfg.fast_mods, cfg.magic_i2f);
   if (cfg.fwd_wgmma || cfg.bwd_wgmma) os << wgmma_wrappers(cfg);
   os << kernel_template();
   return os.str();

@@ -117,11 +117,12 @@ struct KernelConfig {
   int bwd_qbuf = 1;
   // The backward kernels' minimum resident CTAs an SM (__launch_bounds__' second argument, which
   // caps their registers: E = 64 dK/dV at 3 takes 168 instead of 215, dQ at 4 takes 128 instead
-  // of 146); 1 leaves ptxas free. make_state takes 3 for the E = 64 wgmma dK/dV kernel on short
-  // rows; KILN_FLEX_BWD_MIN_BLOCKS=dkdv,dq overrides both.
+  // of 146); 1 leaves ptxas free. choose_kernel_config (kernel_config.cpp) takes 3 for the E = 64
+  // wgmma dK/dV kernel on short rows; KILN_FLEX_BWD_MIN_BLOCKS=dkdv,dq overrides both.
   int bwd_dkdv_min_blocks = 1, bwd_dq_min_blocks = 1;
   // The forward's minimum resident CTAs an SM (as above; E = 64 with 64 x 64 tiles at 5 takes 93
-  // registers instead of 122). make_state takes 5 for those tiles; KILN_FLEX_FWD_MIN_BLOCKS=1|5 there.
+  // registers instead of 122). choose_kernel_config takes 5 for those tiles; KILN_FLEX_FWD_MIN_BLOCKS=1|5
+  // there.
   int fwd_min_blocks = 1;
   // Cheaper mods (the default; KILN_FLEX_FAST_MODS=0 turns them off): int locals the
   // interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are `int` (64-bit
@@ -129,20 +130,19 @@ struct KernelConfig {
   // constants multiply by the reciprocal, tanh is tanh.approx.f32. The host sets it only when B,
   // H, L and S are within those bounds.
   bool fast_mods = false;
+  // With fast_mods: ints proven within +-2^22 convert to float by kiln_i2f (two adds) instead of
+  // I2F (KILN_FLEX_MAGIC_I2F=0, a measurement switch, turns it off).
+  bool magic_i2f = true;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
-
-// Whether fast_mods converts small ints to float by kiln_i2f: KILN_FLEX_MAGIC_I2F=0 keeps I2F (a
-// measurement switch; kernels_for's id includes it). Throws kiln::Error naming flex_attention on
-// other values than 0 and 1.
-bool magic_i2f();
 
 // score: null for the identity; mask: null for no mask_mod. Throws kiln::Error naming
 // flex_attention when a program cannot run on CUDA (too many captured tensors).
 std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg);
 
-// Only the mod device functions (for tests and debugging); fast_mods as KernelConfig's.
-std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods = false);
+// Only the mod device functions (for tests and debugging); fast_mods and magic_i2f as KernelConfig's.
+std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods = false,
+                                   bool magic_i2f = true);
 
 // The mod functions with a one-line kernel calling them: a fast NVRTC check of the codegen alone.
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask,

@@ -132,6 +132,7 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // exact mods. 32-bit int locals need b < B, h < Hq, q < L, kv < S within the analysis' bounds.
   cfg.fast_mods = env_flag("KILN_FLEX_FAST_MODS", true) && p.B <= detail::kNarrowBH && p.Hq <= detail::kNarrowBH &&
                   p.L <= detail::kNarrowQKv && p.S <= detail::kNarrowQKv;
+  cfg.magic_i2f = env_flag("KILN_FLEX_MAGIC_I2F", true);  // kiln_i2f (codegen.h); not yet timed on a GPU
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
   cfg.fwd_overlap = cfg.fwd_wgmma && env_flag("KILN_FLEX_FWD_OVERLAP", false);
   // TMA tiles by default in the wgmma forward (H200, session 7: causal 4x16x8192x128 fwd 3.818 ->
@@ -189,12 +190,14 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // 0.129 / 0.441, 0.130 / 0.430 -> 0.108 / 0.405, 0.117 / 0.416. The dK/dV cap lost on the longer
   // rows of 4x12x4096x64 with 4 documents (fwd+bwd 0.782 / 0.781 -> 0.810 / 0.803), hence the rule.
   // KILN_FLEX_FWD_MIN_BLOCKS=1|5 and KILN_FLEX_BWD_MIN_BLOCKS=dkdv,dq override it.
-  const bool short_e64 = p.E == 64 && cfg.fwd_wgmma && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64;
-  if (short_e64) cfg.fwd_min_blocks = 5;
-  if (short_e64 && cfg.bwd_wgmma && grad_numel == 0) cfg.bwd_dkdv_min_blocks = 3;
+  const bool e64_small_tiles = p.E == 64 && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64;
+  if (e64_small_tiles && cfg.fwd_wgmma) {
+    cfg.fwd_min_blocks = 5;
+    if (cfg.bwd_wgmma && grad_numel == 0) cfg.bwd_dkdv_min_blocks = 3;
+  }
   bwd_min_blocks(cfg);
-  if (p.E == 64 && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64)
-    if (const char* v = env_switch("KILN_FLEX_FWD_MIN_BLOCKS", "1", "5")) cfg.fwd_min_blocks = v[0] - '0';
+  if (const char* v = e64_small_tiles ? env_switch("KILN_FLEX_FWD_MIN_BLOCKS", "1", "5") : nullptr)
+    cfg.fwd_min_blocks = v[0] - '0';
   return cfg;
 }
 
