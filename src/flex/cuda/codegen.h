@@ -42,6 +42,8 @@ struct FlexParams {
   int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
   double scale;
+  float scale_f;      // (float)scale
+  float scale_log2e;  // scale log2(e) rounded once from double: FOLD_SCALE's exponent factor
   const void* sptr[kMaxBuffers];
   int64_t ssize[kMaxBuffers][3], sstride[kMaxBuffers][3], sgoff[kMaxBuffers];
   const void* mptr[kMaxBuffers];
@@ -133,6 +135,12 @@ struct KernelConfig {
   // With fast_mods: ints proven within +-2^22 convert to float by kiln_i2f (two adds) instead of
   // I2F (KILN_FLEX_MAGIC_I2F=0, a measurement switch, turns it off).
   bool magic_i2f = true;
+  // No score_mod and scale > 0 (the host's proof): scores stay raw through the mask and the softmax's
+  // max, and the scale joins log2(e) in each exponent's FFMA (KILN_FLEX_FOLD_SCALE=0 turns it off).
+  bool fold_scale = false;
+  // Two-stage TMA forward (not persistent): the last warp done with a stage issues its next loads,
+  // instead of a block barrier each step (KILN_FLEX_FWD_LAST_ISSUES=0 keeps the barrier).
+  bool fwd_last_issues = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 

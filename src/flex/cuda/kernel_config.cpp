@@ -133,6 +133,10 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   cfg.fast_mods = env_flag("KILN_FLEX_FAST_MODS", true) && p.B <= detail::kNarrowBH && p.Hq <= detail::kNarrowBH &&
                   p.L <= detail::kNarrowQKv && p.S <= detail::kNarrowQKv;
   cfg.magic_i2f = env_flag("KILN_FLEX_MAGIC_I2F", true);  // kiln_i2f (codegen.h); not yet timed on a GPU
+  // The scale folded into the exponent (codegen.h): the window E = 64 forward was issue-bound
+  // (H200, session 15, Nsight Compute: 69 % of scheduler cycles issued, the tensor pipe 24 % busy),
+  // so an instruction an element counts. Needs the max of raw scores to be the raw score of the max.
+  cfg.fold_scale = env_flag("KILN_FLEX_FOLD_SCALE", true) && !p.score && p.scale > 0;
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
   cfg.fwd_overlap = cfg.fwd_wgmma && env_flag("KILN_FLEX_FWD_OVERLAP", false);
   // TMA tiles by default in the wgmma forward (H200, session 7: causal 4x16x8192x128 fwd 3.818 ->
@@ -150,6 +154,10 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   cfg.fwd_keepbits = cfg.fwd_tma && env_flag("KILN_FLEX_FWD_KEEPBITS", true);
   cfg.walk_ahead = env_flag("KILN_FLEX_WALK_AHEAD", false);
   cfg.fwd_persist = cfg.fwd_tma && cfg.fwd_kbuf == 2 && env_flag("KILN_FLEX_FWD_PERSIST", false);
+  // The two-stage forward's loads issued by the last warp done with a stage, not after a block
+  // barrier: at 128 x 128 tiles (one CTA an SM, two warpgroups) the barrier held warps 22 % of
+  // their cycles (H200, session 15, Nsight Compute, 16 documents).
+  cfg.fwd_last_issues = cfg.fwd_tma && cfg.fwd_kbuf == 2 && !cfg.fwd_persist && env_flag("KILN_FLEX_FWD_LAST_ISSUES", true);
   // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB. The
   // default (H200, session 9, fwd / fwd+bwd ms in one call: 16 documents 2.08 / 6.98 -> 1.37 /

@@ -56,6 +56,7 @@ struct FlexParams {
   i64 QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   i64 q_tiles, kv_tiles, units, nslots, grad_numel;
   double scale;
+  float scale_f, scale_log2e;
   const void* sptr[KILN_MAX_BUFFERS];
   i64 ssize[KILN_MAX_BUFFERS][3], sstride[KILN_MAX_BUFFERS][3], sgoff[KILN_MAX_BUFFERS];
   const void* mptr[KILN_MAX_BUFFERS];

@@ -102,12 +102,12 @@ __device__ __forceinline__ float elem_p(const FlexParams& P, float raw, i64 b, i
   bool keep = true;
   float y;
   if (kInterior) {
-    y = raw * (float)P.scale;
+    y = scaled_score(P, raw);
 #if HAS_SCORE
     y = score_mod(y, b, h, q, kv, P);
 #endif
   } else if (kBits) {
-    y = raw * (float)P.scale;
+    y = scaled_score(P, raw);
 #if HAS_SCORE
     y = score_mod(y, b, h, q < P.L ? q : P.L - 1, kv < P.S ? kv : P.S - 1, P);
 #endif
@@ -115,7 +115,7 @@ __device__ __forceinline__ float elem_p(const FlexParams& P, float raw, i64 b, i
   } else {
     y = mod_score(P, raw, b, h, q, kv, partial, &keep);
   }
-  return fast_exp2(fmaf(y, LOG2E, -lse2));  // y = -inf where not kept: p = 0
+  return fast_exp2(fmaf(y, exp2_factor(P), -lse2));  // y = -inf where not kept: p = 0
 }
 
 // P and dS of one element (elem_p's arguments, and dP = dO.v before scaling).
@@ -127,7 +127,7 @@ __device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i
   float ds = p * (dp - delta);
   *ds_post_out = ds;  // d loss / d modified score
 #if HAS_SCORE
-  if (kInterior || (q < P.L && kv < P.S)) ds = score_grad(raw * (float)P.scale, b, h, q, kv, ds, P, (double*)0);
+  if (kInterior || (q < P.L && kv < P.S)) ds = score_grad(raw * P.scale_f, b, h, q, kv, ds, P, (double*)0);
   else ds = 0.f;
 #endif
   *p_out = p;

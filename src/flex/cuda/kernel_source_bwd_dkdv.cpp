@@ -52,7 +52,7 @@ __device__ __forceinline__ void add_cap_grads(const FlexParams& P, const float (
       for (int n = 0; n < TILE_M / 8; ++n)
         for (int e = 0; e < 4; ++e) {
           const i64 qi = r0 + n * 8 + 2 * t + (e & 1), kv = cols[e >> 1];
-          if (qi < P.L && kv < P.S) score_grad(raw[n][e] * (float)P.scale, b, h, qi, kv, dpost[n][e], P, slot);
+          if (qi < P.L && kv < P.S) score_grad(raw[n][e] * P.scale_f, b, h, qi, kv, dpost[n][e], P, slot);
         }
     }
     __syncwarp();
@@ -302,7 +302,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
     }
 #endif
     cp_async_wait<0>();  // K and V of a tile without q tiles must land before the next unit reuses Ks / Vs
-    const float sc = (float)P.scale;
+    const float sc = P.scale_f;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if (cols[r] >= P.S) continue;

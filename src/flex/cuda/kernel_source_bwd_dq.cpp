@@ -287,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
   }
   cp_async_wait<0>();  // nothing in flight when the CTA ends (Q and dO with an empty list)
 #endif
-  const float sc = (float)P.scale;
+  const float sc = P.scale_f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rows[r] >= P.L) continue;

@@ -28,7 +28,7 @@ __device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_T
                                            i64 row_base, i64 c0, int t, bool partial) {
   fwd_for_each_element(row_base, c0, t, [&](int mt, int n, int e, i64 q, i64 kv) {
     if (kInterior) {
-      float x = s[mt][n][e] * (float)P.scale;
+      float x = scaled_score(P, s[mt][n][e]);
 #if HAS_SCORE
       x = score_mod(x, b, h, q, kv, P);
 #endif
@@ -43,7 +43,7 @@ __device__ __forceinline__ void fwd_scores(const FlexParams& P, float (*s)[FWD_T
 // mod_score's arithmetic on element (q, kv) of s given its keep bit (the same bits).
 __device__ __forceinline__ float fwd_kept_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv,
                                                 bool keep) {
-  float x = raw * (float)P.scale;
+  float x = scaled_score(P, raw);
 #if HAS_SCORE
   x = score_mod(x, b, h, q < P.L ? q : P.L - 1, kv < P.S ? kv : P.S - 1, P);
 #endif
@@ -163,7 +163,8 @@ __device__ __forceinline__ void fwd_tile_scores(const FlexParams& P, float (*s)[
 // 2^(s log2e - m log2e) rounded to T into pk, the running max m and this thread's partial sums l
 // updated, alpha the factor for the output accumulated before this tile.
 __device__ __forceinline__ void fwd_softmax(float (&s)[FWD_MT][FWD_TILE_N / 8][4], u32 (&pk)[FWD_MT][FWD_TILE_N / 8][2],
-                                            float (&m)[FWD_MT][2], float (&l)[FWD_MT][2], float (&alpha)[FWD_MT][2]) {
+                                            float (&m)[FWD_MT][2], float (&l)[FWD_MT][2], float (&alpha)[FWD_MT][2],
+                                            const float kexp) {
 #pragma unroll
   for (int mt = 0; mt < FWD_MT; ++mt) {
     float mx[2] = {NEG_INF, NEG_INF};
@@ -178,17 +179,17 @@ __device__ __forceinline__ void fwd_softmax(float (&s)[FWD_MT][FWD_TILE_N / 8][4
       const float m_new = fmaxf(m[mt][r], mx[r]);
       // p = 2^(x log2e - m log2e): one FFMA and the SFU per element. Nothing attended yet
       // (m_new = -inf): p = 0 from x = -inf with m taken as 0.
-      const float m_log2 = (m_new == NEG_INF ? 0.f : m_new) * LOG2E;
+      const float m_log2 = (m_new == NEG_INF ? 0.f : m_new) * kexp;
       // Exactly 1 when the max did not move (the fmaf would give m log2e's rounding error, not 0,
       // and 2^err can round to 1 + 1 ulp): a tile that moves nothing, an empty one included, then
       // leaves l and o bit for bit, so skipping empty tiles (64-blocks) keeps the bits.
-      alpha[mt][r] = m[mt][r] == NEG_INF ? 0.f : m_new == m[mt][r] ? 1.f : fast_exp2(fmaf(m[mt][r], LOG2E, -m_log2));
+      alpha[mt][r] = m[mt][r] == NEG_INF ? 0.f : m_new == m[mt][r] ? 1.f : fast_exp2(fmaf(m[mt][r], kexp, -m_log2));
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < FWD_TILE_N / 8; ++n)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], LOG2E, -m_log2));
+          s[mt][n][e] = fast_exp2(fmaf(s[mt][n][e], kexp, -m_log2));
           sum += s[mt][n][e];
         }
 #pragma unroll
@@ -229,7 +230,7 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   fwd_qk_scores(P, s, Qbuf, Kbuf, warp, b, h, row_base, c0, t, part, rows_in); \
   PROF_MARK(2);                                                                \
   float alpha[FWD_MT][2];                                                      \
-  fwd_softmax(s, pk, m, l, alpha);                                             \
+  fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));                                             \
   fwd_rescale(o, alpha);
 #else
 #define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                                  \
@@ -237,7 +238,7 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   PROF_MARK(2);                                                                                  \
   fwd_tile_scores(P, s, b, h, row_base, c0, t, part, rows_in, fwd_block_bits(P, mrow, slot, part)); \
   float alpha[FWD_MT][2];                                                                        \
-  fwd_softmax(s, pk, m, l, alpha);                                                               \
+  fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));                                                               \
   fwd_rescale(o, alpha);
 #endif
 // One step of the two-stage TMA forwards (the default's and the persistent one's) on stage x: its
@@ -277,7 +278,8 @@ __device__ __forceinline__ void fwd_store(const FlexParams& P, const float (&o)[
 #pragma unroll
       for (int n = 0; n < HEAD_DIM / 8; ++n)
         *(u32*)(og + n * 8 + 2 * t) = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
-      if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? m[mt][r] + logf(lr) : NEG_INF;
+      // FOLD_SCALE: m is a raw score (q.k); the lse is of the scaled ones.
+      if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? (FOLD_SCALE ? m[mt][r] * P.scale_f : m[mt][r]) + logf(lr) : NEG_INF;
     }
 }
 #endif  // KILN_BUILD_FWD (flex_fwd follows in kernel_forward())
@@ -317,6 +319,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
   // FWD_KBUF 2: two stages, K and V of stage x on bars[x] and bars[2 + x].
   __shared__ __align__(8) u64 bars[2 * FWD_KBUF];
   u32 kphase = 0, vphase = 0;
+#if FWD_LAST_ISSUES
+  __shared__ u32 stage_done[2];  // warps done with each stage, counted over the whole walk
+#endif
 #elif FWD_WGMMA
   FWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M);  // lands with the first K tile
 #else
@@ -362,6 +367,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
       tma_tile(Ks + 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &bars[1], c1, bhk, FWD_TILE_N);
       tma_tile(Vs + 2 * FWD_TILE_N * HEAD_DIM, P.vmap, &bars[3], c1, bhk, FWD_TILE_N);
     }
+#endif
+#if FWD_LAST_ISSUES
+    stage_done[0] = stage_done[1] = 0u;
 #endif
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
@@ -412,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
     PROF_MARK(2);
     fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
     float alpha[FWD_MT][2];
-    fwd_softmax(s, cur, m, l, alpha);
+    fwd_softmax(s, cur, m, l, alpha, exp2_factor(P));
     PROF_MARK(3);
     wg_wait<0>();
     reg_fence<HEAD_DIM / 8>(o[0]);
@@ -429,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
     wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
     PROF_MARK(2);
     fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
-    fwd_softmax(s, pk_a, m, l, alpha);
+    fwd_softmax(s, pk_a, m, l, alpha, exp2_factor(P));
     PROF_MARK(3);
     advance();
   }
@@ -455,17 +463,27 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
   // the other; once every warp is done with stage x it takes the tile after c1. No load waits
   // behind a product of the same step. kphase bit x: stage x's parity (K and V flip together).
   int x = 0;
+  u32 step_n = 0;  // this step's index in the walk (stage x's use step_n / 2)
   while (more) {
     FWD_TMA_STAGE_STEP(Qs, partial, slot0)
     i64 c2 = 0;
     bool p2 = false;
     int slot2 = 0;
     const bool more2 = more1 && walk.next(c2, p2, &slot2);
+#if FWD_LAST_ISSUES
+    // The last warp done with stage x (its products waited for: their reads are over) issues the
+    // tile after next into it. No block barrier: a warpgroup that is ahead goes on into the other
+    // stage, already loaded, instead of waiting each step for the slower one.
+    __syncwarp();
+    if (lane == 0 && atomicAdd(&stage_done[x], 1u) == FWD_WARPS * ((step_n >> 1) + 1) - 1 && more2) {
+#else
     __syncthreads();  // every warp is done with stage x
     if (more2 && threadIdx.x == 0) {
+#endif
       tma_tile(Kx, P.kmap, &bars[x], c2, bhk, FWD_TILE_N);
       tma_tile(Vx, P.vmap, &bars[2 + x], c2, bhk, FWD_TILE_N);
     }
+    ++step_n;
     c0 = c1, partial = p1, more = more1, slot0 = slot1;
     c1 = c2, p1 = p2, more1 = more2, slot1 = slot2;
     x ^= 1;
@@ -520,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
       PROF_MARK(2);
       fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
       float alpha[FWD_MT][2];
-      fwd_softmax(s, pk, m, l, alpha);
+      fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));
       fwd_rescale(o, alpha);
       PROF_MARK(3);
 #if FWD_KBUF == 2

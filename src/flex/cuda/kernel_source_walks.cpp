@@ -139,11 +139,24 @@ struct GroupWalk {
 // blocks). Branch-free: the mods see the element clamped into the lengths (an element of the same
 // tile, so no new index errors) and the bounds and mask are and-ed in, so a tile's elements
 // compile to selects rather than a branch each.
+#ifndef FWD_LAST_ISSUES
+#define FWD_LAST_ISSUES 0  // two-stage TMA forward: the last warp done with a stage issues its loads
+#endif
+#ifndef FOLD_SCALE
+#define FOLD_SCALE 0
+#endif
+// FOLD_SCALE (no score_mod and scale > 0, set by the host): scores stay raw (q.k) through the mask,
+// the max and the online softmax, and the scale joins log2(e) in the exponent's FFMA: one multiply
+// an element fewer in the forward and in both backward kernels.
+__device__ __forceinline__ float scaled_score(const FlexParams& P, float raw) { return FOLD_SCALE ? raw : raw * P.scale_f; }
+// The factor of a (scaled_score) score in the exponent of 2 of its softmax term.
+__device__ __forceinline__ float exp2_factor(const FlexParams& P) { return FOLD_SCALE ? P.scale_log2e : LOG2E; }
+
 __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b, i64 h, i64 q, i64 kv, bool partial,
                                            bool* keep) {
   const bool in = q < P.L && kv < P.S;
   const i64 qc = q < P.L ? q : P.L - 1, kvc = kv < P.S ? kv : P.S - 1;
-  float x = raw * (float)P.scale;
+  float x = scaled_score(P, raw);
 #if HAS_SCORE
   x = score_mod(x, b, h, qc, kvc, P);
 #endif
