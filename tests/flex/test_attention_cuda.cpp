@@ -817,6 +817,51 @@ TEST(FlexAttentionCuda, TwoStageTmaForwardMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_FWD_KBUF", "2", "1");
 }
 
+// KILN_FLEX_FWD_LAST_ISSUES=1 (the default at 128-row tiles): the last warp done with a stage issues
+// its next loads instead of a block barrier; at 128 x 128 tiles (two warpgroups) and at 64 x 64.
+TEST(FlexAttentionCuda, LastWarpIssuesMatchesReferenceAndBarrierBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(27);
+  for (const char* tile : {"128x128x1", "64x64x1"}) {
+    SCOPED_TRACE(std::string("tile ") + tile);
+    const ScopedEnv t("KILN_FLEX_FWD_TILE", tile);
+    check_kernel_variant("KILN_FLEX_FWD_LAST_ISSUES");
+  }
+}
+
+// Scales other than 1 / sqrt(E), folded into the exponent (scale > 0, no score_mod) or not (a
+// negative scale; a score_mod): CUDA against the float64 CPU kernels, out, lse and gradients, and
+// the folded forward against the unfolded one.
+TEST(FlexAttentionCuda, ScalesMatchCpuFoldedOrNot) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(28);
+  const int64_t L = 300, S = 450;
+  const BlockMask bm = create_block_mask(sliding_window_mask(200), 1, 1, L, S);
+  for (const int64_t E : {64, 128})
+    for (const double scale : {0.3, -0.2})
+      for (const bool scored : {false, true}) {
+        SCOPED_TRACE("E " + std::to_string(E) + ", scale " + std::to_string(scale) + (scored ? ", softcap" : ""));
+        const Tensor q = randn({1, 2, L, E}, kFloat64), k = randn({1, 2, S, E}, kFloat64),
+                     v = randn({1, 2, S, E}, kFloat64), cot = randn({1, 2, L, E}, kFloat64);
+        FlexOptions o;
+        o.block_mask = &bm;
+        o.return_lse = true;
+        o.scale = scale;
+        if (scored) o.score_mod = softcap(5.0);
+        const FlexRun gpu = run_on(kGpu, kBFloat16, q, k, v, o, cot), cpu = run_on(kCPU, kFloat64, q, k, v, o, cot);
+        EXPECT_CLOSE(gpu.out, cpu.out, 2e-2);
+        EXPECT_CLOSE(gpu.lse, cpu.lse, 1e-3);
+        for (size_t i = 0; i < 3; ++i) {
+          SCOPED_TRACE("grad " + std::to_string(i));
+          EXPECT_CLOSE(gpu.grads[i], cpu.grads[i], 4e-2);
+        }
+        const ScopedEnv off("KILN_FLEX_FOLD_SCALE", "0");
+        const FlexRun unfolded = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+        EXPECT_CLOSE(gpu.out, unfolded.out, 1e-2);
+        EXPECT_CLOSE(gpu.lse, unfolded.lse, 1e-5);
+      }
+}
+
 // KILN_FLEX_FWD_KEEPBITS=1: the keep bits of a tile while QK^T is in flight.
 TEST(FlexAttentionCuda, KeepBitsForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
@@ -1023,7 +1068,18 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
   EXPECT_EQ(c.bwd_dkdv_min_blocks, 3);
   EXPECT_EQ(c.bwd_dq_min_blocks, 1);
   EXPECT_EQ(words, 0);
+  EXPECT_TRUE(c.fold_scale) << "no score_mod and scale > 0";
+  EXPECT_FALSE(c.fwd_last_issues) << "one warpgroup a CTA keeps the barrier";
   EXPECT_EQ(config(9, 100).bwd_dkdv_min_blocks, 1) << "captured-tensor gradients spill at 168 registers";
+  p.scale = -0.125;
+  EXPECT_FALSE(config(9).fold_scale) << "the max of raw scores is not the raw score of the max";
+  p.scale = 1;
+  {
+    const ScopedEnv off("KILN_FLEX_FOLD_SCALE", "0"), on("KILN_FLEX_FWD_LAST_ISSUES", "1");
+    c = config(9);
+    EXPECT_FALSE(c.fold_scale);
+    EXPECT_TRUE(c.fwd_last_issues);
+  }
   {
     const ScopedEnv off("KILN_FLEX_FWD_MIN_BLOCKS", "1"), both("KILN_FLEX_BWD_MIN_BLOCKS", "2,4");
     c = config(9);
@@ -1065,10 +1121,12 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
   c = config(9);
   EXPECT_EQ(c.fwd_tile_m, 128);
   EXPECT_EQ(c.fwd_tile_n, 128);
-  // A score_mod: no split P.
+  EXPECT_TRUE(c.fwd_last_issues) << "two warpgroups a CTA: the last warp done with a stage issues";
+  // A score_mod: no split P, no folded scale.
   const detail::Program soft = detail::compile(softcap(30.0).expr);
   p.score = &soft;
   EXPECT_FALSE(config(9).bwd_split_p);
+  EXPECT_FALSE(config(9).fold_scale);
 }
 
 #else

@@ -136,6 +136,11 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // The scale folded into the exponent (codegen.h): the window E = 64 forward was issue-bound
   // (H200, session 15, Nsight Compute: 69 % of scheduler cycles issued, the tensor pipe 24 % busy),
   // so an instruction an element counts. Needs the max of raw scores to be the raw score of the max.
+  // H200, session 15, fb6d5c6, `AB_VAR=KILN_FLEX_FOLD_SCALE PARTS=ab bash
+  // scripts/device/session15_round.sh`, fwd / fwd+bwd ms, two interleaved passes, 0 -> 1: window
+  // E 64 0.113 / 0.439, 0.114 / 0.441 -> 0.113 / 0.404, 0.109 / 0.402; causal 2.339 / 10.038, 2.347 /
+  // 10.022 -> 2.274 / 9.701, 2.228 / 9.871; 16 documents 1.298 / 5.156, 1.289 / 5.184 -> 1.259 /
+  // 5.094, 1.268 / 5.162.
   cfg.fold_scale = env_flag("KILN_FLEX_FOLD_SCALE", true) && !p.score && p.scale > 0;
   cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
   cfg.fwd_overlap = cfg.fwd_wgmma && env_flag("KILN_FLEX_FWD_OVERLAP", false);
@@ -155,14 +160,22 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   cfg.walk_ahead = env_flag("KILN_FLEX_WALK_AHEAD", false);
   cfg.fwd_persist = cfg.fwd_tma && cfg.fwd_kbuf == 2 && env_flag("KILN_FLEX_FWD_PERSIST", false);
   // The two-stage forward's loads issued by the last warp done with a stage, not after a block
-  // barrier: at 128 x 128 tiles (one CTA an SM, two warpgroups) the barrier held warps 22 % of
-  // their cycles (H200, session 15, Nsight Compute, 16 documents).
-  cfg.fwd_last_issues = cfg.fwd_tma && cfg.fwd_kbuf == 2 && !cfg.fwd_persist && env_flag("KILN_FLEX_FWD_LAST_ISSUES", true);
+  // barrier, where a CTA has two warpgroups (128-row tiles): there the barrier held warps 22 % of
+  // their cycles (H200, session 15, Nsight Compute, 16 documents). H200, session 15, fb6d5c6,
+  // `AB_VAR=KILN_FLEX_FWD_LAST_ISSUES PARTS=ab bash scripts/device/session15_round.sh`, fwd ms, two
+  // interleaved passes, 0 -> 1: 16 documents 1.321, 1.325 -> 1.257, 1.270; causal 4x16x8192x128
+  // 2.364, 2.386 -> 2.266, 2.281; but the E = 128 window (64-row tiles, one warpgroup, whose wgmma
+  // keeps its warps together anyway) 0.382, 0.376 -> 0.389, 0.409. KILN_FLEX_FWD_LAST_ISSUES=0|1
+  // overrides the rule.
+  cfg.fwd_last_issues = cfg.fwd_tma && cfg.fwd_kbuf == 2 && !cfg.fwd_persist &&
+                        env_flag("KILN_FLEX_FWD_LAST_ISSUES", cfg.fwd_tile_m == 128);
   // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB. The
   // default (H200, session 9, fwd / fwd+bwd ms in one call: 16 documents 2.08 / 6.98 -> 1.37 /
   // 5.83, training shape 0.316 / 1.056 -> 0.199 / 0.866); KILN_FLEX_MASK_BITS=0 turns it off.
-  if (env_flag("KILN_FLEX_MASK_BITS", true) && cfg.fwd_tma && p.mask && p.mask->reads_tensors && !p.all_full) {
+  // KILN_FLEX_MASK_BITS_ALL=1 (a measurement switch) takes them for every mask.
+  const bool bits_for_mask = p.mask && (p.mask->reads_tensors || env_flag("KILN_FLEX_MASK_BITS_ALL", false));
+  if (env_flag("KILN_FLEX_MASK_BITS", true) && cfg.fwd_tma && bits_for_mask && !p.all_full) {
     const int64_t words = p.mB * p.mH * p.nQ * p.kv_m * (p.QB * p.KB / 32);
     if (per_mask_row(p) && words <= (int64_t{64} << 20)) {
       cfg.mask_bits = true;
