@@ -167,7 +167,12 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     cfg.mask_bits = false;
     cfg.fwd_keepbits = true;
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
-    cfg.fwd_persist = cfg.fwd_keepbits = false;
+    cfg.fwd_persist = false;  // three stages, the last warp done with a stage issuing, the scale folded
+    cfg.fwd_stages = 3;
+    cfg.fwd_last_issues = cfg.fold_scale = true;
+    EXPECT_NO_THROW(cuda::compile_cubin(fwd_only + cuda::generate_source(nullptr, &mp, cfg), "sm_90a"));
+    cfg.fwd_stages = 2;
+    cfg.fwd_last_issues = cfg.fold_scale = cfg.fwd_keepbits = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
@@ -827,6 +832,19 @@ TEST(FlexAttentionCuda, LastWarpIssuesMatchesReferenceAndBarrierBits) {
     const ScopedEnv t("KILN_FLEX_FWD_TILE", tile);
     check_kernel_variant("KILN_FLEX_FWD_LAST_ISSUES");
   }
+}
+
+// KILN_FLEX_FWD_STAGES=3: three K / V stages in the TMA forward, with the barrier and with the
+// last warp issuing, at 128 x 128 and 64 x 64 tiles.
+TEST(FlexAttentionCuda, ThreeStageForwardMatchesReferenceAndTwoStageBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(29);
+  for (const char* tile : {"128x128x1", "64x64x1"})
+    for (const char* last : {"0", "1"}) {
+      SCOPED_TRACE(std::string("tile ") + tile + ", last-warp issues " + last);
+      const ScopedEnv t("KILN_FLEX_FWD_TILE", tile), l("KILN_FLEX_FWD_LAST_ISSUES", last);
+      check_kernel_variant("KILN_FLEX_FWD_STAGES", "3", "2");
+    }
 }
 
 // Scales other than 1 / sqrt(E), folded into the exponent (scale > 0, no score_mod) or not (a

@@ -126,14 +126,14 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
                 cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks,
-                cfg.fast_mods && cfg.magic_i2f, cfg.fold_scale, cfg.fwd_last_issues);
+                cfg.fast_mods && cfg.magic_i2f, cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -219,8 +219,10 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   st->profile = cfg.profile;
   const int64_t ld = p.E + 8;
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
-  // V and 1 or 2 K buffers; 2 of each with the overlap, and with TMA and two stages (fwd_kbuf 2).
-  const int64_t fwd_kv_tiles = cfg.fwd_overlap || (cfg.fwd_tma && cfg.fwd_kbuf == 2) ? 4 : 1 + cfg.fwd_kbuf;
+  // V and 1 or 2 K buffers; 2 of each with the overlap, and fwd_stages of each with TMA (fwd_kbuf 2).
+  const int64_t fwd_kv_tiles = cfg.fwd_tma && cfg.fwd_kbuf == 2 ? 2 * cfg.fwd_stages
+                               : cfg.fwd_overlap                ? 4
+                                                                : 1 + cfg.fwd_kbuf;
   const int64_t q_bufs = cfg.fwd_persist ? 2 : 1;  // the persistent forward's second Q buffer
   st->fwd_smem = cfg.fwd_wgmma ? (q_bufs * cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
                                : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;

@@ -141,6 +141,8 @@ struct KernelConfig {
   // Two-stage TMA forward (not persistent): the last warp done with a stage issues its next loads,
   // instead of a block barrier each step (KILN_FLEX_FWD_LAST_ISSUES=0 keeps the barrier).
   bool fwd_last_issues = false;
+  // Two-stage TMA forward (not persistent): 3 stages of K / V instead of 2 (KILN_FLEX_FWD_STAGES=2|3).
+  int fwd_stages = 2;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 

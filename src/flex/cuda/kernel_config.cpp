@@ -169,6 +169,9 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // overrides the rule.
   cfg.fwd_last_issues = cfg.fwd_tma && cfg.fwd_kbuf == 2 && !cfg.fwd_persist &&
                         env_flag("KILN_FLEX_FWD_LAST_ISSUES", cfg.fwd_tile_m == 128);
+  if (const char* v = cfg.fwd_tma && cfg.fwd_kbuf == 2 && !cfg.fwd_persist ? env_switch("KILN_FLEX_FWD_STAGES", "2", "3")
+                                                                          : nullptr)
+    cfg.fwd_stages = v[0] - '0';
   // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB. The
   // default (H200, session 9, fwd / fwd+bwd ms in one call: 16 documents 2.08 / 6.98 -> 1.37 /

@@ -241,7 +241,7 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));                                                               \
   fwd_rescale(o, alpha);
 #endif
-// One step of the two-stage TMA forwards (the default's and the persistent one's) on stage x: its
+// One step of the staged TMA forwards (the default's and the persistent one's) on stage x: its
 // K landed, the scores and softmax against Q at Qbuf, its V landed, o += P V. Declares stage x's
 // buffers Kx and Vx, and s and pk.
 #define FWD_TMA_STAGE_STEP(Qbuf, part, slot)                                   \
@@ -253,7 +253,7 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   u32 pk[FWD_MT][FWD_TILE_N / 8][2];                                          \
   FWD_TMA_SOFTMAX(Qbuf, Kx, part, slot)                                       \
   PROF_MARK(3);                                                               \
-  mbar_wait(&bars[2 + x], (kphase >> x) & 1); /* V(c0) landed */              \
+  mbar_wait(&bars[FWD_STAGES + x], (kphase >> x) & 1); /* V(c0) landed */     \
   kphase ^= 1u << x;                                                          \
   PROF_MARK(4);                                                               \
   wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);                                         \
@@ -316,11 +316,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
   const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
 #if FWD_TMA
   // Q and the first K on bars[0], then K on bars[0] and V on bars[1], each wait flipping its phase.
-  // FWD_KBUF 2: two stages, K and V of stage x on bars[x] and bars[2 + x].
-  __shared__ __align__(8) u64 bars[2 * FWD_KBUF];
+  // FWD_KBUF 2: FWD_STAGES stages, K and V of stage x on bars[x] and bars[FWD_STAGES + x].
+  __shared__ __align__(8) u64 bars[FWD_KBUF == 2 ? 2 * FWD_STAGES : 2];
   u32 kphase = 0, vphase = 0;
 #if FWD_LAST_ISSUES
-  __shared__ u32 stage_done[2];  // warps done with each stage, counted over the whole walk
+  __shared__ u32 stage_done[FWD_STAGES];  // warps done with each stage, counted over the whole walk
 #endif
 #elif FWD_WGMMA
   FWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M);  // lands with the first K tile
@@ -354,22 +354,34 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
   bool p1 = false;
   int slot1 = 0;
   bool more1 = more && walk.next(c1, p1, &slot1);
+#if FWD_STAGES == 3
+  i64 c2 = 0;  // and the one after c1, in the third stage
+  bool p2 = false;
+  int slot2 = 0;
+  bool more2 = more1 && walk.next(c2, p2, &slot2);
+#endif
 #endif
   if (threadIdx.x == 0) {
-    mbar_init_all(bars, 2 * FWD_KBUF);
+    mbar_init_all(bars, FWD_KBUF == 2 ? 2 * FWD_STAGES : 2);
     if (more) {
       tma_tile(Qs, P.qmap, &bars[0], r0, bh, FWD_TILE_M, false);  // Q's bytes join the first K's phase
       tma_tile(Ks, P.kmap, &bars[0], c0, bhk, FWD_TILE_N);
     }
 #if FWD_KBUF == 2
-    if (more) tma_tile(Vs, P.vmap, &bars[2], c0, bhk, FWD_TILE_N);
+    if (more) tma_tile(Vs, P.vmap, &bars[FWD_STAGES], c0, bhk, FWD_TILE_N);
     if (more1) {
       tma_tile(Ks + 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &bars[1], c1, bhk, FWD_TILE_N);
-      tma_tile(Vs + 2 * FWD_TILE_N * HEAD_DIM, P.vmap, &bars[3], c1, bhk, FWD_TILE_N);
+      tma_tile(Vs + 2 * FWD_TILE_N * HEAD_DIM, P.vmap, &bars[FWD_STAGES + 1], c1, bhk, FWD_TILE_N);
+    }
+#if FWD_STAGES == 3
+    if (more2) {
+      tma_tile(Ks + 4 * FWD_TILE_N * HEAD_DIM, P.kmap, &bars[2], c2, bhk, FWD_TILE_N);
+      tma_tile(Vs + 4 * FWD_TILE_N * HEAD_DIM, P.vmap, &bars[5], c2, bhk, FWD_TILE_N);
     }
 #endif
+#endif
 #if FWD_LAST_ISSUES
-    stage_done[0] = stage_done[1] = 0u;
+    for (int i = 0; i < FWD_STAGES; ++i) stage_done[i] = 0u;
 #endif
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
@@ -459,34 +471,45 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
 #undef KB_
 #undef VB_
 #elif FWD_TMA && FWD_KBUF == 2
-  // Two stages (K, V) at Ks / Vs and 2 tiles further on: tile c0 is in stage x while c1 loads into
-  // the other; once every warp is done with stage x it takes the tile after c1. No load waits
-  // behind a product of the same step. kphase bit x: stage x's parity (K and V flip together).
+  // FWD_STAGES stages (K, V) at Ks / Vs and 2 tiles further on: tile c0 is in stage x while c1 (and
+  // with three stages c2) load into the others; once every warp is done with stage x it takes the
+  // next tile. No load waits behind a product of the same step. kphase bit x: stage x's parity (K
+  // and V flip together).
   int x = 0;
-  u32 step_n = 0;  // this step's index in the walk (stage x's use step_n / 2)
+  u32 step_n = 0;  // this step's index in the walk (stage x's use step_n / FWD_STAGES)
   while (more) {
     FWD_TMA_STAGE_STEP(Qs, partial, slot0)
-    i64 c2 = 0;
-    bool p2 = false;
-    int slot2 = 0;
-    const bool more2 = more1 && walk.next(c2, p2, &slot2);
+    i64 cn = 0;  // the tile to load into stage x
+    bool pn = false;
+    int slotn = 0;
+#if FWD_STAGES == 3
+    const bool moren = more2 && walk.next(cn, pn, &slotn);
+#else
+    const bool moren = more1 && walk.next(cn, pn, &slotn);
+#endif
 #if FWD_LAST_ISSUES
     // The last warp done with stage x (its products waited for: their reads are over) issues the
     // tile after next into it. No block barrier: a warpgroup that is ahead goes on into the other
     // stage, already loaded, instead of waiting each step for the slower one.
     __syncwarp();
-    if (lane == 0 && atomicAdd(&stage_done[x], 1u) == FWD_WARPS * ((step_n >> 1) + 1) - 1 && more2) {
+    if (lane == 0 && atomicAdd(&stage_done[x], 1u) == FWD_WARPS * (step_n / FWD_STAGES + 1) - 1 && moren) {
 #else
     __syncthreads();  // every warp is done with stage x
-    if (more2 && threadIdx.x == 0) {
+    if (moren && threadIdx.x == 0) {
 #endif
-      tma_tile(Kx, P.kmap, &bars[x], c2, bhk, FWD_TILE_N);
-      tma_tile(Vx, P.vmap, &bars[2 + x], c2, bhk, FWD_TILE_N);
+      tma_tile(Kx, P.kmap, &bars[x], cn, bhk, FWD_TILE_N);
+      tma_tile(Vx, P.vmap, &bars[FWD_STAGES + x], cn, bhk, FWD_TILE_N);
     }
     ++step_n;
     c0 = c1, partial = p1, more = more1, slot0 = slot1;
+#if FWD_STAGES == 3
     c1 = c2, p1 = p2, more1 = more2, slot1 = slot2;
+    c2 = cn, p2 = pn, more2 = moren, slot2 = slotn;
+    x = x == 2 ? 0 : x + 1;
+#else
+    c1 = cn, p1 = pn, more1 = moren, slot1 = slotn;
     x ^= 1;
+#endif
   }
 #elif FWD_TMA
   // As the default loop below (one K and one V buffer), the loads by TMA from thread 0.

@@ -139,6 +139,9 @@ struct GroupWalk {
 // blocks). Branch-free: the mods see the element clamped into the lengths (an element of the same
 // tile, so no new index errors) and the bounds and mask are and-ed in, so a tile's elements
 // compile to selects rather than a branch each.
+#ifndef FWD_STAGES
+#define FWD_STAGES 2  // two-stage TMA forward (FWD_KBUF 2, not persistent): 3 stages of K / V
+#endif
 #ifndef FWD_LAST_ISSUES
 #define FWD_LAST_ISSUES 0  // two-stage TMA forward: the last warp done with a stage issues its loads
 #endif
