@@ -32,6 +32,7 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()  # guards _torch_sources (free-threaded builds run tracers concurrently)
 _torch_sources = {}        # kiln view key -> weakref to the torch tensor it views (or mirrors)
 _mirrors = {}              # id(non-CPU torch tensor) -> (weakref to it, its _key, its CPU mirror)
+_synced = {}               # kiln view / mirror key -> (torch _version, data_ptr) of its source when last synced
 
 
 def user_location():
@@ -91,6 +92,8 @@ def _sweep():
         del _torch_sources[dead]
     for dead in [key for key, (ref, _, _) in _mirrors.items() if ref() is None]:
         del _mirrors[dead]
+    for dead in [key for key in _synced if key not in _torch_sources]:
+        del _synced[dead]
 
 
 def _mirror(obj):
@@ -108,9 +111,19 @@ def _mirror(obj):
             k = from_dlpack(obj.detach().to("cpu", copy=True))
             _mirrors[id(obj)] = (weakref.ref(obj), key, k)
             _torch_sources[_key(k)] = weakref.ref(obj)
+            _synced[_key(k)] = _mark(obj)
             return k
-    refresh_mirror(k, obj)
+    sync_from_torch(k, obj)
     return k
+
+
+def _mark(src):
+    # torch bumps _version on every in-place write through the tensor or a view of it. Inference
+    # tensors have no counter: a fresh object each time, so they are synced on every call.
+    try:
+        return (src._version, src.data_ptr())
+    except RuntimeError:
+        return object()
 
 
 def refresh_mirror(mirror, obj):
@@ -122,13 +135,22 @@ def refresh_mirror(mirror, obj):
 
 
 def sync_from_torch(kiln_tensor, src):
-    """Before a call that reads a captured kiln tensor whose memory torch owns (src): refresh a
-    mirror from its source, or mark a view written, since torch's in-place writes bypass kiln's
-    version counter (which keys the compiled-mod and device-copy caches)."""
+    """Before a call that reads a captured kiln tensor whose memory torch owns (src): when torch's
+    version counter of src moved since the last call (an in-place write, an optimizer step),
+    refresh a mirror from its source or mark a view written, since torch's writes bypass kiln's
+    version counter (which keys the compiled-mod and device-copy caches). Unchanged, nothing
+    happens: no device-to-host copy (which would wait for the GPU), no recompiled mod. A write that
+    bypasses torch's counter too (through `.data`) is not seen."""
+    key, mark = _key(kiln_tensor), _mark(src)
+    with _lock:
+        if _synced.get(key) == mark:
+            return
     if kiln_tensor.data_ptr() != src.data_ptr():
         refresh_mirror(kiln_tensor, src)
     else:
         kiln_tensor._bump_version()
+    with _lock:
+        _synced[key] = mark
 
 
 def torch_source(kiln_tensor):

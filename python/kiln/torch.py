@@ -197,8 +197,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     score, traced once into kiln's IR (torch.where / tanh / ... on its arguments are fine), or a
     kiln ScoreMod. block_mask: a kiln BlockMask (kiln.nn.attention.flex_attention.create_block_mask).
     Captured tensors are read on the CPU for now: a CUDA tensor score_mod captures (a learned bias on
-    the GPU) is mirrored there, refreshed from its source on every call (a small device-to-host copy)
-    and its gradient is returned on its own device.
+    the GPU) is mirrored there, refreshed from its source on a call after torch's version counter of
+    it moved (an in-place write such as an optimizer step; a write through `.data` is not seen), and
+    its gradient is returned on its own device.
     kernel_options is accepted for PyTorch compatibility and ignored."""
     from .nn.attention import flex_attention as fa
     from . import _capture

@@ -436,3 +436,50 @@ def test_in_place_updates_of_captured_torch_tensors_reach_the_next_call():
         torch.testing.assert_close(out, ref.detach(), rtol=1e-10, atol=1e-10, msg=f"kiln API, step {step}")
         with torch.no_grad():
             bias.add_(torch.randn_like(bias))
+
+
+def test_unchanged_captured_torch_tensors_are_not_synced_again():
+    # A call re-syncs a captured torch tensor only after torch's version counter of it moved: an
+    # unchanged one keeps kiln's version, so the compiled mod and its device copy are reused.
+    from kiln import _capture
+    from kiln.nn.attention.flex_attention import ScoreMod
+
+    bias = torch.randn(H, 2 * L - 1, dtype=torch.float64) * 0.5
+    mod = ScoreMod(lambda s, b, h, qi, kv: s + bias[h, qi - kv + L - 1])
+    (kb,) = mod.expr.captured_tensors
+    bm = create_block_mask(causal_mask(), None, None, L, L, BLOCK_SIZE=16)
+    q, k, v = make((1, H, L, E)), make((1, H, L, E)), make((1, H, L, E))
+    kt.flex_attention(q, k, v, score_mod=mod, block_mask=bm)
+    seen = kb._version
+    out = kt.flex_attention(q, k, v, score_mod=mod, block_mask=bm)
+    assert kb._version == seen, "an unchanged captured tensor was marked written"
+    bias.add_(1.0)  # torch's counter moves: the next call sees the new values
+    out = kt.flex_attention(q, k, v, score_mod=mod, block_mask=bm)
+    assert kb._version > seen
+    ref, _ = torch_reference(q, k, v, lambda s, b, h, qi, kv: s + bias[h, qi - kv + L - 1], lambda b, h, qi, kv: qi >= kv)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    assert _capture.torch_source(kb) is bias
+
+
+@requires_cuda
+def test_unchanged_cuda_capture_is_not_copied_back_again():
+    # The CPU mirror of a CUDA tensor (ALiBi-like slopes) is refreshed, a device-to-host copy that
+    # waits for the GPU, only after torch's version counter of it moved.
+    from kiln.nn.attention.flex_attention import ScoreMod
+
+    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / CH) for i in range(CH)], device="cuda")
+    mod = ScoreMod(lambda s, b, h, qi, kv: s + slopes[h] * (kv - qi))
+    (ks,) = mod.expr.captured_tensors
+    q, k, v = (cuda_randn((1, CH, CL, 64), torch.bfloat16) for _ in range(3))
+    bm = create_block_mask(causal_mask(), None, None, CL, CL, device="cuda")
+    kt.flex_attention(q, k, v, score_mod=mod, block_mask=bm)
+    seen = ks._version
+    kt.flex_attention(q, k, v, score_mod=mod, block_mask=bm)
+    assert ks._version == seen
+    with torch.no_grad():
+        slopes.mul_(2.0)
+    out = kt.flex_attention(q, k, v, score_mod=mod, block_mask=bm)
+    assert ks._version > seen
+    q64, k64, v64, s64 = (as_f64_cpu(t) for t in (q, k, v, slopes))
+    ref, _ = torch_reference(q64, k64, v64, lambda s, b, h, qi, kv: s + s64[h] * (kv - qi), lambda b, h, qi, kv: qi >= kv)
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=2e-2, atol=2e-2)
