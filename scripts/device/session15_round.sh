@@ -6,6 +6,7 @@
 #   ncu:     Nsight Compute (clocks left alone) on one launch of each NCU_KERNELS entry, kernel:row
 #            (default flex_fwd:0 flex_bwd_dq:0 flex_bwd_dkdv:0 flex_fwd:4): headline lines here,
 #            the whole report in $OUT/ncu_<kernel>_<row>.txt;
+#   pytest:  the torch adapter tests (test_torch_flex, test_torch_lce, test_dlpack) on the carried package;
 #   compare: compare_torch.py's flex rows CMP_ROWS (default 0,1,2,4) beside torch.
 # Logs to stdout and $OUT/session15.log (compare: $OUT/compare_flex.txt and JSON).
 set -uo pipefail
@@ -44,6 +45,11 @@ for part in ${PARTS:-tests ab ncu compare}; do
         grep -E "^ +(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Hit Rate|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Limit [A-Za-z ]+|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Executed Ipc Active|Grid Size|Waves Per SM|Dynamic Shared Memory Per Block) " "$f" | tee -a "$OUT/$LOG_NAME"
         grep -iE "^ *(==ERR|==WARN|error)" "$f" | head -4 | tee -a "$OUT/$LOG_NAME"
       done ;;
+    pytest)
+      PYTHONPATH=/tmp/kiln-py timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_flex.py \
+        python/tests/test_torch_lce.py python/tests/test_dlpack.py > "$OUT/pytest_torch.log" 2>&1
+      log "pytest torch adapters: $(tail -1 "$OUT/pytest_torch.log")"
+      grep -E "^FAILED|Error" "$OUT/pytest_torch.log" | head -10 | tee -a "$OUT/$LOG_NAME" ;;
     compare)
       KILN_PY=/tmp/kiln-py SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-400} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,4}" \
         bash scripts/device/round_c.sh > "$OUT/compare.log" 2>&1
