@@ -8,9 +8,9 @@
 #            the whole report in $OUT/ncu_<kernel>_<row>.txt;
 #   pytest:  the torch adapter tests (test_torch_flex, test_torch_lce, test_dlpack) on the carried package;
 #   compare: compare_torch.py's flex rows CMP_ROWS (default 0,1,2,4) beside torch.
-# Logs to stdout and $OUT/session15.log (compare: $OUT/compare_flex.txt and JSON).
+# Logs to stdout and $OUT/$LOG_NAME (default session15.log; compare: $OUT/compare_flex.txt and JSON).
 set -uo pipefail
-LOG_NAME=session15.log
+LOG_NAME=${LOG_NAME:-session15.log}
 . scripts/device/prelude.sh
 . scripts/device/flex_rows.sh
 export KILN_CACHE_DIR=/tmp/kiln-cache-s15

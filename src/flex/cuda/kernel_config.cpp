@@ -132,7 +132,10 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // exact mods. 32-bit int locals need b < B, h < Hq, q < L, kv < S within the analysis' bounds.
   cfg.fast_mods = env_flag("KILN_FLEX_FAST_MODS", true) && p.B <= detail::kNarrowBH && p.Hq <= detail::kNarrowBH &&
                   p.L <= detail::kNarrowQKv && p.S <= detail::kNarrowQKv;
-  cfg.magic_i2f = env_flag("KILN_FLEX_MAGIC_I2F", true);  // kiln_i2f (codegen.h); not yet timed on a GPU
+  // kiln_i2f (codegen.h): ALiBi's SASS loses its I2Fs, its time moved within noise (H200, session 15,
+  // c5e4499, fwd / fwd+bwd ms, two passes, 0 -> 1: 2.580 / 10.353, 2.578 / 10.375 -> 2.538 / 10.375,
+  // 2.558 / 10.398); kept, since it costs nothing.
+  cfg.magic_i2f = env_flag("KILN_FLEX_MAGIC_I2F", true);
   // The scale folded into the exponent (codegen.h): the window E = 64 forward was issue-bound
   // (H200, session 15, Nsight Compute: 69 % of scheduler cycles issued, the tensor pipe 24 % busy),
   // so an instruction an element counts. Needs the max of raw scores to be the raw score of the max.
@@ -169,6 +172,9 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // overrides the rule.
   cfg.fwd_last_issues = cfg.fwd_tma && cfg.fwd_kbuf == 2 && !cfg.fwd_persist &&
                         env_flag("KILN_FLEX_FWD_LAST_ISSUES", cfg.fwd_tile_m == 128);
+  // Three K / V stages (KILN_FLEX_FWD_STAGES=3, a measurement switch): H200, session 15, 12a98e5, fwd
+  // ms, two passes, 2 -> 3: causal and 16 documents within noise, ALiBi 2.573, 2.604 -> 2.475, 2.502
+  // (fwd+bwd unchanged), the E = 128 window 0.393, 0.398 -> 0.622, 0.635 (one CTA an SM instead of two).
   if (const char* v = cfg.fwd_tma && cfg.fwd_kbuf == 2 && !cfg.fwd_persist ? env_switch("KILN_FLEX_FWD_STAGES", "2", "3")
                                                                           : nullptr)
     cfg.fwd_stages = v[0] - '0';
@@ -176,7 +182,9 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB. The
   // default (H200, session 9, fwd / fwd+bwd ms in one call: 16 documents 2.08 / 6.98 -> 1.37 /
   // 5.83, training shape 0.316 / 1.056 -> 0.199 / 0.866); KILN_FLEX_MASK_BITS=0 turns it off.
-  // KILN_FLEX_MASK_BITS_ALL=1 (a measurement switch) takes them for every mask.
+  // KILN_FLEX_MASK_BITS_ALL=1 (a measurement switch) takes them for every mask: slower on the window
+  // rows (H200, session 15, 3cb76ca, fwd ms: E 64 0.118, 0.114 -> 0.129, 0.121; E 128 0.389, 0.382 ->
+  // 0.430, 0.404), causal within noise.
   const bool bits_for_mask = p.mask && (p.mask->reads_tensors || env_flag("KILN_FLEX_MASK_BITS_ALL", false));
   if (env_flag("KILN_FLEX_MASK_BITS", true) && cfg.fwd_tma && bits_for_mask && !p.all_full) {
     const int64_t words = p.mB * p.mH * p.nQ * p.kv_m * (p.QB * p.KB / 32);
