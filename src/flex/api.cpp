@@ -23,6 +23,7 @@ struct Prepared {
   std::shared_ptr<detail::Program> score, mask;
   BlockMask block_mask;  // a copy (tensors are shared handles): the backward reads its q_* lists
   std::shared_ptr<cuda::State> cuda;  // CUDA: device buffers and compiled kernels
+  BlockMask merged;                   // CUDA with KILN_FLEX_MERGED_WALK: block_mask's lists merged
 };
 
 // A BlockMask derived from `bm` (moved to a device, halved) by make(), from a small cache keyed by
@@ -138,6 +139,21 @@ void halve_blocks_if_short(Prepared& pr, Device device) {
   pr.block_mask = derived_mask(bm, key, [&] { return detail::halve_blocks(bm, *prog).to(device); });
   use_block_mask(p, pr.block_mask);
 }
+
+// KILN_FLEX_MERGED_WALK: the (possibly halved) mask's lists merged for the kernels' one-list walk,
+// derived once per BlockMask.
+void merge_lists_if_asked(Prepared& pr, Device device) {
+  cpu::Problem& p = pr.p;
+  if (!cuda::merged_walk(p)) return;
+  const BlockMask& bm = pr.block_mask;
+  pr.merged = derived_mask(bm, "merged", [&] { return detail::merge_block_lists(bm).to(device); });
+  p.kv_all_num = pr.merged.kv_num_blocks.data_ptr<int32_t>();
+  p.kv_all_idx = pr.merged.kv_indices.data_ptr<int32_t>();
+  p.q_all_num = pr.merged.q_num_blocks.data_ptr<int32_t>();
+  p.q_all_idx = pr.merged.q_indices.data_ptr<int32_t>();
+  p.kv_all_m = pr.merged.kv_indices.size(3);
+  p.q_all_m = pr.merged.q_indices.size(3);
+}
 #endif
 
 std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor& v, const FlexOptions& o) {
@@ -198,7 +214,8 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
     p.score = pr->score.get();
   }
   if (q.is_cuda()) {
-    KILN_CUDA_ONLY(kOp, halve_blocks_if_short(*pr, q.device()); pr->cuda = cuda::make_state(p, q.dtype(), q.device()));
+    KILN_CUDA_ONLY(kOp, halve_blocks_if_short(*pr, q.device()); merge_lists_if_asked(*pr, q.device());
+                   pr->cuda = cuda::make_state(p, q.dtype(), q.device()));
   }
   return pr;
 }

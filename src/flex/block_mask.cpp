@@ -165,6 +165,27 @@ BlockMask detail::halve_blocks(const BlockMask& bm, const Program& prog) {
   return assemble(std::move(part2), std::move(full2), B, H, bm.q_len, bm.kv_len, bs, bm.mask_mod);
 }
 
+BlockMask detail::merge_block_lists(const BlockMask& bm) {
+  // The rows of num_t [B, H, n] merged: 2 * block + 1 for a partial block, 2 * block for a full one.
+  const auto merge = [](const Tensor& pn, const Tensor& pi, const Tensor& fn, const Tensor& fi, const char* what,
+                        Tensor& num, Tensor& idx) {
+    std::vector<std::vector<int32_t>> rows = unpack(pn, pi, what);
+    const auto full = unpack(fn, fi, what);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      for (int32_t& j : rows[r]) j = 2 * j + 1;
+      for (int32_t j : full[r]) rows[r].push_back(2 * j);
+      std::sort(rows[r].begin(), rows[r].end());
+    }
+    pack(rows, pn.size(0), pn.size(1), pn.size(2), num, idx);
+  };
+  BlockMask out = bm;
+  merge(bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices, "kv lists", out.kv_num_blocks,
+        out.kv_indices);
+  merge(bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices, "q lists", out.q_num_blocks,
+        out.q_indices);
+  return out;
+}
+
 BlockMask create_block_mask(const MaskMod& mask_mod, int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN,
                             int64_t block_size, Device device) {
   const char* op = "create_block_mask";

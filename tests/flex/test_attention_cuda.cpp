@@ -173,6 +173,10 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     EXPECT_NO_THROW(cuda::compile_cubin(fwd_only + cuda::generate_source(nullptr, &mp, cfg), "sm_90a"));
     cfg.fwd_stages = 2;
     cfg.fwd_last_issues = cfg.fold_scale = cfg.fwd_keepbits = false;
+    cfg.merged_walk = true;  // one merged list a row, in every kernel (with the mask bits' slots)
+    cfg.mask_bits = cfg.bwd_tma = true;
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &dp, cfg), "sm_90a"));
+    cfg.merged_walk = cfg.mask_bits = cfg.bwd_tma = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
@@ -845,6 +849,23 @@ TEST(FlexAttentionCuda, ThreeStageForwardMatchesReferenceAndTwoStageBits) {
       const ScopedEnv t("KILN_FLEX_FWD_TILE", tile), l("KILN_FLEX_FWD_LAST_ISSUES", last);
       check_kernel_variant("KILN_FLEX_FWD_STAGES", "3", "2");
     }
+}
+
+// KILN_FLEX_MERGED_WALK=1: every kernel walks one merged list a row (the same blocks in the same
+// order, so the same bits), with the keep bits and with the mask bits of a tensor-reading mask.
+TEST(FlexAttentionCuda, MergedWalkMatchesReferenceAndTwoListBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(30);
+  check_kernel_variant("KILN_FLEX_MERGED_WALK");
+  GpuCase c;
+  c.L = c.S = 333;
+  std::vector<double> ids(333);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<double>(i / 70);
+  const Tensor doc = tensor(ids, kInt64);
+  const MaskMod docs = and_masks({document_mask(doc), causal_mask()});
+  const ScopedEnv set("KILN_FLEX_MERGED_WALK", "1");
+  check_cuda(c, kBFloat16, &docs, [](int64_t, int64_t, int64_t q, int64_t kv) { return q / 70 == kv / 70 && q >= kv; },
+             ScoreMod(), nullptr);
 }
 
 // Scales other than 1 / sqrt(E), folded into the exponent (scale > 0, no score_mod) or not (a

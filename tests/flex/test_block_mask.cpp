@@ -223,6 +223,42 @@ TEST(FlexBlockMask, HalvedBlocksKeepTheParentsElements) {
   }
 }
 
+// detail::merge_block_lists (the CUDA kernels' one-list walk): each kv row and each q column lists
+// every block the mask lists, ascending, as 2 * block + (1 if partial).
+TEST(FlexBlockMask, MergedListsInterleaveFullAndPartialBlocks) {
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 4; ++trial) {
+    const int64_t B = 1 + rng() % 2, H = 1 + rng() % 2, L = 30 + rng() % 200, S = 30 + rng() % 200;
+    const int64_t bs = std::vector<int64_t>{8, 16, 32}[rng() % 3], w = 1 + rng() % 60;
+    const MaskMod mod = or_masks({sliding_window_mask(w), prefix_lm_mask(1 + rng() % 20)});
+    const BlockMask bm = create_block_mask(mod, B, H, L, S, bs);
+    const BlockMask merged = detail::merge_block_lists(bm);
+    const std::vector<int> kind = block_classes(bm);  // [B, H, nQ, nKV]: 0 none, 1 partial, 2 full
+    const int64_t nQ = (L + bs - 1) / bs, nKV = (S + bs - 1) / bs;
+    const std::vector<double> kn = merged.kv_num_blocks.to_vector(), kx = merged.kv_indices.to_vector();
+    const std::vector<double> qn = merged.q_num_blocks.to_vector(), qx = merged.q_indices.to_vector();
+    const int64_t km = merged.kv_indices.size(3), qm = merged.q_indices.size(3);
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      for (int64_t i = 0; i < nQ; ++i) {
+        std::vector<double> want;
+        for (int64_t j = 0; j < nKV; ++j)
+          if (const int k = kind[(bh * nQ + i) * nKV + j]) want.push_back(static_cast<double>(2 * j + (k == 1)));
+        const int64_t r = bh * nQ + i;
+        ASSERT_EQ(kn[r], static_cast<double>(want.size())) << "kv row " << r;
+        EXPECT_EQ(std::vector<double>(kx.begin() + r * km, kx.begin() + r * km + kn[r]), want) << "kv row " << r;
+      }
+      for (int64_t j = 0; j < nKV; ++j) {
+        std::vector<double> want;
+        for (int64_t i = 0; i < nQ; ++i)
+          if (const int k = kind[(bh * nQ + i) * nKV + j]) want.push_back(static_cast<double>(2 * i + (k == 1)));
+        const int64_t c = bh * nKV + j;
+        ASSERT_EQ(qn[c], static_cast<double>(want.size())) << "q column " << c;
+        EXPECT_EQ(std::vector<double>(qx.begin() + c * qm, qx.begin() + c * qm + qn[c]), want) << "q column " << c;
+      }
+    }
+  }
+}
+
 TEST(FlexBlockMask, DenseSparsityAndPrinting) {
   const BlockMask bm = create_block_mask(causal_mask(), 1, 1, 256, 256, 64);
   const std::vector<double> d = bm.to_dense().to_vector();

@@ -126,14 +126,15 @@ bool read_error(const State& st, const Tensor& err) {
 const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
                                int64_t bwd_smem) {
   char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d",
+  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d",
                 static_cast<unsigned long long>(p.score ? p.score->id : 0),
                 static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
                 cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
                 cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
                 cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
                 cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks,
-                cfg.fast_mods && cfg.magic_i2f, cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages);
+                cfg.fast_mods && cfg.magic_i2f, cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages,
+                cfg.merged_walk);
   return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
 }
 
@@ -183,6 +184,12 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
     P.fkv_m = p.fkv_m;
     P.q_m = p.q_m;
     P.fq_m = p.fq_m;
+    P.kv_all_num = p.kv_all_num;
+    P.kv_all_idx = p.kv_all_idx;
+    P.q_all_num = p.q_all_num;
+    P.q_all_idx = p.q_all_idx;
+    P.kv_all_m = p.kv_all_m;
+    P.q_all_m = p.q_all_m;
   }
   P.q_tiles = ceil_div(p.L, kTileM);   // the dQ kernel's units
   P.kv_tiles = ceil_div(p.S, kTileN);  // the dK/dV kernel's units

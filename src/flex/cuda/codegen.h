@@ -33,6 +33,8 @@ struct FlexParams {
   void *dq, *dk, *dv;
   const int32_t *kv_num, *kv_idx, *fkv_num, *fkv_idx;
   const int32_t *q_num, *q_idx, *fq_num, *fq_idx;
+  // MERGED_WALK: the partial and full lists merged (detail::merge_block_lists), else null.
+  const int32_t *kv_all_num, *kv_all_idx, *q_all_num, *q_all_idx;
   int32_t* err;
   double* slots;    // [nslots][kWarps][grad_numel] per-warp captured-gradient slots
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
@@ -41,6 +43,7 @@ struct FlexParams {
   int64_t B, Hq, Hkv, L, S, G;
   int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
+  int64_t kv_all_m, q_all_m;
   double scale;
   float scale_f;      // (float)scale
   float scale_log2e;  // scale log2(e) rounded once from double: FOLD_SCALE's exponent factor
@@ -143,6 +146,8 @@ struct KernelConfig {
   bool fwd_last_issues = false;
   // Two-stage TMA forward (not persistent): 3 stages of K / V instead of 2 (KILN_FLEX_FWD_STAGES=2|3).
   int fwd_stages = 2;
+  // Every kernel walks one merged list a row (FlexParams::kv_all_* / q_all_*; KILN_FLEX_MERGED_WALK=1).
+  bool merged_walk = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
 };
 

@@ -90,6 +90,11 @@ bool halve_blocks(const cpu::Problem& p, int device) {
   return cfg.fwd_wgmma && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64;
 }
 
+// One list a row instead of merging the partial and full lists in every step of every kernel's
+// walk: the window E = 64 forward was issue-bound (H200, session 15, Nsight Compute), and its walk
+// took ~100-160 of a tile's ~720 instructions a warp, with a dependent global load. Not yet timed.
+bool merged_walk(const cpu::Problem& p) { return p.mask && !p.all_full && env_flag("KILN_FLEX_MERGED_WALK", false); }
+
 namespace {
 
 // KILN_FLEX_<FWD|BWD>_KBUF / KILN_FLEX_BWD_QBUF (for measurements): 1 (default) or 2 buffers.
@@ -161,6 +166,7 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // masks reading captured tensors take MASK_BITS below); KILN_FLEX_FWD_KEEPBITS=0 turns it off.
   cfg.fwd_keepbits = cfg.fwd_tma && env_flag("KILN_FLEX_FWD_KEEPBITS", true);
   cfg.walk_ahead = env_flag("KILN_FLEX_WALK_AHEAD", false);
+  cfg.merged_walk = p.kv_all_idx != nullptr && !p.all_full;  // the caller merged the lists (merged_walk)
   cfg.fwd_persist = cfg.fwd_tma && cfg.fwd_kbuf == 2 && env_flag("KILN_FLEX_FWD_PERSIST", false);
   // The two-stage forward's loads issued by the last warp done with a stage, not after a block
   // barrier, where a CTA has two warpgroups (128-row tiles): there the barrier held warps 22 % of

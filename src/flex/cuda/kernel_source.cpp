@@ -47,6 +47,7 @@ struct FlexParams {
   void *dq, *dk, *dv;
   const int *kv_num, *kv_idx, *fkv_num, *fkv_idx;
   const int *q_num, *q_idx, *fq_num, *fq_idx;
+  const int *kv_all_num, *kv_all_idx, *q_all_num, *q_all_idx;
   int* err;
   double* slots;
   double* capgrad;
@@ -55,6 +56,7 @@ struct FlexParams {
   i64 B, Hq, Hkv, L, S, G;
   i64 QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   i64 q_tiles, kv_tiles, units, nslots, grad_numel;
+  i64 kv_all_m, q_all_m;
   double scale;
   float scale_f, scale_log2e;
   const void* sptr[KILN_MAX_BUFFERS];

@@ -123,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
   for (int n = 0; n < HEAD_DIM / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + u0 / P.QB;
-  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S);
+  TileWalk walk(BlockWalk(P, KV_LISTS(P), mrow, P.nKVB), P.KB, P.S);
   i64 c0, c_next;
   bool partial, p_next;
   int slot0 = 0, s_next = 0;  // the partial list's slot of c0's block (MASK_BITS)

@@ -342,7 +342,7 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
 #define FWD_ROW(mt, r) (row_base + (mt) * 16 + 8 * (r))
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
-  TileWalk walk(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
+  TileWalk walk(BlockWalk(P, KV_LISTS(P), mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
   i64 c0, c_next;
   bool partial, p_next;
   int slot0 = 0;  // the partial list's slot of c0's block (MASK_BITS)

@@ -36,7 +36,7 @@ struct UnitStream {
     i64 bh, r0;
     fwd_unit(P, q_tiles, u, bh, r0);
     const i64 mrow = fwd_unit_mrow(P, bh, r0);
-    TileWalk t(BlockWalk(P, P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m, mrow, P.nKVB), P.KB, P.S,
+    TileWalk t(BlockWalk(P, KV_LISTS(P), mrow, P.nKVB), P.KB, P.S,
                FWD_TILE_N);
     return t;
   }

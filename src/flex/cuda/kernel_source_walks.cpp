@@ -20,6 +20,54 @@ __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
 #ifndef WALK_AHEAD
 #define WALK_AHEAD 0  // the lists' next entries loaded a step ahead (KILN_FLEX_WALK_AHEAD=1)
 #endif
+#ifndef MERGED_WALK
+#define MERGED_WALK 0  // one merged list a row (KILN_FLEX_MERGED_WALK=1)
+#endif
+#if MERGED_WALK
+// The kernels' lists: one merged list a row (FlexParams::kv_all_* / q_all_*; no full lists).
+#define KV_LISTS(P) P.kv_all_num, P.kv_all_idx, P.kv_all_m, (const int*)0, (const int*)0, (i64)0
+#define Q_LISTS(P) P.q_all_num, P.q_all_idx, P.q_all_m, (const int*)0, (const int*)0, (i64)0
+// Ascending walk of a row's merged list, entries 2 * block + (1 if partial) (or every block when
+// all_full); the next entry is loaded a step ahead. slot: a partial block's place in the partial
+// list (the partials met before it), for MASK_BITS.
+struct BlockWalk {
+  const int *a, *e;
+  int v, slot, parts;
+  i64 next, count;
+  bool all;
+  __device__ __forceinline__ BlockWalk(const FlexParams& P, const int* num, const int* idx, i64 m, const int*,
+                                       const int*, i64, i64 row, i64 total) {
+    all = P.all_full != 0;
+    next = 0;
+    count = total;
+    a = e = 0;
+    v = slot = parts = 0;
+    if (!all) {
+      a = idx + row * m;
+      e = a + num[row];
+      v = a < e ? *a : 0;
+    }
+  }
+  __device__ __forceinline__ bool step(int& j, bool& partial) {
+    if (all) {
+      if (next >= count) return false;
+      j = (int)next++;
+      partial = false;
+      return true;
+    }
+    if (a == e) return false;
+    j = v >> 1;
+    partial = v & 1;
+    slot = parts;
+    parts += v & 1;
+    ++a;
+    v = a < e ? *a : 0;
+    return true;
+  }
+};
+#else
+#define KV_LISTS(P) P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m
+#define Q_LISTS(P) P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m
 // Merged ascending walk of a partial list and a full list (or every block when all_full). With
 // WALK_AHEAD the heads of both lists (va = *pa, vf = *fa) are loaded one step ahead, so a step
 // reads registers and its global load's latency hides behind the tile's work.
@@ -85,6 +133,7 @@ struct BlockWalk {
     return true;
   }
 };
+#endif  // MERGED_WALK
 
 // The step_n-wide tiles of a BlockWalk's blocks, in order (blocks of `blk` rows, clipped to `total`).
 struct TileWalk {
@@ -118,7 +167,7 @@ struct GroupWalk {
   TileWalk tw;
   __device__ __forceinline__ TileWalk head(i64 g) const {
     const i64 mcol = P.all_full ? 0 : mask_row(P, b, hk * P.G + g) * P.nKVB + jblk;
-    TileWalk t(BlockWalk(P, P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m, mcol, P.nQB), P.QB, P.L);
+    TileWalk t(BlockWalk(P, Q_LISTS(P), mcol, P.nQB), P.QB, P.L);
     return t;
   }
   __device__ __forceinline__ GroupWalk(const FlexParams& p, i64 b_, i64 hk_, i64 jblk_)
