@@ -230,7 +230,7 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   fwd_qk_scores(P, s, Qbuf, Kbuf, warp, b, h, row_base, c0, t, part, rows_in); \
   PROF_MARK(2);                                                                \
   float alpha[FWD_MT][2];                                                      \
-  fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));                                             \
+  fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));                             \
   fwd_rescale(o, alpha);
 #else
 #define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                                  \
@@ -238,7 +238,7 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   PROF_MARK(2);                                                                                  \
   fwd_tile_scores(P, s, b, h, row_base, c0, t, part, rows_in, fwd_block_bits(P, mrow, slot, part)); \
   float alpha[FWD_MT][2];                                                                        \
-  fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));                                                               \
+  fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));                                               \
   fwd_rescale(o, alpha);
 #endif
 // One step of the staged TMA forwards (the default's and the persistent one's) on stage x: its
