@@ -235,26 +235,24 @@ TEST(FlexBlockMask, MergedListsInterleaveFullAndPartialBlocks) {
     const BlockMask merged = detail::merge_block_lists(bm);
     const std::vector<int> kind = block_classes(bm);  // [B, H, nQ, nKV]: 0 none, 1 partial, 2 full
     const int64_t nQ = (L + bs - 1) / bs, nKV = (S + bs - 1) / bs;
-    const std::vector<double> kn = merged.kv_num_blocks.to_vector(), kx = merged.kv_indices.to_vector();
-    const std::vector<double> qn = merged.q_num_blocks.to_vector(), qx = merged.q_indices.to_vector();
-    const int64_t km = merged.kv_indices.size(3), qm = merged.q_indices.size(3);
+    // Row r of lists (num, idx) against the blocks kind(x) lists for x < n, ascending.
+    const auto expect_row = [](const Tensor& num, const Tensor& idx, int64_t r, int64_t n, const auto& kind) {
+      std::vector<double> want;
+      for (int64_t x = 0; x < n; ++x)
+        if (const int k = kind(x)) want.push_back(static_cast<double>(2 * x + (k == 1)));
+      const std::vector<double> nv = num.to_vector(), iv = idx.to_vector();
+      const int64_t m = idx.size(3);
+      ASSERT_EQ(nv[r], static_cast<double>(want.size())) << "row " << r;
+      EXPECT_EQ(std::vector<double>(iv.begin() + r * m, iv.begin() + r * m + static_cast<int64_t>(nv[r])), want)
+          << "row " << r;
+    };
     for (int64_t bh = 0; bh < B * H; ++bh) {
-      for (int64_t i = 0; i < nQ; ++i) {
-        std::vector<double> want;
-        for (int64_t j = 0; j < nKV; ++j)
-          if (const int k = kind[(bh * nQ + i) * nKV + j]) want.push_back(static_cast<double>(2 * j + (k == 1)));
-        const int64_t r = bh * nQ + i;
-        ASSERT_EQ(kn[r], static_cast<double>(want.size())) << "kv row " << r;
-        EXPECT_EQ(std::vector<double>(kx.begin() + r * km, kx.begin() + r * km + kn[r]), want) << "kv row " << r;
-      }
-      for (int64_t j = 0; j < nKV; ++j) {
-        std::vector<double> want;
-        for (int64_t i = 0; i < nQ; ++i)
-          if (const int k = kind[(bh * nQ + i) * nKV + j]) want.push_back(static_cast<double>(2 * i + (k == 1)));
-        const int64_t c = bh * nKV + j;
-        ASSERT_EQ(qn[c], static_cast<double>(want.size())) << "q column " << c;
-        EXPECT_EQ(std::vector<double>(qx.begin() + c * qm, qx.begin() + c * qm + qn[c]), want) << "q column " << c;
-      }
+      for (int64_t i = 0; i < nQ; ++i)
+        expect_row(merged.kv_num_blocks, merged.kv_indices, bh * nQ + i, nKV,
+                   [&](int64_t j) { return kind[(bh * nQ + i) * nKV + j]; });
+      for (int64_t j = 0; j < nKV; ++j)
+        expect_row(merged.q_num_blocks, merged.q_indices, bh * nKV + j, nQ,
+                   [&](int64_t i) { return kind[(bh * nQ + i) * nKV + j]; });
     }
   }
 }

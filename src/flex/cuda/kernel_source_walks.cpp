@@ -23,6 +23,13 @@ __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
 #ifndef MERGED_WALK
 #define MERGED_WALK 0  // one merged list a row (KILN_FLEX_MERGED_WALK=1)
 #endif
+// BlockWalk's step without a BlockMask (all_full): every block in turn, each full.
+__device__ __forceinline__ bool step_all(i64& next, i64 count, int& j, bool& partial) {
+  if (next >= count) return false;
+  j = (int)next++;
+  partial = false;
+  return true;
+}
 #if MERGED_WALK
 // The kernels' lists: one merged list a row (FlexParams::kv_all_* / q_all_*; no full lists).
 #define KV_LISTS(P) P.kv_all_num, P.kv_all_idx, P.kv_all_m, (const int*)0, (const int*)0, (i64)0
@@ -49,12 +56,7 @@ struct BlockWalk {
     }
   }
   __device__ __forceinline__ bool step(int& j, bool& partial) {
-    if (all) {
-      if (next >= count) return false;
-      j = (int)next++;
-      partial = false;
-      return true;
-    }
+    if (all) return step_all(next, count, j, partial);
     if (a == e) return false;
     j = v >> 1;
     partial = v & 1;
@@ -96,12 +98,7 @@ struct BlockWalk {
     }
   }
   __device__ __forceinline__ bool step(int& j, bool& partial) {
-    if (all) {
-      if (next >= count) return false;
-      j = (int)next++;
-      partial = false;
-      return true;
-    }
+    if (all) return step_all(next, count, j, partial);
     if (pa == pe && fa == fe) return false;
 #if WALK_AHEAD
     if (fa == fe || (pa < pe && va < vf)) {
