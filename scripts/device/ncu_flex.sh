@@ -8,13 +8,13 @@ OUT=${OUT:-/tmp/kiln-out}
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export KILN_CACHE_DIR=/tmp/kiln-cache-c
 NCU_ENV=${NCU_ENV:-}
-ncu=/usr/local/cuda/bin/ncu
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 kernel=${KERNEL:-flex_fwd}
 IFS=';' read -ra rows <<< "${NCU_ROWS:-causal|--batch 4 --heads 16 --seq 8192 --head-dim 128 --mask causal;document16|--batch 1 --heads 16 --seq 32768 --head-dim 128 --mask document:16}"
 for row in "${rows[@]}"; do
   name=${row%%|*}; args=${row#*|}
   f="$OUT/ncu_${kernel}_${name}${NCU_ENV:+_${NCU_ENV//[^A-Za-z0-9]/_}}.txt"
-  env ${NCU_ENV//,/ } timeout 120 $ncu --target-processes all --kernel-name "$kernel" --launch-skip 2 --launch-count 1 \
+  env ${NCU_ENV//,/ } timeout 120 "$ncu" --clock-control none --target-processes all --kernel-name "$kernel" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
     --section LaunchStats --section SchedulerStats --print-details all \
     build-gpu/kiln bench flex --device cuda $args --dtype bf16 --reps 3 --flex-only > "$f" 2>&1
