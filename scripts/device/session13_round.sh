@@ -10,19 +10,14 @@ set -uo pipefail
 LOG_NAME=session13.log
 . scripts/device/prelude.sh
 . scripts/device/flex_rows.sh
+. scripts/device/flex_parts.sh
 export KILN_CACHE_DIR=/tmp/kiln-cache-s13
 log "commit $(cat .device/commit)"
 for part in ${PARTS:-tests host blocks compare}; do
   case $part in
-    tests)
-      timeout ${TEST_TIMEOUT:-260} build-gpu/tests/test_flex --gtest_filter="${FLEX_FILTER:-FlexAttentionCuda*}" > "$OUT/flex_tests.log" 2>&1
-      log "flex tests: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests.log" | tr '\n' ' ') $(grep 'test suite ran' "$OUT/flex_tests.log")"
-      grep -E "Failure" -A6 "$OUT/flex_tests.log" | head -30 | tee -a "$OUT/$LOG_NAME" ;;
+    tests) flex_tests ;;
     host)
-      PYTHONPATH=/tmp/kiln-py timeout 200 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_flex.py \
-        python/tests/test_torch_lce.py python/tests/test_dlpack.py > "$OUT/pytest_torch.log" 2>&1
-      log "pytest torch adapters: $(tail -1 "$OUT/pytest_torch.log")"
-      grep -E "^FAILED|Error" "$OUT/pytest_torch.log" | head -10 | tee -a "$OUT/$LOG_NAME"
+      torch_pytest
       FLEX_HOST_PARTS=times,kernels PYTHONPATH=/tmp/kiln-py timeout 120 python3 scripts/device/flex_host.py > "$OUT/flex_host.log" 2>&1
       grep -E "kiln.torch" "$OUT/flex_host.log" | tee -a "$OUT/$LOG_NAME"
       grep -E "flex_(fwd|bwd)" "$OUT/flex_host.log" | grep -v Flex | cut -c1-60,120-175 | tee -a "$OUT/$LOG_NAME" ;;
@@ -35,9 +30,6 @@ for part in ${PARTS:-tests host blocks compare}; do
           done
         done
       done ;;
-    compare)
-      KILN_PY=/tmp/kiln-py SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-260} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,4}" \
-        bash scripts/device/round_c.sh > "$OUT/compare.log" 2>&1
-      grep -v Warn "$OUT/compare_flex.txt" 2>/dev/null | tee -a "$OUT/$LOG_NAME" | grep -A4 '^flex' ;;
+    compare) flex_compare 260 ;;
   esac
 done

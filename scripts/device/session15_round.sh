@@ -13,14 +13,12 @@ set -uo pipefail
 LOG_NAME=${LOG_NAME:-session15.log}
 . scripts/device/prelude.sh
 . scripts/device/flex_rows.sh
+. scripts/device/flex_parts.sh
 export KILN_CACHE_DIR=/tmp/kiln-cache-s15
 log "commit $(cat .device/commit)"
 for part in ${PARTS:-tests ab ncu compare}; do
   case $part in
-    tests)
-      timeout ${TEST_TIMEOUT:-260} build-gpu/tests/test_flex --gtest_filter="${FLEX_FILTER:-FlexAttentionCuda*}" > "$OUT/flex_tests.log" 2>&1
-      log "flex tests (rc $?): $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/flex_tests.log" | tr '\n' ' ') $(grep 'test suite ran' "$OUT/flex_tests.log")"
-      grep -E "Failure|^\[  FAILED" -A6 "$OUT/flex_tests.log" | head -40 | tee -a "$OUT/$LOG_NAME" ;;
+    tests) flex_tests ;;
     ab)
       for pass in $(seq "${AB_PASSES:-2}"); do
         for r in ${ROWS:-0}; do
@@ -45,14 +43,7 @@ for part in ${PARTS:-tests ab ncu compare}; do
         grep -E "^ +(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Hit Rate|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Limit [A-Za-z ]+|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Executed Ipc Active|Grid Size|Waves Per SM|Dynamic Shared Memory Per Block) " "$f" | tee -a "$OUT/$LOG_NAME"
         grep -iE "^ *(==ERR|==WARN|error)" "$f" | head -4 | tee -a "$OUT/$LOG_NAME"
       done ;;
-    pytest)
-      PYTHONPATH=/tmp/kiln-py timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_flex.py \
-        python/tests/test_torch_lce.py python/tests/test_dlpack.py > "$OUT/pytest_torch.log" 2>&1
-      log "pytest torch adapters: $(tail -1 "$OUT/pytest_torch.log")"
-      grep -E "^FAILED|Error" "$OUT/pytest_torch.log" | head -10 | tee -a "$OUT/$LOG_NAME" ;;
-    compare)
-      KILN_PY=/tmp/kiln-py SKIP_BUILD=1 PARTS=compare CMP_TIMEOUT=${CMP_TIMEOUT:-400} CMP_ARGS="--rows ${CMP_ROWS:-0,1,2,4}" \
-        bash scripts/device/round_c.sh > "$OUT/compare.log" 2>&1
-      grep -v Warn "$OUT/compare_flex.txt" 2>/dev/null | tee -a "$OUT/$LOG_NAME" | grep -A8 '^flex' ;;
+    pytest) torch_pytest ;;
+    compare) flex_compare 400 ;;
   esac
 done

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <numbers>
 #include <optional>
 
 #include "core/cuda/check.h"
@@ -195,7 +196,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   P.kv_tiles = ceil_div(p.S, kTileN);  // the dK/dV kernel's units
   P.scale = p.scale;
   P.scale_f = static_cast<float>(p.scale);
-  P.scale_log2e = static_cast<float>(p.scale * 1.4426950408889634);
+  P.scale_log2e = static_cast<float>(p.scale * std::numbers::log2e);
   if (p.score) {
     upload(*p.score, device, st->buffers, P.sptr, P.ssize, P.sstride);
     for (size_t x = 0; x < p.score->buffers.size(); ++x)

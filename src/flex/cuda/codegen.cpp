@@ -403,11 +403,9 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define FWD_MIN_BLOCKS " << cfg.fwd_min_blocks << "\n";
   if (cfg.walk_ahead) os << "#define WALK_AHEAD 1\n";
   if (cfg.fold_scale && !score) os << "#define FOLD_SCALE 1\n";
-  if (cfg.fwd_last_issues && cfg.fwd_tma && cfg.fwd_wgmma && !cfg.fwd_overlap && cfg.fwd_kbuf == 2 && !cfg.fwd_persist)
-    os << "#define FWD_LAST_ISSUES 1\n";
+  if (cfg.fwd_last_issues && cfg.staged_tma_forward()) os << "#define FWD_LAST_ISSUES 1\n";
+  if (cfg.fwd_stages == 3 && cfg.staged_tma_forward()) os << "#define FWD_STAGES 3\n";
   if (cfg.merged_walk) os << "#define MERGED_WALK 1\n";
-  if (cfg.fwd_stages == 3 && cfg.fwd_tma && cfg.fwd_wgmma && !cfg.fwd_overlap && cfg.fwd_kbuf == 2 && !cfg.fwd_persist)
-    os << "#define FWD_STAGES 3\n";
   if (cfg.mask_bits && cfg.fwd_tma && cfg.fwd_wgmma && mask) os << "#define MASK_BITS 1\n";
   os << "#define NTHREADS " << kThreads << "\n";
   os << "#define NWARPS " << kWarps << "\n";

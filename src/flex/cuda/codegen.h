@@ -149,6 +149,9 @@ struct KernelConfig {
   // Every kernel walks one merged list a row (FlexParams::kv_all_* / q_all_*; KILN_FLEX_MERGED_WALK=1).
   bool merged_walk = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
+  // The staged TMA forward (wgmma, not overlapped or persistent, fwd_kbuf 2): where fwd_last_issues
+  // and fwd_stages apply.
+  bool staged_tma_forward() const { return fwd_tma && fwd_wgmma && !fwd_overlap && fwd_kbuf == 2 && !fwd_persist; }
 };
 
 // score: null for the identity; mask: null for no mask_mod. Throws kiln::Error naming

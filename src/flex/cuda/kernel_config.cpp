@@ -176,13 +176,11 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // 2.364, 2.386 -> 2.266, 2.281; but the E = 128 window (64-row tiles, one warpgroup, whose wgmma
   // keeps its warps together anyway) 0.382, 0.376 -> 0.389, 0.409. KILN_FLEX_FWD_LAST_ISSUES=0|1
   // overrides the rule.
-  cfg.fwd_last_issues = cfg.fwd_tma && cfg.fwd_kbuf == 2 && !cfg.fwd_persist &&
-                        env_flag("KILN_FLEX_FWD_LAST_ISSUES", cfg.fwd_tile_m == 128);
+  cfg.fwd_last_issues = cfg.staged_tma_forward() && env_flag("KILN_FLEX_FWD_LAST_ISSUES", cfg.fwd_tile_m == 128);
   // Three K / V stages (KILN_FLEX_FWD_STAGES=3, a measurement switch): H200, session 15, 12a98e5, fwd
   // ms, two passes, 2 -> 3: causal and 16 documents within noise, ALiBi 2.573, 2.604 -> 2.475, 2.502
   // (fwd+bwd unchanged), the E = 128 window 0.393, 0.398 -> 0.622, 0.635 (one CTA an SM instead of two).
-  if (const char* v = cfg.fwd_tma && cfg.fwd_kbuf == 2 && !cfg.fwd_persist ? env_switch("KILN_FLEX_FWD_STAGES", "2", "3")
-                                                                          : nullptr)
+  if (const char* v = cfg.staged_tma_forward() ? env_switch("KILN_FLEX_FWD_STAGES", "2", "3") : nullptr)
     cfg.fwd_stages = v[0] - '0';
   // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB. The
