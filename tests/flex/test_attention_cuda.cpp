@@ -851,7 +851,7 @@ TEST(FlexAttentionCuda, ThreeStageForwardMatchesReferenceAndTwoStageBits) {
     }
 }
 
-// KILN_FLEX_MERGED_WALK=1: every kernel walks one merged list a row (the same blocks in the same
+// KILN_FLEX_MERGED_WALK (the default): every kernel walks one merged list a row (the same blocks in the same
 // order, so the same bits), with the keep bits and with the mask bits of a tensor-reading mask.
 TEST(FlexAttentionCuda, MergedWalkMatchesReferenceAndTwoListBits) {
   KILN_REQUIRE_CUDA();

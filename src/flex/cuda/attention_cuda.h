@@ -17,8 +17,9 @@ void check_supported(const cpu::Problem& p, DType dtype);
 // of its partial blocks from every kernel's walk. KILN_FLEX_HALVE_BLOCKS=0 keeps the caller's.
 bool halve_blocks(const cpu::Problem& p, int device);
 
-// Whether the kernels should walk p's BlockMask as one merged list a row (KILN_FLEX_MERGED_WALK=1, a
-// measurement switch; the caller then fills p's kv_all_* / q_all_* from detail::merge_block_lists).
+// Whether the kernels should walk p's BlockMask as one merged list a row (the default;
+// KILN_FLEX_MERGED_WALK=0 walks the two lists; the caller then fills p's kv_all_* / q_all_* from
+// detail::merge_block_lists).
 bool merged_walk(const cpu::Problem& p);
 
 // Device copies of the captured tensors and the compiled kernels for one call; shared by the

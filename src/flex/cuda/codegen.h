@@ -146,7 +146,8 @@ struct KernelConfig {
   bool fwd_last_issues = false;
   // Two-stage TMA forward (not persistent): 3 stages of K / V instead of 2 (KILN_FLEX_FWD_STAGES=2|3).
   int fwd_stages = 2;
-  // Every kernel walks one merged list a row (FlexParams::kv_all_* / q_all_*; KILN_FLEX_MERGED_WALK=1).
+  // Every kernel walks one merged list a row (FlexParams::kv_all_* / q_all_*; the default,
+  // KILN_FLEX_MERGED_WALK=0 walks two).
   bool merged_walk = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
   // The staged TMA forward (wgmma, not overlapped or persistent, fwd_kbuf 2): where fwd_last_issues

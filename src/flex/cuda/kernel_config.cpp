@@ -92,8 +92,14 @@ bool halve_blocks(const cpu::Problem& p, int device) {
 
 // One list a row instead of merging the partial and full lists in every step of every kernel's
 // walk: the window E = 64 forward was issue-bound (H200, session 15, Nsight Compute), and its walk
-// took ~100-160 of a tile's ~720 instructions a warp, with a dependent global load. Not yet timed.
-bool merged_walk(const cpu::Problem& p) { return p.mask && !p.all_full && env_flag("KILN_FLEX_MERGED_WALK", false); }
+// took ~100-160 of a tile's ~720 instructions a warp, with a dependent global load. The default
+// (H200, session 16, 2bc66ae, `PARTS="tests ab" AB_VAR=KILN_FLEX_MERGED_WALK bash
+// scripts/device/session15_round.sh`, fwd / fwd+bwd ms, two interleaved passes, 0 -> 1: window E 128
+// 0.394 / 1.377, 0.432 / 1.405 -> 0.368 / 1.311, 0.377 / 1.320; window 1024 2.901, 2.974 -> 2.866,
+// 2.816 fwd+bwd; causal 2.265 / 10.060, 2.276 / 10.063 -> 2.160 / 9.850, 2.190 / 9.811; ALiBi 2.569 /
+// 10.406, 2.567 / 10.342 -> 2.240 / 10.214, 2.310 / 10.093; window E 64 and 16 documents within
+// noise); KILN_FLEX_MERGED_WALK=0 walks the two lists.
+bool merged_walk(const cpu::Problem& p) { return p.mask && !p.all_full && env_flag("KILN_FLEX_MERGED_WALK", true); }
 
 namespace {
 
