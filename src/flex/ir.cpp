@@ -385,5 +385,19 @@ Program compile(const Expr& e) {
   return p;
 }
 
+bool score_grad_is_one(const Program& p) {
+  if (p.any_grad || p.result < 0) return false;
+  // Every instruction that result reaches through a differentiated operand has exactly one such
+  // operand, so the reachable ones form a chain: follow it down to score through + and - only.
+  for (int32_t k = p.result;;) {
+    const Instr& in = p.code[k];
+    if (in.op == Op::Score) return true;
+    const bool a = in.a >= 0 && p.code[in.a].needs_adj, b = in.b >= 0 && p.code[in.b].needs_adj;
+    if (in.op == Op::Add && a != b) k = a ? in.a : in.b;
+    else if (in.op == Op::Sub && a && !b) k = in.a;
+    else return false;
+  }
+}
+
 }  // namespace detail
 }  // namespace kiln::flex

@@ -117,6 +117,11 @@ std::vector<bool> int32_instructions(const Program& p);
 // the CUDA codegen converts to float exactly with an integer and a float add (kiln_i2f).
 std::vector<bool> small_int_instructions(const Program& p);
 
+// True when d(result)/d(score) is 1 wherever the program is differentiated and no captured tensor
+// needs a gradient: the result is score plus or minus terms free of it (ALiBi, a fixed bias), so
+// the CUDA backward may take dS as the gradient of the modified score (its split P).
+bool score_grad_is_one(const Program& p);
+
 // True when interval analysis proves every tensor load of the program in range for all b < B,
 // h < H, q < L, kv < S (so a kernel need not report out-of-range indices back to the host).
 bool loads_in_bounds(const Program& p, int64_t B, int64_t H, int64_t L, int64_t S);

@@ -769,6 +769,37 @@ TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
   check_document_variant("KILN_FLEX_BWD_SPLIT_P");
 }
 
+// Score mods of gradient 1 take the split P too: ALiBi, and a relative bias that needs no
+// gradient (a tensor load); against the reference at E = 128, and bit for bit against
+// KILN_FLEX_BWD_SPLIT_P=0 on a window with GQA at both head dims.
+TEST(FlexAttentionCuda, SplitPWithAdditiveScoreModsMatchesReferenceAndBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(42);
+  GpuCase c;
+  c.E = 128;
+  const Tensor slopes = rand({4}, kFloat64), bias = randn({4, 1500}, kFloat64) * 0.5;
+  const std::vector<double> sl = slopes.to_vector(), bv = bias.to_vector();
+  const MaskMod causal = causal_mask();
+  check_cuda(c, kBFloat16, &causal, kCausal, alibi(slopes),
+             [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + sl[h] * static_cast<double>(kv - q); });
+  check_cuda(c, kFloat16, &causal, kCausal, relative_position_bias(bias, 700),
+             [&](double s, int64_t, int64_t h, int64_t q, int64_t kv) { return s + bv[h * 1500 + (q - kv + 700)]; });
+  for (const int64_t E : {64, 128}) {
+    const int64_t L = 700, S = 800;
+    const Tensor q = randn({1, 4, L, E}), k = randn({1, 2, S, E}), v = randn({1, 2, S, E}), cot = randn({1, 4, L, E});
+    const BlockMask bm = create_block_mask(sliding_window_mask(300), 1, 1, L, S);
+    for (const ScoreMod& mod : {alibi(slopes), relative_position_bias(bias, 700)}) {
+      SCOPED_TRACE("E = " + std::to_string(E));
+      FlexOptions o;
+      o.block_mask = &bm;
+      o.return_lse = true;
+      o.enable_gqa = true;
+      o.score_mod = mod;
+      expect_same_bits_across("KILN_FLEX_BWD_SPLIT_P", "1", "0", q, k, v, cot, o);
+    }
+  }
+}
+
 // KILN_FLEX_HALVE_BLOCKS=1 (the default): 128-block masks on short rows run at 64-blocks, the
 // empty halves of partial blocks dropped; against the reference, and bit for bit against the
 // caller's 128-blocks (=0), on the variant suite and a document mask (data-dependent halving).

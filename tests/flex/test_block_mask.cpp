@@ -363,5 +363,23 @@ TEST(FlexIr, Int32InstructionsUnderTheNarrowBounds) {
   EXPECT_EQ(fits(MaskMod([&](Expr, Expr h, Expr, Expr) { return Expr(-top - 1) - h > Expr(0); })), "iiLi.");
 }
 
+// Score mods whose gradient is the identity (the CUDA backward's split P takes them): the score
+// plus or minus terms free of it, with no captured tensor needing a gradient.
+TEST(FlexIr, ScoreGradIsOneForAdditiveModsOnly) {
+  auto one = [](const ScoreMod& m) { return detail::score_grad_is_one(detail::compile(m.expr)); };
+  using F = Expr;
+  const Tensor bias = randn({2, 64}), learned = randn({2, 64}).requires_grad_();
+  EXPECT_TRUE(one(alibi(rand({2}))));
+  EXPECT_TRUE(one(relative_position_bias(bias, 32)));
+  EXPECT_FALSE(one(relative_position_bias(learned, 32)));  // its tensor needs a gradient
+  EXPECT_FALSE(one(softcap(30.0)));
+  EXPECT_TRUE(one(ScoreMod([](F s, F, F, F q, F kv) { return (s - q) + kv * Expr(0.5); })));
+  EXPECT_FALSE(one(ScoreMod([](F s, F, F, F q, F) { return q - s; })));
+  EXPECT_FALSE(one(ScoreMod([](F s, F, F, F, F) { return s + s; })));
+  EXPECT_FALSE(one(ScoreMod([](F s, F, F, F, F) { return s * Expr(2.0); })));
+  EXPECT_FALSE(one(ScoreMod([](F s, F, F, F q, F kv) { return where(q >= kv, s, Expr(0.0)); })));
+  EXPECT_FALSE(one(ScoreMod([](F, F, F, F q, F) { return q * Expr(0.5); })));  // no score: gradient 0
+}
+
 }  // namespace
 }  // namespace kiln::flex

@@ -412,6 +412,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define HAS_SCORE " << (score ? 1 : 0) << "\n";
   os << "#define HAS_MASK " << (mask ? 1 : 0) << "\n";
   os << "#define HAS_CAP_GRAD " << (score && score->any_grad ? 1 : 0) << "\n";
+  os << "#define SCORE_GRAD_ONE " << (score && detail::score_grad_is_one(*score) ? 1 : 0) << "\n";
   os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << params_struct_source();

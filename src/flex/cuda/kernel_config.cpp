@@ -222,7 +222,10 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // product is in flight by default (H200, session 13, 2026-12-04, a20b950, `bash
   // scripts/device/bwd_round.sh`, fwd+bwd ms, two interleaved passes: window E 128 1.642 / 1.637 ->
   // 1.562 / 1.560, the rest within noise); KILN_FLEX_BWD_SPLIT_P=0 computes P and dS together.
-  cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 && !p.score;
+  // A score_mod whose gradient is the identity (ALiBi: score + slope (kv - q)) takes it too: its dS
+  // is P (dP - delta) as without one.
+  cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 &&
+                    (!p.score || detail::score_grad_is_one(*p.score));
   // Short rows at E = 64 (where the forward takes 64 x 64 tiles, fewer than 6 blocks a row) run more
   // CTAs an SM: the forward held to 93 registers (5 CTAs instead of 4) and the wgmma dK/dV kernel to
   // 168 (3 instead of 2; not with captured-tensor gradients, which spill ~800 bytes there); no

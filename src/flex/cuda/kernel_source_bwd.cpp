@@ -27,10 +27,13 @@ const char* kernel_backward_common() {
 #error "the paired products are the TMA backward's"
 #endif
 #ifndef BWD_SPLIT_P
-#define BWD_SPLIT_P 0  // paired TMA products, two dQ stages, no score_mod: P computed while dP is in flight
+#define BWD_SPLIT_P 0  // paired TMA products, two dQ stages, d score_mod / d score = 1: P while dP is in flight
 #endif
-#if BWD_SPLIT_P && !(BWD_PAIRED && BWD_KBUF == 2 && !HAS_SCORE)
-#error "the split P / dS needs the paired products, two dQ stages and no score_mod"
+#ifndef SCORE_GRAD_ONE
+#define SCORE_GRAD_ONE 0  // the score_mod's gradient is the identity, no captured-tensor gradients
+#endif
+#if BWD_SPLIT_P && !(BWD_PAIRED && BWD_KBUF == 2 && (!HAS_SCORE || SCORE_GRAD_ONE))
+#error "the split P / dS needs the paired products, two dQ stages and no score_mod or one of gradient 1"
 #endif
 #define BWD_QSETS (BWD_TMA ? 2 : BWD_QBUF)  // dK/dV's buffers of Q, dO and rows
 // Both kernels run one warpgroup (NTHREADS threads) a CTA, so their wg = threadIdx.x / NTHREADS is

@@ -5,7 +5,14 @@ namespace kiln::flex::cuda {
 
 // Pasted after kernel_backward_dq() (kernel_source_bwd_dq.cpp); closes kernel_backward_common()'s #if KILN_BUILD_BWD.
 const char* kernel_backward_dkdv() {
-  return R"kiln_src(// dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s (raw scores) becomes P and dp
+  return R"kiln_src(// A thread's two q columns n * 8 + 2t and + 1 of a rows buffer (lse2 or delta) in one 8-byte LDS:
+// the buffers start 8-byte aligned, and ptxas cannot see that to pair the loads itself.
+__device__ __forceinline__ float col_of_pair(const float* rows, int n, int t, int e) {
+  const float2 v = *(const float2*)(rows + n * 8 + 2 * t);
+  return (e & 1) ? v.y : v.x;
+}
+
+// dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s (raw scores) becomes P and dp
 // becomes dS; with captured-tensor gradients raw keeps the raw scores and dpost d loss / d score.
 template <bool kInterior>
 __device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], float (*raw)[4],
@@ -17,8 +24,8 @@ __device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4
     for (int e = 0; e < 4; ++e) {
       const int qc = n * 8 + 2 * t + (e & 1);
       float p, ds_post, ds;
-      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse2_s[qc], delta_s[qc], &p,
-                      &ds_post, &ds);
+      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, col_of_pair(lse2_s, n, t, e),
+                      col_of_pair(delta_s, n, t, e), &p, &ds_post, &ds);
 #if HAS_CAP_GRAD
       raw[n][e] = s[n][e];
       dpost[n][e] = ds_post;
@@ -70,7 +77,7 @@ __device__ __forceinline__ void dkdv_tile_p(const FlexParams& P, float (*s)[4], 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int qc = n * 8 + 2 * t + (e & 1);
-      s[n][e] = elem_p<kInterior>(P, s[n][e], b, h, r0 + qc, cols[e >> 1], partial, lse2_s[qc]);
+      s[n][e] = elem_p<kInterior>(P, s[n][e], b, h, r0 + qc, cols[e >> 1], partial, col_of_pair(lse2_s, n, t, e));
     }
 }
 // ... and dp becomes dS (column qc's delta).
@@ -78,7 +85,7 @@ __device__ __forceinline__ void dkdv_tile_ds_from_p(float (*dp)[4], const float 
 #pragma unroll
   for (int n = 0; n < TILE_M / 8; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dp[n][e] = p[n][e] * (dp[n][e] - delta_s[n * 8 + 2 * t + (e & 1)]);
+    for (int e = 0; e < 4; ++e) dp[n][e] = p[n][e] * (dp[n][e] - col_of_pair(delta_s, n, t, e));
 }
 #endif
 
@@ -207,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
         reg_fence<TILE_M / 8>(dp);
         PROF_MARK(4);
         dkdv_tile_ds_from_p(dp, s, t, lse2_c + TILE_M);
-        (void)slot;  // no captured-tensor gradients without a score_mod
+        (void)slot;  // split P: no captured-tensor gradients (SCORE_GRAD_ONE)
 #else
         wg_wait_all();
         reg_fence<TILE_M / 8>(s);

@@ -55,8 +55,9 @@ __device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[
 #endif
 
 #if BWD_SPLIT_P
-// Without a score_mod dS = P (dP - delta), so the tiles split in two: P from the raw scores while
-// dP's product is still in flight, then dS. The same arithmetic as p_ds, so the same bits.
+// Without a score_mod (or with one of gradient 1) dS = P (dP - delta), so the tiles split in two:
+// P from the raw scores while dP's product is still in flight, then dS. The same arithmetic as
+// p_ds, so the same bits (up to the sign of a zero dS).
 // dQ's tile (rows[r], columns c0..): s becomes P; kBits: a partial block's keep bits `blk`.
 template <bool kInterior, bool kBits = false>
 __device__ __forceinline__ void dq_tile_p(const FlexParams& P, float (*s)[4], i64 b, i64 h, const i64* rows, i64 c0,
