@@ -176,7 +176,13 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     cfg.merged_walk = true;  // one merged list a row, in every kernel (with the mask bits' slots)
     cfg.mask_bits = cfg.bwd_tma = true;
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &dp, cfg), "sm_90a"));
-    cfg.merged_walk = cfg.mask_bits = cfg.bwd_tma = false;
+    cfg.merged_walk = cfg.mask_bits = false;
+    cfg.mask_ranges = cfg.fwd_keepbits = true;  // a window's runs, with a score_mod of gradient 1 (split P)
+    cfg.bwd_split_p = cfg.bwd_paired = true;
+    const detail::Program wp = detail::compile(masks[1].expr), ap = detail::compile(scores[0].expr);
+    EXPECT_NE(cuda::generate_source(&ap, &wp, cfg).find("#define MASK_RANGES 1"), std::string::npos);
+    EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&ap, &wp, cfg), "sm_90a"));
+    cfg.mask_ranges = cfg.fwd_keepbits = cfg.bwd_split_p = cfg.bwd_paired = cfg.bwd_tma = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
@@ -189,6 +195,27 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
   const std::string plain = source_for(nullptr, nullptr, true, 64);
   EXPECT_NO_THROW(cuda::compile_cubin("#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n" + plain, "sm_80"));
   EXPECT_NO_THROW(cuda::compile_cubin("#define KILN_BUILD_FWD 0\n#define KILN_BUILD_BWD 1\n" + plain, "sm_80"));
+}
+
+// Which masks keep one run a row and a column (MASK_RANGES): comparisons of +-kv and +-q with
+// index-free ints joined by &, and | with a bool free of the run's index; not a document mask (a
+// tensor read at kv), a chunk (kv / 64), nor the union of two runs (prefix-LM).
+TEST(FlexCudaCodegen, MaskRangesOnlyForOneRunMasks) {
+  auto runs = [](const MaskMod& m) {
+    const detail::Program p = detail::compile(m.expr);
+    return !cuda::mask_range_functions(p, true, true).empty();
+  };
+  using F = Expr;
+  EXPECT_TRUE(runs(causal_mask()));
+  EXPECT_TRUE(runs(sliding_window_mask(256)));
+  EXPECT_TRUE(runs(MaskMod([](F, F h, F q, F kv) { return (q - kv < 100) & ((h == 1) | (kv >= q - 10)); })));
+  EXPECT_TRUE(runs(MaskMod([](F, F, F q, F kv) { return kv == q; })));
+  EXPECT_TRUE(runs(MaskMod([](F, F, F q, F) { return q < 300; })));  // a whole row or none
+  EXPECT_FALSE(runs(document_mask(tensor({0, 0, 1}, kInt64))));
+  EXPECT_FALSE(runs(chunked_mask(64)));
+  EXPECT_FALSE(runs(prefix_lm_mask(7)));
+  EXPECT_FALSE(runs(MaskMod([](F, F, F q, F kv) { return kv != q; })));
+  EXPECT_FALSE(runs(MaskMod([](F, F, F q, F kv) { return kv * 2 < q; })));
 }
 
 TEST(FlexCudaCodegen, SourceDoesNotDependOnLengthsOrShapes) {
@@ -767,6 +794,47 @@ TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
   manual_seed(39);
   check_kernel_variant("KILN_FLEX_BWD_SPLIT_P");
   check_document_variant("KILN_FLEX_BWD_SPLIT_P");
+}
+
+// KILN_FLEX_MASK_RANGES=1: partial tiles of a mask that keeps one run a row and column test their
+// elements against it instead of evaluating the mask; against the reference and bit for bit
+// against the evaluated mask on the variant suite, and on compositions (a run joined with a
+// head-only bool, equality, a row-only mask) and masks that fall back (prefix-LM, chunks).
+TEST(FlexAttentionCuda, MaskRangesMatchReferenceAndEvaluatedBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(43);
+  check_kernel_variant("KILN_FLEX_MASK_RANGES");
+  using F = Expr;
+  const std::vector<std::pair<MaskMod, MaskFn>> cases = {
+      {MaskMod([](F, F h, F q, F kv) { return (q - kv < 100) & ((h == 1) | (kv >= q - 10)) & (kv <= q + 3); }),
+       [](int64_t, int64_t h, int64_t q, int64_t kv) { return q - kv < 100 && (h == 1 || kv >= q - 10) && kv <= q + 3; }},
+      {MaskMod([](F, F h, F q, F kv) { return (kv == q - 3) | (h == 0); }),
+       [](int64_t, int64_t h, int64_t q, int64_t kv) { return kv == q - 3 || h == 0; }},
+      {MaskMod([](F, F, F q, F) { return q < 300; }), [](int64_t, int64_t, int64_t q, int64_t) { return q < 300; }},
+      {prefix_lm_mask(150), [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < 150 || q >= kv; }},
+      {chunked_mask(100), [](int64_t, int64_t, int64_t q, int64_t kv) { return q / 100 == kv / 100; }}};
+  GpuCase c;
+  c.Hq = 4;
+  c.L = 500;
+  c.S = 600;
+  for (const auto& [mask, fn] : cases) {
+    SCOPED_TRACE(mask.to_string());
+    for (const int64_t E : {64, 128}) {
+      c.E = E;
+      {
+        const ScopedEnv set("KILN_FLEX_MASK_RANGES", "1");
+        check_cuda(c, kBFloat16, &mask, fn, ScoreMod(), nullptr);
+      }
+      const Tensor q = randn({1, c.Hq, c.L, E}), k = randn({1, c.Hkv, c.S, E}), v = randn({1, c.Hkv, c.S, E}),
+                   cot = randn({1, c.Hq, c.L, E});
+      const BlockMask bm = create_block_mask(mask, 1, c.Hq, c.L, c.S);
+      FlexOptions o;
+      o.block_mask = &bm;
+      o.return_lse = true;
+      o.enable_gqa = true;
+      expect_same_bits_across("KILN_FLEX_MASK_RANGES", "1", "0", q, k, v, cot, o);
+    }
+  }
 }
 
 // Score mods of gradient 1 take the split P too: ALiBi, and a relative bias that needs no

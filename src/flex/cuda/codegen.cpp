@@ -303,6 +303,15 @@ std::string generate_mod_functions(const detail::Program* score, const detail::P
   return os.str();
 }
 
+std::string mask_range_functions(const detail::Program& mask, bool fast_mods, bool magic_i2f) {
+  std::ostringstream fwd, os;
+  emit_forward(Locals(mask, fast_mods, magic_i2f), "m", fwd);
+  if (!emit_mask_range(mask, Op::KvIdx, "mask_kv_range", fwd.str(), os) ||
+      !emit_mask_range(mask, Op::QIdx, "mask_q_range", fwd.str(), os))
+    return "";
+  return os.str();
+}
+
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask, bool fast_mods) {
   std::ostringstream os;
   os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
@@ -417,6 +426,10 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << params_struct_source();
   os << generate_mod_functions(score, mask, cfg.fast_mods, cfg.magic_i2f);
+  if (cfg.mask_ranges && mask && !cfg.mask_bits) {
+    const std::string ranges = mask_range_functions(*mask, cfg.fast_mods, cfg.magic_i2f);
+    if (!ranges.empty()) os << "#define MASK_RANGES 1\n" << ranges;
+  }
   if (cfg.fwd_wgmma || cfg.bwd_wgmma) os << wgmma_wrappers(cfg);
   os << kernel_template();
   return os.str();

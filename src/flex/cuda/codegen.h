@@ -149,6 +149,9 @@ struct KernelConfig {
   // Every kernel walks one merged list a row (FlexParams::kv_all_* / q_all_*; the default,
   // KILN_FLEX_MERGED_WALK=0 walks two).
   bool merged_walk = false;
+  // Masks that keep one run of kv a row and of q a column (emit_mask_range) test partial tiles'
+  // elements against it instead of evaluating the mask (not with mask_bits; KILN_FLEX_MASK_RANGES).
+  bool mask_ranges = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
   // The staged TMA forward (wgmma, not overlapped or persistent, fwd_kbuf 2): where fwd_last_issues
   // and fwd_stages apply.
@@ -162,6 +165,15 @@ std::string generate_source(const detail::Program* score, const detail::Program*
 // Only the mod device functions (for tests and debugging); fast_mods and magic_i2f as KernelConfig's.
 std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods = false,
                                    bool magic_i2f = true);
+
+// Writes `fn`(b, h, q, kv, P, &lo, &hi) to `out`: the mask holds exactly on lo <= x <= hi of the free
+// index `var` (Op::KvIdx: a row's run of kv; Op::QIdx: a column's run of q), the other index fixed,
+// the free one's argument ignored; `forward` holds the mask's emitted locals. False (nothing written)
+// when the mask is not such a run (codegen_ranges.cpp).
+bool emit_mask_range(const detail::Program& mask, Op var, const char* fn, const std::string& forward, std::ostream& out);
+
+// mask_kv_range and mask_q_range of `mask` (MASK_RANGES), or "" when it is not a run both ways.
+std::string mask_range_functions(const detail::Program& mask, bool fast_mods, bool magic_i2f);
 
 // The mod functions with a one-line kernel calling them: a fast NVRTC check of the codegen alone.
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask,

@@ -204,6 +204,9 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
       cfg.fwd_keepbits = false;  // the keep-bits forward evaluates the mask itself
     }
   }
+  // Partial tiles of a mask that keeps one run a row and column test their elements against it
+  // (MASK_RANGES; a measurement switch, KILN_FLEX_MASK_RANGES=1): not yet timed.
+  cfg.mask_ranges = env_flag("KILN_FLEX_MASK_RANGES", false) && cfg.fwd_tma && !cfg.mask_bits;
   // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
   // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
   // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.

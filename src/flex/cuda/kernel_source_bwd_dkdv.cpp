@@ -14,18 +14,35 @@ __device__ __forceinline__ float col_of_pair(const float* rows, int n, int t, in
 
 // dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s (raw scores) becomes P and dp
 // becomes dS; with captured-tensor gradients raw keeps the raw scores and dpost d loss / d score.
-template <bool kInterior>
+#if MASK_RANGES
+// The runs of q of a thread's two kv rows cols[r] over dK/dV's transposed tile (q from r0).
+__device__ __forceinline__ void dkdv_runs(const FlexParams& P, i64 b, i64 h, i64 r0, const i64* cols, bool partial,
+                                          Run (&runs)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) runs[r] = q_run(P, b, h, cols[r], r0, TILE_M, partial);
+}
+#endif
+// kRuns (MASK_RANGES, a tile that is not interior): the keep of its columns' runs `runs`.
+#if MASK_RANGES
+#define DKDV_RUNS_ARG , const Run* runs
+#define DKDV_KEEP(e, qc) (kRuns ? in_run(runs[(e) >> 1], qc) : true)
+#else
+#define DKDV_RUNS_ARG , const void* runs
+#define DKDV_KEEP(e, qc) true
+#endif
+template <bool kInterior, bool kRuns = false>
 __device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], float (*raw)[4],
                                                float (*dpost)[4], i64 b, i64 h, i64 r0, const i64* cols, int t,
-                                               bool partial, const float* lse2_s, const float* delta_s) {
+                                               bool partial, const float* lse2_s, const float* delta_s
+                                               DKDV_RUNS_ARG = nullptr) {
 #pragma unroll
   for (int n = 0; n < TILE_M / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int qc = n * 8 + 2 * t + (e & 1);
       float p, ds_post, ds;
-      p_ds<kInterior>(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, col_of_pair(lse2_s, n, t, e),
-                      col_of_pair(delta_s, n, t, e), &p, &ds_post, &ds);
+      p_ds<kInterior, kRuns>(P, s[n][e], dp[n][e], b, h, r0 + qc, cols[e >> 1], partial, col_of_pair(lse2_s, n, t, e),
+                             col_of_pair(delta_s, n, t, e), &p, &ds_post, &ds, DKDV_KEEP(e, qc));
 #if HAS_CAP_GRAD
       raw[n][e] = s[n][e];
       dpost[n][e] = ds_post;
@@ -69,15 +86,16 @@ __device__ __forceinline__ void add_cap_grads(const FlexParams& P, const float (
 
 #if BWD_SPLIT_P
 // dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s becomes P (see dq_tile_p) ...
-template <bool kInterior>
+template <bool kInterior, bool kRuns = false>
 __device__ __forceinline__ void dkdv_tile_p(const FlexParams& P, float (*s)[4], i64 b, i64 h, i64 r0, const i64* cols,
-                                            int t, bool partial, const float* lse2_s) {
+                                            int t, bool partial, const float* lse2_s DKDV_RUNS_ARG = nullptr) {
 #pragma unroll
   for (int n = 0; n < TILE_M / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int qc = n * 8 + 2 * t + (e & 1);
-      s[n][e] = elem_p<kInterior>(P, s[n][e], b, h, r0 + qc, cols[e >> 1], partial, col_of_pair(lse2_s, n, t, e));
+      s[n][e] = elem_p<kInterior, kRuns>(P, s[n][e], b, h, r0 + qc, cols[e >> 1], partial, col_of_pair(lse2_s, n, t, e),
+                                         DKDV_KEEP(e, qc));
     }
 }
 // ... and dp becomes dS (column qc's delta).
@@ -95,10 +113,17 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
                                           const i64* cols, int lane, int t, bool partial, bool kv_in,
                                           const float* lse2_s, const float* delta_s, double* slot) {
   float raw[HAS_CAP_GRAD ? TILE_M / 8 : 1][4], dpost[HAS_CAP_GRAD ? TILE_M / 8 : 1][4];
-  if (!partial && r0 + TILE_M <= P.L && kv_in)
+  if (!partial && r0 + TILE_M <= P.L && kv_in) {
     dkdv_tile_p_ds<true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s);
-  else
+  } else {
+#if MASK_RANGES
+    Run runs[2];
+    dkdv_runs(P, b, h, r0, cols, partial, runs);
+    dkdv_tile_p_ds<false, true>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s, runs);
+#else
     dkdv_tile_p_ds<false>(P, s, dp, raw, dpost, b, h, r0, cols, t, partial, lse2_s, delta_s);
+#endif
+  }
 #if HAS_CAP_GRAD
   add_cap_grads(P, raw, dpost, b, h, r0, cols, lane, t, slot);
 #endif
@@ -208,8 +233,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
 #if BWD_SPLIT_P
         wg_wait<1>();  // S^T landed: its P while dP^T is in flight
         reg_fence<TILE_M / 8>(s);
-        if (!partial && r0 + TILE_M <= P.L && kv_in) dkdv_tile_p<true>(P, s, b, h, r0, cols, t, partial, lse2_c);
-        else dkdv_tile_p<false>(P, s, b, h, r0, cols, t, partial, lse2_c);
+        if (!partial && r0 + TILE_M <= P.L && kv_in) {
+          dkdv_tile_p<true>(P, s, b, h, r0, cols, t, partial, lse2_c);
+        } else {
+#if MASK_RANGES
+          Run runs[2];
+          dkdv_runs(P, b, h, r0, cols, partial, runs);
+          dkdv_tile_p<false, true>(P, s, b, h, r0, cols, t, partial, lse2_c, runs);
+#else
+          dkdv_tile_p<false>(P, s, b, h, r0, cols, t, partial, lse2_c);
+#endif
+        }
         wg_wait<0>();
         reg_fence<TILE_M / 8>(dp);
         PROF_MARK(4);

@@ -54,6 +54,34 @@ __device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[
 }
 #endif
 
+#if MASK_RANGES
+// The runs of a thread's two rows over dQ's tile (columns c0..), and its element (n, e)'s keep.
+__device__ __forceinline__ void dq_runs(const FlexParams& P, i64 b, i64 h, const i64* rows, i64 c0, bool partial,
+                                        Run (&runs)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) runs[r] = kv_run(P, b, h, rows[r], c0, TILE_N, partial);
+}
+__device__ __forceinline__ bool dq_run_keep(const Run (&runs)[2], int n, int e, int t) {
+  return in_run(runs[e >> 1], n * 8 + 2 * t + (e & 1));
+}
+// dQ's tile that is not interior from its rows' runs (the keep-bits arithmetic, the same bits).
+__device__ __forceinline__ void dq_tile_ds_runs(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
+                                                const i64* rows, i64 c0, int t, bool partial, const float* lse2,
+                                                const float* delta) {
+  Run runs[2];
+  dq_runs(P, b, h, rows, c0, partial, runs);
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p, ds_post, ds;
+      p_ds<false, true>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), true, lse2[e >> 1],
+                        delta[e >> 1], &p, &ds_post, &ds, dq_run_keep(runs, n, e, t));
+      s[n][e] = ds;
+    }
+}
+#endif
+
 #if BWD_SPLIT_P
 // Without a score_mod (or with one of gradient 1) dS = P (dP - delta), so the tiles split in two:
 // P from the raw scores while dP's product is still in flight, then dS. The same arithmetic as
@@ -79,6 +107,20 @@ __device__ __forceinline__ void dq_tile_p(const FlexParams& P, float (*s)[4], i6
                                          lse2[e >> 1], bit);
     }
 }
+#if MASK_RANGES
+// dQ's tile that is not interior: s becomes P from its rows' runs.
+__device__ __forceinline__ void dq_tile_p_runs(const FlexParams& P, float (*s)[4], i64 b, i64 h, const i64* rows,
+                                               i64 c0, int t, bool partial, const float* lse2) {
+  Run runs[2];
+  dq_runs(P, b, h, rows, c0, partial, runs);
+#pragma unroll
+  for (int n = 0; n < TILE_N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      s[n][e] = elem_p<false, true>(P, s[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), true, lse2[e >> 1],
+                                    dq_run_keep(runs, n, e, t));
+}
+#endif
 // dQ's tile: p becomes dS (row r's delta).
 __device__ __forceinline__ void dq_tile_ds_from_p(float (*p)[4], const float (*dp)[4], const float* delta) {
 #pragma unroll
@@ -177,7 +219,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     else if (P.mbits && partial)
       dq_tile_p<false, true>(P, s, b, h, rows, c0, t, true, lse2, P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
 #endif
+#if MASK_RANGES
+    else dq_tile_p_runs(P, s, b, h, rows, c0, t, partial, lse2);
+#else
     else dq_tile_p<false>(P, s, b, h, rows, c0, t, partial, lse2);
+#endif
     wg_wait<0>();
     reg_fence<TILE_N / 8>(dp);
     PROF_MARK(4);
@@ -212,7 +258,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
       dq_tile_ds_bits(P, s, dp, b, h, rows, c0, t, lse2, delta,
                       P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
 #endif
+#if MASK_RANGES
+    else dq_tile_ds_runs(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+#else
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+#endif
 #endif  // BWD_SPLIT_P
     PROF_MARK(5);
     BWD_PB(dq, s, Kb, LDSM_B_Q);  // dQ += dS K

@@ -81,19 +81,43 @@ __device__ __forceinline__ void fwd_scores_bits(const FlexParams& P, float (*s)[
     s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, q, kv, (kb[i >> 5] >> (i & 31)) & 1u);
   });
 }
+#if MASK_RANGES
+// The tile's scores kept on its rows' runs (runs[mt][r]: row row_base + mt * 16 + 8 r).
+__device__ __forceinline__ void fwd_scores_runs(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4],
+                                                const Run (&runs)[FWD_MT][2], i64 b, i64 h, i64 row_base, i64 c0,
+                                                int t) {
+  fwd_for_each_element(row_base, c0, t, [&](int mt, int n, int e, i64 q, i64 kv) {
+    const bool keep = in_run(runs[mt][e >> 1], n * 8 + 2 * t + (e & 1));
+    s[mt][n][e] = fwd_kept_score(P, s[mt][n][e], b, h, q, kv, keep);
+  });
+}
+#endif
 // S = Q K^T of the tile at Kx into s with its modified, masked scores: a tile that is not interior
-// gets its keep bits while the product is in flight.
+// gets its keep bits (MASK_RANGES: its rows' runs) while the product is in flight.
 __device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
                                               const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
                                               bool partial, bool rows_in) {
   wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
   const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
+#if MASK_RANGES
+  Run runs[FWD_MT][2];
+  if (!interior)
+#pragma unroll
+    for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) runs[mt][r] = kv_run(P, b, h, row_base + mt * 16 + 8 * r, c0, FWD_TILE_N, partial);
+  wg_wait_all();
+  reg_fence<FWD_TILE_N / 8>(s[0]);
+  if (interior) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
+  else fwd_scores_runs(P, s, runs, b, h, row_base, c0, t);
+#else
   u32 kb[FWD_KB_WORDS];
   if (!interior) fwd_keep_bits(P, kb, b, h, row_base, c0, t, partial);
   wg_wait_all();
   reg_fence<FWD_TILE_N / 8>(s[0]);
   if (interior) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
   else fwd_scores_bits(P, s, kb, b, h, row_base, c0, t);
+#endif
 }
 #endif
 

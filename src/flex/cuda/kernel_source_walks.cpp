@@ -217,6 +217,46 @@ __device__ __forceinline__ float mod_score(const FlexParams& P, float raw, i64 b
   return k ? x : NEG_INF;
 }
 
+#ifndef MASK_RANGES
+#define MASK_RANGES 0  // the mask keeps one run a row and column: mask_kv_range / mask_q_range (codegen_ranges.cpp)
+#endif
+#if MASK_RANGES
+// The kept elements of one row of a tile as a run of its n columns: column j is kept iff
+// (unsigned)(j - lo) < (unsigned)w. mod_score's keep: inside the lengths, and on partial blocks the
+// mask at the element clamped into them.
+struct Run {
+  int lo, w;
+};
+__device__ __forceinline__ Run tile_run(i64 lo, i64 hi, i64 c0, int n) {
+  lo = lo - c0 < 0 ? 0 : lo - c0;
+  hi = hi - c0 + 1 > n ? n : hi - c0 + 1;  // exclusive
+  return Run{(int)(lo < n ? lo : n), (int)(hi > lo ? hi - lo : 0)};
+}
+// Row q's run of kv over the tile's n columns from c0.
+__device__ __forceinline__ Run kv_run(const FlexParams& P, i64 b, i64 h, i64 q, i64 c0, int n, bool partial) {
+  i64 lo = 0, hi = q < P.L ? P.S - 1 : -1;
+  if (partial) {
+    i64 l, u;
+    mask_kv_range(b, h, q < P.L ? q : P.L - 1, 0, P, &l, &u);
+    lo = l > lo ? l : lo;
+    hi = u < hi ? u : hi;
+  }
+  return tile_run(lo, hi, c0, n);
+}
+// Column kv's run of q over the tile's n rows from r0 (the dK/dV kernel's transposed tiles).
+__device__ __forceinline__ Run q_run(const FlexParams& P, i64 b, i64 h, i64 kv, i64 r0, int n, bool partial) {
+  i64 lo = 0, hi = kv < P.S ? P.L - 1 : -1;
+  if (partial) {
+    i64 l, u;
+    mask_q_range(b, h, 0, kv < P.S ? kv : P.S - 1, P, &l, &u);
+    lo = l > lo ? l : lo;
+    hi = u < hi ? u : hi;
+  }
+  return tile_run(lo, hi, r0, n);
+}
+__device__ __forceinline__ bool in_run(Run r, int j) { return (unsigned)(j - r.lo) < (unsigned)r.w; }
+#endif
+
 // KILN_FLEX_PROFILE (a measurement tool): per-phase clock64 cycles of each CTA's thread 0, added
 // with atomics into 8 counters per kernel at P.prof + base. Forward phases: prologue, wait K,
 // S = QK^T, softmax, wait V, PV, epilogue.
