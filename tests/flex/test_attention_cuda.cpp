@@ -796,7 +796,7 @@ TEST(FlexAttentionCuda, SplitPBackwardMatchesReferenceAndDefaultBits) {
   check_document_variant("KILN_FLEX_BWD_SPLIT_P");
 }
 
-// KILN_FLEX_MASK_RANGES=1: partial tiles of a mask that keeps one run a row and column test their
+// KILN_FLEX_MASK_RANGES (the default on sm_90): partial tiles of a mask that keeps one run a row and column test their
 // elements against it instead of evaluating the mask; against the reference and bit for bit
 // against the evaluated mask on the variant suite, and on compositions (a run joined with a
 // head-only bool, equality, a row-only mask) and masks that fall back (prefix-LM, chunks).

@@ -150,7 +150,8 @@ struct KernelConfig {
   // KILN_FLEX_MERGED_WALK=0 walks two).
   bool merged_walk = false;
   // Masks that keep one run of kv a row and of q a column (emit_mask_range) test partial tiles'
-  // elements against it instead of evaluating the mask (not with mask_bits; KILN_FLEX_MASK_RANGES).
+  // elements against it instead of evaluating the mask (not with mask_bits; the default on sm_90,
+  // KILN_FLEX_MASK_RANGES=0 turns it off).
   bool mask_ranges = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
   // The staged TMA forward (wgmma, not overlapped or persistent, fwd_kbuf 2): where fwd_last_issues

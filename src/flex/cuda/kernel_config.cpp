@@ -205,8 +205,13 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
     }
   }
   // Partial tiles of a mask that keeps one run a row and column test their elements against it
-  // (MASK_RANGES; a measurement switch, KILN_FLEX_MASK_RANGES=1): not yet timed.
-  cfg.mask_ranges = env_flag("KILN_FLEX_MASK_RANGES", false) && cfg.fwd_tma && !cfg.mask_bits;
+  // (MASK_RANGES) by default: H200, session 16, c5e44ad, `PARTS="tests ab" AB_VAR=KILN_FLEX_MASK_RANGES
+  // ROWS="0 1 2 3 5" bash scripts/device/session15_round.sh`, fwd / fwd+bwd ms, two interleaved
+  // passes, 0 -> 1: window E 64 0.117 / 0.407, 0.123 / 0.418 -> 0.107 / 0.381, 0.114 / 0.387; window
+  // E 128 0.392 / 1.355, 0.379 / 1.335 -> 0.352 / 1.267, 0.359 / 1.295; window 1024 0.813 / 2.845,
+  // 0.803 / 2.894 -> 0.800 / 2.807, 0.789 / 2.782; causal 2.174 / 9.726, 2.194 / 9.744 -> 2.122 /
+  // 9.845, 2.160 / 9.658; ALiBi within noise. KILN_FLEX_MASK_RANGES=0 evaluates the mask.
+  cfg.mask_ranges = env_flag("KILN_FLEX_MASK_RANGES", true) && cfg.fwd_tma && !cfg.mask_bits;
   // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
   // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
   // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
