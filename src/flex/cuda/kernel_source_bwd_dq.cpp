@@ -54,22 +54,26 @@ __device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[
 }
 #endif
 
-#if MASK_RANGES
+#if !MASK_RANGES
+#define DQ_RUNS() (void)0
+#else
 // The runs of a thread's two rows over dQ's tile (columns c0..), and its element (n, e)'s keep.
 __device__ __forceinline__ void dq_runs(const FlexParams& P, i64 b, i64 h, const i64* rows, i64 c0, bool partial,
                                         Run (&runs)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) runs[r] = kv_run(P, b, h, rows[r], c0, TILE_N, partial);
 }
+// A tile that is not interior: its rows' runs (in `runs`), taken while its products are in flight.
+#define DQ_RUNS()                                                                 \
+  Run runs[2];                                                                    \
+  if (partial || !rows_in || c0 + TILE_N > P.S) dq_runs(P, b, h, rows, c0, partial, runs)
 __device__ __forceinline__ bool dq_run_keep(const Run (&runs)[2], int n, int e, int t) {
   return in_run(runs[e >> 1], n * 8 + 2 * t + (e & 1));
 }
 // dQ's tile that is not interior from its rows' runs (the keep-bits arithmetic, the same bits).
 __device__ __forceinline__ void dq_tile_ds_runs(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
-                                                const i64* rows, i64 c0, int t, bool partial, const float* lse2,
-                                                const float* delta) {
-  Run runs[2];
-  dq_runs(P, b, h, rows, c0, partial, runs);
+                                                const i64* rows, i64 c0, int t, const float* lse2, const float* delta,
+                                                const Run (&runs)[2]) {
 #pragma unroll
   for (int n = 0; n < TILE_N / 8; ++n)
 #pragma unroll
@@ -110,9 +114,7 @@ __device__ __forceinline__ void dq_tile_p(const FlexParams& P, float (*s)[4], i6
 #if MASK_RANGES
 // dQ's tile that is not interior: s becomes P from its rows' runs.
 __device__ __forceinline__ void dq_tile_p_runs(const FlexParams& P, float (*s)[4], i64 b, i64 h, const i64* rows,
-                                               i64 c0, int t, bool partial, const float* lse2) {
-  Run runs[2];
-  dq_runs(P, b, h, rows, c0, partial, runs);
+                                               i64 c0, int t, const float* lse2, const Run (&runs)[2]) {
 #pragma unroll
   for (int n = 0; n < TILE_N / 8; ++n)
 #pragma unroll
@@ -212,6 +214,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     mbar_wait(&bars[2 + slot], phase);   // V(c0) (and dO on the first tile) landed
     PROF_MARK(3);
     wg_abt_issue<64>(dp, dOw, 64, 0, Vb);
+    DQ_RUNS();
     wg_wait<1>();
     reg_fence<TILE_N / 8>(s);
     if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_p<true>(P, s, b, h, rows, c0, t, partial, lse2);
@@ -220,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
       dq_tile_p<false, true>(P, s, b, h, rows, c0, t, true, lse2, P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
 #endif
 #if MASK_RANGES
-    else dq_tile_p_runs(P, s, b, h, rows, c0, t, partial, lse2);
+    else dq_tile_p_runs(P, s, b, h, rows, c0, t, lse2, runs);
 #else
     else dq_tile_p<false>(P, s, b, h, rows, c0, t, partial, lse2);
 #endif
@@ -236,10 +239,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     mbar_wait(&bars[slot], phase);         // K(c0) (and Q on the first tile) landed
     PROF_MARK(3);
     wg_abt_issue<64>(s, Qw, 64, 0, Kb);
+    DQ_RUNS();
     wg_wait_all();
     reg_fence<TILE_N / 8>(dp);
     reg_fence<TILE_N / 8>(s);
 #else
+    DQ_RUNS();
     BWD_ABT(dp, dOw, Vb, LDSM_B_Q);
     PROF_MARK(2);
 #if BWD_KBUF == 1
@@ -259,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
                       P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
 #endif
 #if MASK_RANGES
-    else dq_tile_ds_runs(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+    else dq_tile_ds_runs(P, s, dp, b, h, rows, c0, t, lse2, delta, runs);
 #else
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
 #endif
