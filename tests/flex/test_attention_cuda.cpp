@@ -668,6 +668,20 @@ void expect_same_bits_across(const char* var, const char* on, const char* off, c
   EXPECT_TRUE(a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
 }
 
+// expect_same_bits_across on fresh [1, c.Hq | c.Hkv, len, c.E] inputs (GQA, lse) under a BlockMask of
+// `mask` over mh heads.
+void expect_same_bits_on_mask(const char* var, const char* on, const char* off, const GpuCase& c, const MaskMod& mask,
+                              int64_t mh) {
+  const Tensor q = randn({1, c.Hq, c.L, c.E}), k = randn({1, c.Hkv, c.S, c.E}), v = randn({1, c.Hkv, c.S, c.E}),
+               cot = randn({1, c.Hq, c.L, c.E});
+  const BlockMask bm = create_block_mask(mask, 1, mh, c.L, c.S);
+  FlexOptions o;
+  o.block_mask = &bm;
+  o.return_lse = true;
+  o.enable_gqa = true;
+  expect_same_bits_across(var, on, off, q, k, v, cot, o);
+}
+
 // A kernel variant switched on by `var`=`on`: against the reference, with rows that attend
 // nothing and tiles of one block, and bit for bit (out, lse, gradients; GQA) the kernels with
 // `var`=`off` (the same operations in the same order, only issued or loaded differently).
@@ -775,14 +789,7 @@ void check_document_variant(const char* var, const char* on = "1", const char* o
     check_cuda(c, kBFloat16, &m, [&](int64_t, int64_t, int64_t q, int64_t kv) { return ids[q] == ids[kv] && q >= kv; },
                ScoreMod(), nullptr);
   }
-  const Tensor q = randn({1, c.Hq, c.L, c.E}), k = randn({1, c.Hkv, c.S, c.E}), v = randn({1, c.Hkv, c.S, c.E}),
-               cot = randn({1, c.Hq, c.L, c.E});
-  const BlockMask bm = create_block_mask(m, 1, 1, c.L, c.S);
-  FlexOptions o;
-  o.block_mask = &bm;
-  o.return_lse = true;
-  o.enable_gqa = true;
-  expect_same_bits_across(var, on, off, q, k, v, cot, o);
+  expect_same_bits_on_mask(var, on, off, c, m, 1);
 }
 
 // KILN_FLEX_BWD_SPLIT_P=1 (the default on sm_90): without a score_mod each backward tile's P is
@@ -825,14 +832,7 @@ TEST(FlexAttentionCuda, MaskRangesMatchReferenceAndEvaluatedBits) {
         const ScopedEnv set("KILN_FLEX_MASK_RANGES", "1");
         check_cuda(c, kBFloat16, &mask, fn, ScoreMod(), nullptr);
       }
-      const Tensor q = randn({1, c.Hq, c.L, E}), k = randn({1, c.Hkv, c.S, E}), v = randn({1, c.Hkv, c.S, E}),
-                   cot = randn({1, c.Hq, c.L, E});
-      const BlockMask bm = create_block_mask(mask, 1, c.Hq, c.L, c.S);
-      FlexOptions o;
-      o.block_mask = &bm;
-      o.return_lse = true;
-      o.enable_gqa = true;
-      expect_same_bits_across("KILN_FLEX_MASK_RANGES", "1", "0", q, k, v, cot, o);
+      expect_same_bits_on_mask("KILN_FLEX_MASK_RANGES", "1", "0", c, mask, c.Hq);
     }
   }
 }
@@ -1030,14 +1030,7 @@ TEST(FlexAttentionCuda, MaskBitsForwardMatchesReferenceAndDefaultBits) {
       check_cuda(c, kBFloat16, &m, f, ScoreMod(), nullptr);
       check_cuda(c, kBFloat16, &m, f, softcap(5.0), kSoftcap5);
     }
-    const Tensor q = randn({1, c.Hq, c.L, E}), k = randn({1, c.Hkv, c.S, E}), v = randn({1, c.Hkv, c.S, E}),
-                 cot = randn({1, c.Hq, c.L, E});
-    const BlockMask bm = create_block_mask(m, 1, 1, c.L, c.S);
-    FlexOptions o;
-    o.block_mask = &bm;
-    o.return_lse = true;
-    o.enable_gqa = true;
-    expect_same_bits_across("KILN_FLEX_MASK_BITS", "1", "0", q, k, v, cot, o);
+    expect_same_bits_on_mask("KILN_FLEX_MASK_BITS", "1", "0", c, m, 1);
   }
 }
 

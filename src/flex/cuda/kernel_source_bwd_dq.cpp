@@ -35,22 +35,35 @@ __device__ __forceinline__ void dq_row_bits(const FlexParams& P, const i64* rows
 __device__ __forceinline__ bool dq_bit(const unsigned (*w)[TILE_N / 32], int n, int e, int t) {
   return (w[e >> 1][n >> 2] >> ((n & 3) * 8 + 2 * t + (e & 1))) & 1u;
 }
+#endif
 
-// dQ's tile of a partial block from the block's keep bits `blk`.
-__device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
+#if MASK_BITS || MASK_RANGES
+// dQ's tile that is not interior, each element's keep given: keep(n, e) (mod_score's arithmetic
+// otherwise, the same bits).
+template <class Keep>
+__device__ __forceinline__ void dq_tile_ds_keep(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
                                                 const i64* rows, i64 c0, int t, const float* lse2, const float* delta,
-                                                const unsigned* blk) {
-  unsigned w[2][TILE_N / 32];
-  dq_row_bits(P, rows, c0, blk, w);
+                                                Keep&& keep) {
 #pragma unroll
   for (int n = 0; n < TILE_N / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float p, ds_post, ds;
       p_ds<false, true>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), true, lse2[e >> 1],
-                        delta[e >> 1], &p, &ds_post, &ds, dq_bit(w, n, e, t));
+                        delta[e >> 1], &p, &ds_post, &ds, keep(n, e));
       s[n][e] = ds;
     }
+}
+#endif
+
+#if MASK_BITS
+// dQ's tile of a partial block from the block's keep bits `blk`.
+__device__ __forceinline__ void dq_tile_ds_bits(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
+                                                const i64* rows, i64 c0, int t, const float* lse2, const float* delta,
+                                                const unsigned* blk) {
+  unsigned w[2][TILE_N / 32];
+  dq_row_bits(P, rows, c0, blk, w);
+  dq_tile_ds_keep(P, s, dp, b, h, rows, c0, t, lse2, delta, [&](int n, int e) { return dq_bit(w, n, e, t); });
 }
 #endif
 
@@ -70,19 +83,11 @@ __device__ __forceinline__ void dq_runs(const FlexParams& P, i64 b, i64 h, const
 __device__ __forceinline__ bool dq_run_keep(const Run (&runs)[2], int n, int e, int t) {
   return in_run(runs[e >> 1], n * 8 + 2 * t + (e & 1));
 }
-// dQ's tile that is not interior from its rows' runs (the keep-bits arithmetic, the same bits).
+// dQ's tile that is not interior from its rows' runs.
 __device__ __forceinline__ void dq_tile_ds_runs(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
                                                 const i64* rows, i64 c0, int t, const float* lse2, const float* delta,
                                                 const Run (&runs)[2]) {
-#pragma unroll
-  for (int n = 0; n < TILE_N / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float p, ds_post, ds;
-      p_ds<false, true>(P, s[n][e], dp[n][e], b, h, rows[e >> 1], c0 + n * 8 + 2 * t + (e & 1), true, lse2[e >> 1],
-                        delta[e >> 1], &p, &ds_post, &ds, dq_run_keep(runs, n, e, t));
-      s[n][e] = ds;
-    }
+  dq_tile_ds_keep(P, s, dp, b, h, rows, c0, t, lse2, delta, [&](int n, int e) { return dq_run_keep(runs, n, e, t); });
 }
 #endif
 
