@@ -23,7 +23,7 @@ struct Prepared {
   std::shared_ptr<detail::Program> score, mask;
   BlockMask block_mask;  // a copy (tensors are shared handles): the backward reads its q_* lists
   std::shared_ptr<cuda::State> cuda;  // CUDA: device buffers and compiled kernels
-  BlockMask merged;                   // CUDA with KILN_FLEX_MERGED_WALK: block_mask's lists merged
+  BlockMask merged;                   // CUDA (cuda::merged_walk, the default): block_mask's lists merged
 };
 
 // A BlockMask derived from `bm` (moved to a device, halved) by make(), from a small cache keyed by
@@ -140,8 +140,8 @@ void halve_blocks_if_short(Prepared& pr, Device device) {
   use_block_mask(p, pr.block_mask);
 }
 
-// KILN_FLEX_MERGED_WALK: the (possibly halved) mask's lists merged for the kernels' one-list walk,
-// derived once per BlockMask.
+// The (possibly halved) mask's lists merged for the kernels' one-list walk where cuda::merged_walk
+// says so (the default; KILN_FLEX_MERGED_WALK=0 walks two), derived once per BlockMask.
 void merge_lists_if_asked(Prepared& pr, Device device) {
   cpu::Problem& p = pr.p;
   if (!cuda::merged_walk(p)) return;

@@ -21,7 +21,7 @@ __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
 #define WALK_AHEAD 0  // the lists' next entries loaded a step ahead (KILN_FLEX_WALK_AHEAD=1)
 #endif
 #ifndef MERGED_WALK
-#define MERGED_WALK 0  // one merged list a row (KILN_FLEX_MERGED_WALK=1)
+#define MERGED_WALK 0  // one merged list a row (the host's default; KILN_FLEX_MERGED_WALK=0 walks two)
 #endif
 // BlockWalk's step without a BlockMask (all_full): every block in turn, each full.
 __device__ __forceinline__ bool step_all(i64& next, i64 count, int& j, bool& partial) {
