@@ -20,9 +20,9 @@ struct Program;
 BlockMask halve_blocks(const BlockMask& bm, const Program& prog);
 
 // bm's partial and full lists merged, for the CUDA kernels' one-list walk (the default;
-// KILN_FLEX_MERGED_WALK=0 turns it off): kv_num_blocks [B, H, nQ] and kv_indices [B, H, nQ, m] list each row's blocks ascending as
-// 2 * block + (1 if partial); q_num_blocks / q_indices the same of the transposed lists. The full_*
-// tensors are bm's (unused). On the CPU.
+// KILN_FLEX_MERGED_WALK=0 turns it off): kv_num_blocks [B, H, nQ] and kv_indices [B, H, nQ, m]
+// list each row's blocks ascending as 2 * block + (1 if partial); q_num_blocks / q_indices the
+// same of the transposed lists. The full_* tensors are bm's (unused). On the CPU.
 BlockMask merge_block_lists(const BlockMask& bm);
 
 }  // namespace kiln::flex::detail
