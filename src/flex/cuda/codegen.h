@@ -171,7 +171,8 @@ std::string generate_mod_functions(const detail::Program* score, const detail::P
 // index `var` (Op::KvIdx: a row's run of kv; Op::QIdx: a column's run of q), the other index fixed,
 // the free one's argument ignored; `forward` holds the mask's emitted locals. False (nothing written)
 // when the mask is not such a run (codegen_ranges.cpp).
-bool emit_mask_range(const detail::Program& mask, Op var, const char* fn, const std::string& forward, std::ostream& out);
+bool emit_mask_range(const detail::Program& mask, Op var, const char* fn, const std::string& forward,
+                     std::ostream& out);
 
 // mask_kv_range and mask_q_range of `mask` (MASK_RANGES), or "" when it is not a run both ways.
 std::string mask_range_functions(const detail::Program& mask, bool fast_mods, bool magic_i2f);
