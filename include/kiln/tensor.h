@@ -115,6 +115,7 @@ class Tensor {
                 bool create_graph = false) const;
 
  private:
+  friend struct TensorAccess;  // internal (core/tensor_impl.h): handle counts for the autograd engine
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -28,6 +28,16 @@ class LambdaNode : public Node {
   autograd::BackwardFn fn_;
 };
 
+// Whether `g` is its caller's only handle to memory that no other tensor views, whole and
+// contiguous: a gradient a backward just made, which .grad may keep without a copy (as torch's
+// AccumulateGrad steals). Not a root gradient the caller still holds, not one handed to several
+// inputs (add), not a view of another tensor's memory.
+bool sole_owner(const Tensor& g) {
+  const TensorImpl& i = *g.impl();
+  return TensorAccess::handles(g) == 1 && i.storage.use_count() == 1 && i.offset == 0 && g.is_contiguous() &&
+         g.nbytes() == i.storage->nbytes() && !g.requires_grad();
+}
+
 // Adds incoming gradients into a leaf's .grad.
 class AccumulateGrad : public Node {
  public:
@@ -40,9 +50,11 @@ class AccumulateGrad : public Node {
     if (leaf_.impl()) lock = std::unique_lock(leaf_.impl()->meta().leaf_mutex);
     const Tensor& current = leaf_.grad();
     if (!current.defined()) {
-      // A copy, so .grad never aliases another tensor (one backward may hand the same buffer to
-      // several inputs, e.g. add) and in-place accumulation stays safe.
-      leaf_.set_grad(g.detach().clone());
+      // Without create_graph a gradient the engine alone holds becomes .grad as it is; otherwise a
+      // copy, so .grad never aliases another tensor (one backward may hand the same buffer to
+      // several inputs, e.g. add; the caller keeps its root gradient) and in-place accumulation
+      // stays safe.
+      leaf_.set_grad(!is_grad_enabled() && sole_owner(g) ? g.detach() : g.detach().clone());
     } else if (is_grad_enabled()) {
       leaf_.set_grad(add(current, g));  // create_graph: keep the sum differentiable
     } else {

@@ -34,6 +34,11 @@ struct TensorImpl {
   }
 };
 
+// Internal access to a Tensor's handle: how many Tensor objects share its TensorImpl.
+struct TensorAccess {
+  static long handles(const Tensor& t) { return t.impl_.use_count(); }
+};
+
 Shape contiguous_strides(const Shape& sizes);
 // A new handle over `base`'s storage with the given geometry and no autograd history.
 Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset);

@@ -19,6 +19,53 @@ TEST(Autograd, AccumulatesIntoLeavesThroughViews) {
   EXPECT_FALSE(z.is_leaf());
 }
 
+// A leaf's first gradient is kept without a copy when the engine alone holds it, and copied when
+// anything else can see its memory: the caller's root gradient, one gradient handed to two leaves,
+// a view of a larger buffer. Later accumulation never writes into memory a caller sees.
+TEST(Autograd, FirstGradientIsTakenOnlyWhenNothingElseSeesIt) {
+  Tensor x = randn({4, 3}, kFloat64).requires_grad_(), w = randn({4, 3}, kFloat64).requires_grad_();
+  const void* made = nullptr;
+  Tensor y = x.detach().clone();
+  autograd::record("test_made", {y}, {x}, [&made](const std::vector<Tensor>& g) {
+    Tensor fresh = mul(g[0], 2.0);  // a new buffer, the engine's only handle once returned
+    made = fresh.data_ptr();
+    return std::vector<Tensor>{fresh};
+  });
+  y.backward(ones({4, 3}, kFloat64));
+  EXPECT_EQ(x.grad().data_ptr(), made) << "a gradient only the engine held was copied";
+  for (double v : x.grad().to_vector()) EXPECT_EQ(v, 2.0);
+
+  // The root gradient: the caller keeps it, so .grad is a copy and accumulating leaves it alone.
+  Tensor root = ones({4, 3}, kFloat64);
+  Tensor a = randn({4, 3}, kFloat64).requires_grad_();
+  a.backward(root);
+  EXPECT_NE(a.grad().data_ptr(), root.data_ptr());
+  a.backward(root);
+  for (double v : root.to_vector()) EXPECT_EQ(v, 1.0);
+  for (double v : a.grad().to_vector()) EXPECT_EQ(v, 2.0);
+
+  // One fresh gradient for two leaves (add's backward hands it to both): no aliasing.
+  sum(mul(add(x, w), 3.0)).backward();
+  EXPECT_NE(x.grad().data_ptr(), w.grad().data_ptr());
+  sum(w).backward();
+  for (double v : x.grad().to_vector()) EXPECT_EQ(v, 5.0);
+  for (double v : w.grad().to_vector()) EXPECT_EQ(v, 4.0);
+
+  // A view of a larger buffer (the backward keeps the rest): copied, whole and contiguous.
+  Tensor big;
+  Tensor z = x.detach().clone();
+  Tensor p = randn({4, 3}, kFloat64).requires_grad_();
+  autograd::record("test_view", {z}, {p}, [&big](const std::vector<Tensor>& g) {
+    big = zeros({8, 3}, kFloat64);
+    big.narrow(0, 0, 4).copy_(g[0]);
+    return std::vector<Tensor>{big.narrow(0, 0, 4)};
+  });
+  z.backward(ones({4, 3}, kFloat64));
+  EXPECT_NE(p.grad().data_ptr(), big.data_ptr());
+  sum(p).backward();
+  for (double v : big.narrow(0, 0, 4).to_vector()) EXPECT_EQ(v, 1.0);
+}
+
 TEST(Autograd, ExpandBackwardSumsBroadcastDims) {
   Tensor b = randn({3, 1}, kFloat64).requires_grad_();
   sum(b.expand({2, 3, 5})).backward();
