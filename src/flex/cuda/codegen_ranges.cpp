@@ -1,8 +1,9 @@
 // MASK_RANGES: the runs of a mask row (and column). A mask whose every part that depends on the
 // free index x (kv for a row, q for a column) is a comparison of +-x with an x-free int, joined by &
 // (and | with x-free bools), keeps one interval of x; the kernels then test an element with one
-// subtraction and one unsigned compare instead of evaluating the mask (causal, sliding windows,
-// prefix-LM and their & compositions; a document mask's doc[kv] is not x-free, and takes mask bits).
+// subtraction and one unsigned compare instead of evaluating the mask (causal, sliding windows and
+// their & compositions; not prefix-LM, a union of two runs, nor a document mask, whose doc[kv] is
+// not x-free and which takes mask bits).
 #include <sstream>
 #include <string>
 #include <vector>
