@@ -12,8 +12,6 @@ __device__ __forceinline__ float col_of_pair(const float* rows, int n, int t, in
   return (e & 1) ? v.y : v.x;
 }
 
-// dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s (raw scores) becomes P and dp
-// becomes dS; with captured-tensor gradients raw keeps the raw scores and dpost d loss / d score.
 #if MASK_RANGES
 // The runs of q of a thread's two kv rows cols[r] over dK/dV's transposed tile (q from r0).
 __device__ __forceinline__ void dkdv_runs(const FlexParams& P, i64 b, i64 h, i64 r0, const i64* cols, bool partial,
@@ -22,7 +20,7 @@ __device__ __forceinline__ void dkdv_runs(const FlexParams& P, i64 b, i64 h, i64
   for (int r = 0; r < 2; ++r) runs[r] = q_run(P, b, h, cols[r], r0, TILE_M, partial);
 }
 #endif
-// kRuns (MASK_RANGES, a tile that is not interior): the keep of its columns' runs `runs`.
+// The tile helpers' kRuns (MASK_RANGES, a tile that is not interior): the keep of its columns' runs.
 #if MASK_RANGES
 #define DKDV_RUNS_ARG , const Run* runs
 #define DKDV_KEEP(e, qc) (kRuns ? in_run(runs[(e) >> 1], qc) : true)
@@ -30,6 +28,9 @@ __device__ __forceinline__ void dkdv_runs(const FlexParams& P, i64 b, i64 h, i64
 #define DKDV_RUNS_ARG , const void* runs
 #define DKDV_KEEP(e, qc) true
 #endif
+
+// dK/dV's transposed tile (rows kv = cols[r], columns q = r0..): s (raw scores) becomes P and dp
+// becomes dS; with captured-tensor gradients raw keeps the raw scores and dpost d loss / d score.
 template <bool kInterior, bool kRuns = false>
 __device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], float (*raw)[4],
                                                float (*dpost)[4], i64 b, i64 h, i64 r0, const i64* cols, int t,
