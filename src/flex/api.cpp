@@ -142,7 +142,7 @@ void halve_blocks_if_short(Prepared& pr, Device device) {
 
 // The (possibly halved) mask's lists merged for the kernels' one-list walk where cuda::merged_walk
 // says so (the default; KILN_FLEX_MERGED_WALK=0 walks two), derived once per BlockMask.
-void merge_lists_if_asked(Prepared& pr, Device device) {
+void merge_lists_for_walk(Prepared& pr, Device device) {
   cpu::Problem& p = pr.p;
   if (!cuda::merged_walk(p)) return;
   const BlockMask& bm = pr.block_mask;
@@ -214,7 +214,7 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
     p.score = pr->score.get();
   }
   if (q.is_cuda()) {
-    KILN_CUDA_ONLY(kOp, halve_blocks_if_short(*pr, q.device()); merge_lists_if_asked(*pr, q.device());
+    KILN_CUDA_ONLY(kOp, halve_blocks_if_short(*pr, q.device()); merge_lists_for_walk(*pr, q.device());
                    pr->cuda = cuda::make_state(p, q.dtype(), q.device()));
   }
   return pr;

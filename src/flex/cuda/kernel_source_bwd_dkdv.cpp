@@ -232,13 +232,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
         wg_abt_issue<64>(s, Kw, 64, 0, Qc);
         wg_abt_issue<64>(dp, Vw, 64, 0, dOc);
 #if BWD_SPLIT_P
+        const bool interior = !partial && r0 + TILE_M <= P.L && kv_in;
 #if MASK_RANGES
         Run runs[2];  // a tile that is not interior: its columns' runs, while the products are in flight
-        if (partial || r0 + TILE_M > P.L || !kv_in) dkdv_runs(P, b, h, r0, cols, partial, runs);
+        if (!interior) dkdv_runs(P, b, h, r0, cols, partial, runs);
 #endif
         wg_wait<1>();  // S^T landed: its P while dP^T is in flight
         reg_fence<TILE_M / 8>(s);
-        if (!partial && r0 + TILE_M <= P.L && kv_in) {
+        if (interior) {
           dkdv_tile_p<true>(P, s, b, h, r0, cols, t, partial, lse2_c);
         } else {
 #if MASK_RANGES

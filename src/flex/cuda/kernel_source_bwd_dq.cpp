@@ -76,10 +76,10 @@ __device__ __forceinline__ void dq_runs(const FlexParams& P, i64 b, i64 h, const
 #pragma unroll
   for (int r = 0; r < 2; ++r) runs[r] = kv_run(P, b, h, rows[r], c0, TILE_N, partial);
 }
-// A tile that is not interior: its rows' runs (in `runs`), taken while its products are in flight.
-#define DQ_RUNS()                                                                 \
-  Run runs[2];                                                                    \
-  if (partial || !rows_in || c0 + TILE_N > P.S) dq_runs(P, b, h, rows, c0, partial, runs)
+// A tile that is not interior: its rows' runs into the step's `runs`, taken while its products are
+// in flight.
+#define DQ_RUNS() \
+  if (!interior) dq_runs(P, b, h, rows, c0, partial, runs)
 __device__ __forceinline__ bool dq_run_keep(const Run (&runs)[2], int n, int e, int t) {
   return in_run(runs[e >> 1], n * 8 + 2 * t + (e & 1));
 }
@@ -202,6 +202,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
   PROF_MARK(0);
   for (int step = 0; more; ++step) {
     float s[TILE_N / 8][4], dp[TILE_N / 8][4];
+    const bool interior = !partial && rows_in && c0 + TILE_N <= P.S;  // a full block's tile inside both lengths
+#if MASK_RANGES
+    Run runs[2];  // DQ_RUNS: the rows' runs of a tile that is not interior
+#endif
     const int slot = BWD_KBUF == 2 ? step & 1 : 0;
     const u32 phase = BWD_KBUF == 2 ? (step >> 1) & 1 : step & 1;  // each slot's barriers flip once a use
     u16* Kb = slot ? Ks2 : Ks;
@@ -222,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     DQ_RUNS();
     wg_wait<1>();
     reg_fence<TILE_N / 8>(s);
-    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_p<true>(P, s, b, h, rows, c0, t, partial, lse2);
+    if (interior) dq_tile_p<true>(P, s, b, h, rows, c0, t, partial, lse2);
 #if MASK_BITS
     else if (P.mbits && partial)
       dq_tile_p<false, true>(P, s, b, h, rows, c0, t, true, lse2, P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
@@ -262,7 +266,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     BWD_ABT(s, Qw, Kb, LDSM_B_Q);
 #endif
     PROF_MARK(4);
-    if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+    if (interior) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
 #if MASK_BITS
     else if (P.mbits && partial)
       dq_tile_ds_bits(P, s, dp, b, h, rows, c0, t, lse2, delta,
