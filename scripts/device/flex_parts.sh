@@ -8,6 +8,15 @@ flex_tests() {
   grep -E "Failure|^\[  FAILED" -A6 "$OUT/flex_tests.log" | head -40 | tee -a "$OUT/$LOG_NAME"
 }
 
+# The other CUDA suites (test_ops, test_train, test_lce; gtest filter *Cuda*): summary lines, failures.
+cuda_suites() {
+  for t in ops train lce; do
+    timeout ${SUITE_TIMEOUT:-150} build-gpu/tests/test_$t --gtest_filter='*Cuda*' > "$OUT/test_$t.log" 2>&1
+    log "test_$t *Cuda* (rc $?): $(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED' "$OUT/test_$t.log" | tr '\n' ' ')"
+    grep -E "Failure|^\[  FAILED" -A6 "$OUT/test_$t.log" | head -20 | tee -a "$OUT/$LOG_NAME"
+  done
+}
+
 # The torch adapter tests (test_torch_flex, test_torch_lce, test_dlpack) on the carried package.
 torch_pytest() {
   PYTHONPATH=/tmp/kiln-py timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_flex.py \

@@ -3,7 +3,7 @@
 # built by pack.sh) as "old", the same with this tree's python/kiln/*.py laid over it as "new";
 # the torch adapter tests on "new", then scripts/device/flex_host.py on both (1x8x32768x64 window
 # 256: event-timed and host-only ms per call, kiln's native API, torch flex, cProfile, the GPU's
-# kernels). Then EXTRA (a command line) if set. Logs to stdout and $OUT/host.log.
+# kernels; HOST_OLD=0 skips "old"). Then EXTRA (a command line) if set. Logs to stdout and $OUT/host.log.
 set -uo pipefail
 LOG_NAME=host.log
 . scripts/device/prelude.sh
@@ -13,7 +13,7 @@ PYTHONPATH=/tmp/kiln-py-new timeout 200 python3 -m pytest -q -p no:cacheprovider
   python/tests/test_torch_lce.py python/tests/test_dlpack.py > "$OUT/pytest_torch.log" 2>&1
 log "pytest (new adapters): $(tail -1 "$OUT/pytest_torch.log")"
 grep -E "^FAILED|Error" "$OUT/pytest_torch.log" | head -10 | tee -a "$OUT/$LOG_NAME"
-FLEX_HOST_TAG=old FLEX_HOST_PARTS=times PYTHONPATH=/tmp/kiln-py timeout 120 python3 scripts/device/flex_host.py 2>&1 \
+[ "${HOST_OLD:-1}" = 0 ] || FLEX_HOST_TAG=old FLEX_HOST_PARTS=times PYTHONPATH=/tmp/kiln-py timeout 120 python3 scripts/device/flex_host.py 2>&1 \
   | tee -a "$OUT/$LOG_NAME" | grep -v "^$" | head -8
 FLEX_HOST_TAG=new PYTHONPATH=/tmp/kiln-py-new timeout 150 python3 scripts/device/flex_host.py > "$OUT/flex_host_new.log" 2>&1
 grep -E "^new|skipped" "$OUT/flex_host_new.log" | tee -a "$OUT/$LOG_NAME"

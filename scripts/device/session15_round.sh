@@ -6,6 +6,7 @@
 #   ncu:     Nsight Compute (clocks left alone) on one launch of each NCU_KERNELS entry, kernel:row
 #            (default flex_fwd:0 flex_bwd_dq:0 flex_bwd_dkdv:0 flex_fwd:4): headline lines here,
 #            the whole report in $OUT/ncu_<kernel>_<row>.txt;
+#   suites:  test_ops, test_train and test_lce, their *Cuda* tests (SUITE_TIMEOUT each);
 #   pytest:  the torch adapter tests (test_torch_flex, test_torch_lce, test_dlpack) on the carried package;
 #   compare: compare_torch.py's flex rows CMP_ROWS (default 0,1,2,4) beside torch.
 # Logs to stdout and $OUT/$LOG_NAME (default session15.log; compare: $OUT/compare_flex.txt and JSON).
@@ -43,6 +44,7 @@ for part in ${PARTS:-tests ab ncu compare}; do
         grep -E "^ +(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Hit Rate|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Block Limit [A-Za-z ]+|Warp Cycles Per Issued Instruction|Issued Warp Per Scheduler|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Executed Ipc Active|Grid Size|Waves Per SM|Dynamic Shared Memory Per Block) " "$f" | tee -a "$OUT/$LOG_NAME"
         grep -iE "^ *(==ERR|==WARN|error)" "$f" | head -4 | tee -a "$OUT/$LOG_NAME"
       done ;;
+    suites) cuda_suites ;;
     pytest) torch_pytest ;;
     compare) flex_compare 400 ;;
   esac
