@@ -30,6 +30,9 @@ class Node {
   std::vector<Shape> output_shapes;  // to build zero grads for outputs that got none
   std::vector<TensorOptions> output_options;
   uint64_t sequence_nr = 0;          // creation order; backward runs newest first
+  // False: apply() sees undefined grads for outputs that got none, instead of zeros (torch's
+  // ctx.set_materialize_grads(False)); for ops that skip the work, e.g. an unused logsumexp.
+  bool materialize_grads = true;
 };
 
 // A tensor kept for backward. Remembers the storage version at save time, so a later in-place
@@ -72,9 +75,10 @@ using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& 
 // True when grad mode is on and any input requires grad.
 bool needs_grad(const std::vector<Tensor>& inputs);
 // Attaches a node running `fn` to `outputs` (grad_fn) with edges to `inputs`.
-// Call only when needs_grad(inputs).
+// Call only when needs_grad(inputs). materialize_grads: as Node's (false: `fn` handles undefined
+// grad_outputs).
 void record(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-            BackwardFn fn);
+            BackwardFn fn, bool materialize_grads = true);
 // The edge a gradient for `t` flows along (its grad_fn, or its leaf accumulator).
 Edge gradient_edge(const Tensor& t);
 

@@ -23,8 +23,9 @@ import contextlib
 
 import torch
 
-from . import _C
+from . import _C, _capture
 from ._dlpack import from_dlpack
+from .nn.attention import flex_attention as _fa
 
 __all__ = ["to_kiln", "to_torch", "linear_cross_entropy", "flex_attention"]
 
@@ -201,9 +202,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     it moved (an in-place write such as an optimizer step; a write through `.data` is not seen), and
     its gradient is returned on its own device.
     kernel_options is accepted for PyTorch compatibility and ignored."""
-    from .nn.attention import flex_attention as fa
-    from . import _capture
-
+    fa = _fa
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"kiln.torch.flex_attention: {name} must be a torch.Tensor, got {type(t).__name__}")

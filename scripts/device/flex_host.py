@@ -5,7 +5,8 @@ unpacked package; prelude.sh sets it up). Prints, per path, the event-timed ms o
 kept busy by a long kernel queued first (so host work cannot hide behind the GPU); then cProfile's
 top entries for the fwd+bwd loop, and torch.profiler's GPU kernel totals (CUPTI sees kiln's
 kernels too) for the same loop. FLEX_HOST_TAG labels the lines (e.g. old / new adapters);
-FLEX_HOST_PARTS picks "times,native,torch,cprofile,kernels" (default all)."""
+FLEX_HOST_PARTS picks "times,native,floor,torch,cprofile,kernels" (default all; floor: a torch
+Function that runs nothing, and one with the adapter's DLPack views, for torch's share)."""
 import os
 import cProfile
 import pstats
@@ -73,7 +74,7 @@ def host_ms(fn):
 
 
 TAG = os.environ.get("FLEX_HOST_TAG", "")
-PARTS = os.environ.get("FLEX_HOST_PARTS", "times,native,torch,cprofile,kernels").split(",")
+PARTS = os.environ.get("FLEX_HOST_PARTS", "times,native,floor,torch,cprofile,kernels").split(",")
 
 
 def report(name, fn):
@@ -101,6 +102,44 @@ if "native" in PARTS:  # kiln's own Python API on kiln tensors: no torch adapter
     # kiln's own stream here is its current one (the legacy default stream, as torch's)
     report("kiln native fwd", nfwd)
     report("kiln native fwd+bwd", nfwd_bwd)
+
+if "floor" in PARTS:  # torch's own share: an autograd.Function of the same signature that runs nothing
+    class _Nothing(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, grad_enabled, score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query,
+                    key, value):
+            ctx.set_materialize_grads(False)
+            return torch.empty_like(query)
+
+        @staticmethod
+        def backward(ctx, g):
+            return (None,) * 7 + (torch.empty_like(g), torch.empty_like(g), torch.empty_like(g))
+
+    def floor_fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        _Nothing.apply(True, None, bm, None, False, False, [], q, k, v).backward(dout)
+
+    def views_fwd_bwd():  # the Function plus the adapter's DLPack views and stream switch, no kiln op
+        q.grad = k.grad = v.grad = None
+        _Views.apply(True, None, bm, None, False, False, [], q, k, v).backward(dout)
+
+    class _Views(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, grad_enabled, score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query,
+                    key, value):
+            ctx.set_materialize_grads(False)
+            with kt._on_torch_stream(query.device):
+                ks = [kt._leaf(t, True) for t in (query, key, value)]
+                return kt._torch_view(ks[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            with kt._on_torch_stream(g.device):
+                kg = kt._kiln_view(g.contiguous())
+                return (None,) * 7 + tuple(kt._torch_view(kg).to(g.device) for _ in range(3))
+
+    report("torch Function, nothing", floor_fwd_bwd)
+    report("Function + views", views_fwd_bwd)
 
 tbm = None
 try:

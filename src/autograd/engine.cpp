@@ -95,8 +95,9 @@ void run(GraphTask& task, const std::vector<Edge>& roots, const std::vector<Tens
       bool any = false;
       for (const Tensor& g : grads) any = any || g.defined();
       if (any) {
-        // Outputs that received nothing get zeros, so every backward sees a full list.
-        for (size_t i = 0; i < grads.size() && i < n->output_shapes.size(); ++i)
+        // Outputs that received nothing get zeros, so every backward sees a full list (unless the
+        // node handles undefined ones itself).
+        for (size_t i = 0; n->materialize_grads && i < grads.size() && i < n->output_shapes.size(); ++i)
           if (!grads[i].defined()) grads[i] = zeros(n->output_shapes[i], n->output_options[i]);
         const BackwardObserver obs = g_observer.load(std::memory_order_relaxed);
         const std::string name = obs ? n->name() : std::string();

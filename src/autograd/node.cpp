@@ -109,9 +109,10 @@ Edge gradient_edge(const Tensor& t) {
 }
 
 void record(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-            BackwardFn fn) {
+            BackwardFn fn, bool materialize_grads) {
   auto node = std::make_shared<LambdaNode>(name, std::move(fn));
   node->sequence_nr = g_sequence.fetch_add(1);
+  node->materialize_grads = materialize_grads;
   node->next_edges.reserve(inputs.size());
   for (const Tensor& in : inputs) node->next_edges.push_back(gradient_edge(in));
   for (size_t i = 0; i < outputs.size(); ++i) {

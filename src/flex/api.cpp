@@ -313,7 +313,7 @@ FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
         grads.push_back(gt);
       }
       return grads;
-    });
+    }, /*materialize_grads=*/false);  // an unused lse's gradient is skipped, not a zero tensor read
   }
   FlexOutput res;
   res.out = out;

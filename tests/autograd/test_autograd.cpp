@@ -66,6 +66,25 @@ TEST(Autograd, FirstGradientIsTakenOnlyWhenNothingElseSeesIt) {
   for (double v : big.narrow(0, 0, 4).to_vector()) EXPECT_EQ(v, 1.0);
 }
 
+// A node of two outputs where only one is used: by default its backward sees zeros for the other;
+// recorded with materialize_grads = false it sees an undefined tensor there.
+TEST(Autograd, MaterializeGradsFalseLeavesUnusedOutputsUndefined) {
+  for (const bool materialize : {true, false}) {
+    Tensor x = randn({5}, kFloat64).requires_grad_();
+    Tensor a = x.detach().clone(), b = x.detach().clone();
+    bool second_defined = false;
+    autograd::record("test_two_outputs", {a, b}, {x}, [&](const std::vector<Tensor>& g) {
+      second_defined = g[1].defined();
+      if (second_defined)
+        for (double v : g[1].to_vector()) EXPECT_EQ(v, 0.0);
+      return std::vector<Tensor>{mul(g[0], 3.0)};
+    }, materialize);
+    sum(a).backward();
+    EXPECT_EQ(second_defined, materialize);
+    for (double v : x.grad().to_vector()) EXPECT_EQ(v, 3.0);
+  }
+}
+
 TEST(Autograd, ExpandBackwardSumsBroadcastDims) {
   Tensor b = randn({3, 1}, kFloat64).requires_grad_();
   sum(b.expand({2, 3, 5})).backward();

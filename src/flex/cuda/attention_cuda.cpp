@@ -116,6 +116,15 @@ void upload(const detail::Program& prog, Device device, std::vector<Tensor>& kee
 
 void* stream_of(const State& st) { return kiln::cuda::current_raw_stream(st.device.index); }
 
+// The kernels' out-of-range flag (P.err), zeroed, where a mod's loads are not proven in range
+// (KILN_INDEX_CHECK); else undefined and P.err null: its memset cost ~10 us of host time a call.
+Tensor attach_error_flag(const State& st, FlexParams& P) {
+  if (!st.check_indices) return Tensor();
+  Tensor err = zeros({1}, TensorOptions().dtype(kInt32).device(st.device));
+  P.err = err.data_ptr<int32_t>();
+  return err;
+}
+
 bool read_error(const State& st, const Tensor& err) {
   if (!st.check_indices) return true;
   return err.to(kCPU).data_ptr<int32_t>()[0] == 0;  // synchronises: only loads not proven in range pay it
@@ -274,13 +283,12 @@ Tensor launch_mask_bits(const State& st, FlexParams& P, void* stream) {
 bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
   kiln::cuda::DeviceGuard guard(st.device.index);
   FlexParams P = st.base;
-  const Tensor err = zeros({1}, TensorOptions().dtype(kInt32).device(st.device));
+  const Tensor err = attach_error_flag(st, P);
   P.q = q.data_ptr();
   P.k = k.data_ptr();
   P.v = v.data_ptr();
   P.out = out.data_ptr();
   P.lse = lse.data_ptr<float>();
-  P.err = err.data_ptr<int32_t>();
   if (st.cfg.fwd_tma) {  // the maps hold the tensors' addresses: encoded per call (host only, ~microseconds)
     const bool bf16 = st.dtype == kBFloat16;
     const KernelConfig& c = st.cfg;
@@ -306,7 +314,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   void* stream = stream_of(st);
   FlexParams P = st.base;
   const TensorOptions dev = TensorOptions().device(st.device);
-  const Tensor err = zeros({1}, dev.dtype(kInt32));
+  const Tensor err = attach_error_flag(st, P);
   const Tensor dout = dout_in.defined() ? dout_in : zeros(out.sizes(), out.options());
   const Tensor delta = empty({2, p.B * p.Hq * p.L}, dev.dtype(kFloat32));  // delta, then lse2
   P.q = q.data_ptr();
@@ -321,7 +329,6 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   P.dq = dq.data_ptr();
   P.dk = dk.data_ptr();
   P.dv = dv.data_ptr();
-  P.err = err.data_ptr<int32_t>();
   if (st.cfg.bwd_tma) {  // the backward's 64-row boxes
     const bool bf16 = st.dtype == kBFloat16;
     encode_tile_map(P.qmap, P.q, bf16, p.B * p.Hq, p.L, p.E, kTileM);
@@ -333,7 +340,8 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   const Tensor bits = launch_mask_bits(st, P, stream);  // the dQ kernel's, as the forward's
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
-  launch(st.kernels->bwd_pre, ceil_div(rows, kThreads / (p.E / 8)), kThreads, 0, stream, &P);  // E / 8 lanes a row
+  // E / 8 lanes a row, kPreRows rows a lane group
+  launch(st.kernels->bwd_pre, ceil_div(rows, kThreads / (p.E / 8) * kPreRows), kThreads, 0, stream, &P);
   // The captured-tensor gradient slots, zeroed on the main stream before the side stream follows it.
   P.units = p.B * p.Hkv * P.kv_tiles;
   const bool cap = st.grad_numel > 0;

@@ -418,6 +418,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   if (cfg.mask_bits && cfg.fwd_tma && cfg.fwd_wgmma && mask) os << "#define MASK_BITS 1\n";
   os << "#define NTHREADS " << kThreads << "\n";
   os << "#define NWARPS " << kWarps << "\n";
+  os << "#define PRE_ROWS " << kPreRows << "\n";
   os << "#define HAS_SCORE " << (score ? 1 : 0) << "\n";
   os << "#define HAS_MASK " << (mask ? 1 : 0) << "\n";
   os << "#define HAS_CAP_GRAD " << (score && score->any_grad ? 1 : 0) << "\n";

@@ -16,6 +16,7 @@ constexpr int kTileM = 64;      // q rows per CTA (4 warps x 16)
 constexpr int kTileN = 64;      // kv columns per step (BlockMask blocks must be multiples of both)
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
+constexpr int kPreRows = 4;  // rows each flex_bwd_pre lane group reads, their loads in flight together
 // KILN_FLEX_PROFILE counters: the forward's at 0.., dQ's at 8.., dK/dV's at 16.. (8 each).
 constexpr int kProfileSlots = 24;
 

@@ -17,7 +17,7 @@
 // the BlockMask lists, partial and full merged in ascending block order, so a block contributes
 // the same bits whatever its classification (the mask is simply not evaluated on full blocks).
 //   flex_fwd:       per (b, q head, 64-row q tile): online softmax, out in T, lse (natural log).
-//   flex_bwd_pre:   delta = rowsum(dO * O) - dlse, E / 8 lanes a row (16-byte loads).
+//   flex_bwd_pre:   delta = rowsum(dO * O) - dlse, E / 8 lanes a row (16-byte loads), PRE_ROWS rows a lane group.
 //   flex_bwd_dq:    per (b, q head, q tile): dQ = scale * sum dS K over its kv list.
 //   flex_bwd_dkdv:  per (b, kv head, 64-row kv tile): dV = sum P^T dO, dK = scale * sum dS^T Q over
 //                   the group's q heads (fixed order) and their transposed q lists; captured-tensor

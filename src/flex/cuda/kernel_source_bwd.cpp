@@ -71,26 +71,43 @@ const char* kernel_backward_common() {
 
 // PRE_LANES lanes a row, each with one 16-byte load of dO and of O (8 elements): a warp per row
 // with 2-byte loads ran at ~1.3 TB/s (H200, session 13: 51 us of a 0.55 ms fwd+bwd at 1x8x32768x64).
+// Each lane group takes PRE_ROWS rows (a grid's width apart) and issues all their loads, lse's and
+// dlse's included, before it uses any: one row a group left ~22 us at 0.4 TB/s (session 17).
 #define PRE_LANES (HEAD_DIM / 8)
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexParams P) {
+  constexpr int kGroups = NTHREADS / PRE_LANES;
   const int sub = threadIdx.x % PRE_LANES;
-  const i64 row = (i64)blockIdx.x * (NTHREADS / PRE_LANES) + threadIdx.x / PRE_LANES;
-  const bool live = row < P.B * P.Hq * P.L;
-  float s = 0.f;
-  if (live) {  // dO and O are 16-byte aligned: O is kiln's own, dO passed through kernel_operand (api.cpp)
-    const uint4 a = *(const uint4*)((const u16*)P.dout + row * HEAD_DIM + sub * 8),
-                b = *(const uint4*)((const u16*)P.out + row * HEAD_DIM + sub * 8);
-    const u32 av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+  const i64 rows = P.B * P.Hq * P.L, first = (i64)blockIdx.x * kGroups * PRE_ROWS + threadIdx.x / PRE_LANES;
+  uint4 a[PRE_ROWS], b[PRE_ROWS];
+  float lse[PRE_ROWS], dlse[PRE_ROWS];
+#pragma unroll
+  for (int r = 0; r < PRE_ROWS; ++r) {  // dO and O are 16-byte aligned: O is kiln's own, dO passed through kernel_operand (api.cpp)
+    const i64 row = first + r * kGroups;
+    a[r] = b[r] = make_uint4(0, 0, 0, 0);
+    lse[r] = dlse[r] = 0.f;
+    if (row < rows) {
+      a[r] = *(const uint4*)((const u16*)P.dout + row * HEAD_DIM + sub * 8);
+      b[r] = *(const uint4*)((const u16*)P.out + row * HEAD_DIM + sub * 8);
+      if (sub == 0) {
+        lse[r] = P.lse[row];
+        dlse[r] = P.dlse ? P.dlse[row] : 0.f;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < PRE_ROWS; ++r) {
+    const i64 row = first + r * kGroups;
+    const u32 av[4] = {a[r].x, a[r].y, a[r].z, a[r].w}, bv[4] = {b[r].x, b[r].y, b[r].z, b[r].w};
+    float s = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       s += to_f((u16)(av[j] & 0xffffu)) * to_f((u16)(bv[j] & 0xffffu)) + to_f((u16)(av[j] >> 16)) * to_f((u16)(bv[j] >> 16));
-  }
 #pragma unroll
-  for (int off = PRE_LANES / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (live && sub == 0) {
-    P.delta[row] = s - (P.dlse ? P.dlse[row] : 0.f);
-    const float lse = P.lse[row];
-    P.lse2[row] = lse == NEG_INF ? POS_INF : lse * LOG2E;  // fully masked rows: p = 2^(y - inf) = 0
+    for (int off = PRE_LANES / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (row < rows && sub == 0) {
+      P.delta[row] = s - dlse[r];
+      P.lse2[row] = lse[r] == NEG_INF ? POS_INF : lse[r] * LOG2E;  // fully masked rows: p = 2^(y - inf) = 0
+    }
   }
 }
 
