@@ -5,8 +5,9 @@ unpacked package; prelude.sh sets it up). Prints, per path, the event-timed ms o
 kept busy by a long kernel queued first (so host work cannot hide behind the GPU); then cProfile's
 top entries for the fwd+bwd loop, and torch.profiler's GPU kernel totals (CUPTI sees kiln's
 kernels too) for the same loop. FLEX_HOST_TAG labels the lines (e.g. old / new adapters);
-FLEX_HOST_PARTS picks "times,native,floor,torch,cprofile,kernels" (default all; floor: a torch
-Function that runs nothing, and one with the adapter's DLPack views, for torch's share)."""
+FLEX_HOST_PARTS picks "times,native,floor,split,torch,cprofile,kernels" (default all; floor: a torch
+Function that runs nothing, and one with the adapter's DLPack views, for torch's share; split: the
+host time of forwards and backwards apart, and of the adapter's pieces)."""
 import os
 import cProfile
 import pstats
@@ -74,7 +75,7 @@ def host_ms(fn):
 
 
 TAG = os.environ.get("FLEX_HOST_TAG", "")
-PARTS = os.environ.get("FLEX_HOST_PARTS", "times,native,floor,torch,cprofile,kernels").split(",")
+PARTS = os.environ.get("FLEX_HOST_PARTS", "times,native,floor,split,torch,cprofile,kernels").split(",")
 
 
 def report(name, fn):
@@ -140,6 +141,74 @@ if "floor" in PARTS:  # torch's own share: an autograd.Function of the same sign
 
     report("torch Function, nothing", floor_fwd_bwd)
     report("Function + views", views_fwd_bwd)
+
+if "split" in PARTS:  # host ms of the forward (with a graph) and of the backward apart, per path
+    def busy():  # ~100 ms of queued matmuls: the host's loop below never waits for the GPU
+        x = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+        sync()
+        for _ in range(60):
+            x = x @ x
+            x = x / x.norm()
+
+    def split(name, make, back):
+        make(), back(make())  # warm
+        sync()
+        busy()
+        t0 = time.perf_counter()
+        outs = [make() for _ in range(ITERS)]
+        t1 = time.perf_counter()
+        for o in outs:
+            back(o)
+        t2 = time.perf_counter()
+        sync()
+        print(f"{TAG} {name:24s} host fwd {(t1 - t0) * 1e3 / ITERS:7.3f}   bwd {(t2 - t1) * 1e3 / ITERS:7.3f} ms/call",
+              flush=True)
+
+    def clear_and(fn):
+        def f(o):
+            q.grad = k.grad = v.grad = None
+            fn(o)
+        return f
+
+    sq, sk, sv = (kt.to_kiln(t) for t in (q, k, v))
+    for t in (sq, sk, sv):
+        t.requires_grad_(True)
+    sdout = kt.to_kiln(dout)
+    split("kiln.torch", lambda: kt.flex_attention(q, k, v, block_mask=bm), clear_and(lambda o: o.backward(dout)))
+    split("kiln.torch, grad()", lambda: kt.flex_attention(q, k, v, block_mask=bm),
+          lambda o: torch.autograd.grad(o, (q, k, v), dout))
+    def native_back(o):
+        sq.grad = sk.grad = sv.grad = None
+        o.backward(sdout)
+
+    split("kiln native", lambda: kfa.flex_attention(sq, sk, sv, block_mask=bm), native_back)
+    with kt._on_torch_stream(dev):  # the adapter's kiln calls alone: DLPack views, torch's stream
+        vq, vk, vv = (kt._leaf(t, True) for t in (q, k, v))
+        vdout = kt._kiln_view(dout)
+        split("kiln on views", lambda: kt._C.flex_attention(vq, vk, vv, None, bm, None, False, False),
+              lambda o: kt._C._autograd_grad([o], [vq, vk, vv], [vdout], False, False))
+    if "floor" in PARTS:
+        split("torch Function, nothing", lambda: _Nothing.apply(True, None, bm, None, False, False, [], q, k, v),
+              clear_and(lambda o: o.backward(dout)))
+        split("Function + views", lambda: _Views.apply(True, None, bm, None, False, False, [], q, k, v),
+              clear_and(lambda o: o.backward(dout)))
+    g0 = torch.empty_like(q)
+    t0 = time.perf_counter()
+    for _ in range(1000):
+        kt._kiln_view(q)
+    t1 = time.perf_counter()
+    for _ in range(1000):
+        kt._torch_view(sq)
+    t2 = time.perf_counter()
+    for _ in range(1000):
+        with kt._on_torch_stream(dev):
+            pass
+    t3 = time.perf_counter()
+    for _ in range(1000):
+        g0.contiguous().to(dev)
+    t4 = time.perf_counter()
+    print(f"{TAG} pieces, us: _kiln_view {(t1 - t0) * 1e3:.2f}, _torch_view {(t2 - t1) * 1e3:.2f}, "
+          f"_on_torch_stream {(t3 - t2) * 1e3:.2f}, contiguous+to {(t4 - t3) * 1e3:.2f}", flush=True)
 
 tbm = None
 try:
