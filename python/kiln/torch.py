@@ -158,8 +158,9 @@ class _FlexAttention(torch.autograd.Function):
             with _C_grad(any(needs)):
                 r = _C.flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, return_lse)
             out, lse = r if return_lse else (r, None)
-            ctx.kiln = (out, lse, [q, k, v, *captured_kiln], needs,
-                        [t.device for t in (query, key, value, *captured)])
+            # q, k, v's gradients are kiln's on their device; a captured tensor's may come back from a
+            # CPU mirror, so only those carry a device to return to.
+            ctx.kiln = (out, lse, [q, k, v, *captured_kiln], needs, [None] * 3 + [t.device for t in captured])
             ctx.set_materialize_grads(False)
             ctx.kiln_device = query.device
             return (_torch_view(out), _torch_view(lse)) if return_lse else _torch_view(out)
@@ -183,7 +184,8 @@ def _flex_backward(out, lse, inputs, needs, devices, grads):
         gs = _C._autograd_grad(outs, [inputs[i] for i in want], gouts, False, False)
         for i, g in zip(want, gs):
             # A CUDA tensor captured by score_mod is mirrored on the CPU: its gradient goes back.
-            result[i] = _torch_view(g).to(devices[i]) if g is not None else None
+            if g is not None:
+                result[i] = _torch_view(g) if devices[i] is None else _torch_view(g).to(devices[i])
     return (None,) * 7 + tuple(result)
 
 

@@ -16,6 +16,8 @@ LOG_NAME=${LOG_NAME:-session15.log}
 . scripts/device/flex_rows.sh
 . scripts/device/flex_parts.sh
 export KILN_CACHE_DIR=/tmp/kiln-cache-s15
+# PY_OVERLAY=1: this tree's python/kiln/*.py over the carried package (adapter changes without a re-pack)
+[ "${PY_OVERLAY:-0}" = 1 ] && cp python/kiln/*.py /tmp/kiln-py/kiln/ && log "python/kiln/*.py laid over the carried package"
 log "commit $(cat .device/commit)"
 for part in ${PARTS:-tests ab ncu compare}; do
   case $part in
