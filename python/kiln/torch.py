@@ -152,15 +152,11 @@ class _FlexAttention(torch.autograd.Function):
                 value, *captured):
         needs = ctx.needs_input_grad[7:] if grad_enabled else (False,) * (3 + len(captured))
         with _on_torch_stream(query.device):
-            q, k, v = (_leaf(t, n) for t, n in zip((query, key, value), needs))
-            for kt, n in zip(captured_kiln, needs[3:]):
-                kt.requires_grad_(bool(n))
-            with _C_grad(any(needs)):
-                r = _C.flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, return_lse)
-            out, lse = r if return_lse else (r, None)
+            out, lse, qkv = _flex_forward(needs, score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln,
+                                          query, key, value)
             # q, k, v's gradients are kiln's on their device; a captured tensor's may come back from a
             # CPU mirror, so only those carry a device to return to.
-            ctx.kiln = (out, lse, [q, k, v, *captured_kiln], needs, [None] * 3 + [t.device for t in captured])
+            ctx.kiln = (out, lse, [*qkv, *captured_kiln], needs, [None] * 3 + [t.device for t in captured])
             ctx.set_materialize_grads(False)
             ctx.kiln_device = query.device
             return (_torch_view(out), _torch_view(lse)) if return_lse else _torch_view(out)
@@ -170,6 +166,18 @@ class _FlexAttention(torch.autograd.Function):
         out, lse, inputs, needs, devices = _take(ctx, "flex_attention")
         with _on_torch_stream(ctx.kiln_device):
             return _flex_backward(out, lse, inputs, needs, devices, grads)
+
+
+def _flex_forward(needs, score_mod, block_mask, scale, enable_gqa, return_lse, captured_kiln, query, key, value):
+    """kiln's forward on views of query, key, value (inside _on_torch_stream), recording kiln's graph
+    only for what `needs` (per q, k, v, *captured) asks -> (out, lse or None, [q, k, v] views)."""
+    q, k, v = (_leaf(t, n) for t, n in zip((query, key, value), needs))
+    for kt, n in zip(captured_kiln, needs[3:]):
+        kt.requires_grad_(bool(n))
+    with _C_grad(any(needs)):
+        r = _C.flex_attention(q, k, v, score_mod, block_mask, scale, enable_gqa, return_lse)
+    out, lse = r if return_lse else (r, None)
+    return out, lse, (q, k, v)
 
 
 def _flex_backward(out, lse, inputs, needs, devices, grads):
@@ -223,5 +231,13 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             if src.is_floating_point():
                 captured_kiln.append(kt)
                 captured.append(src)
-    return _FlexAttention.apply(torch.is_grad_enabled(), score_mod, block_mask, scale, enable_gqa, return_lse,
+    grad_enabled = torch.is_grad_enabled()
+    if not (grad_enabled and any(t.requires_grad for t in (query, key, value, *captured))):
+        # Nothing to differentiate (inference, torch.no_grad): no autograd.Function, which costs
+        # ~40 us of host time a call (H200 host, session 17), as much as kiln's own forward.
+        with _on_torch_stream(query.device):
+            out, lse, _ = _flex_forward((False,) * (3 + len(captured)), score_mod, block_mask, scale, enable_gqa,
+                                        return_lse, captured_kiln, query, key, value)
+            return (_torch_view(out), _torch_view(lse)) if return_lse else _torch_view(out)
+    return _FlexAttention.apply(grad_enabled, score_mod, block_mask, scale, enable_gqa, return_lse,
                                 captured_kiln, query, key, value, *captured)
