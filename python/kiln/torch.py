@@ -212,15 +212,14 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     it moved (an in-place write such as an optimizer step; a write through `.data` is not seen), and
     its gradient is returned on its own device.
     kernel_options is accepted for PyTorch compatibility and ignored."""
-    fa = _fa
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"kiln.torch.flex_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if block_mask is not None and not isinstance(block_mask, fa.BlockMask):
+    if block_mask is not None and not isinstance(block_mask, _fa.BlockMask):
         raise TypeError("kiln.torch.flex_attention: block_mask must be a kiln BlockMask "
                         "(kiln.nn.attention.flex_attention.create_block_mask), got " + type(block_mask).__name__)
-    if score_mod is not None and not isinstance(score_mod, fa.ScoreMod):
-        score_mod = fa.ScoreMod(score_mod)
+    if score_mod is not None and not isinstance(score_mod, _fa.ScoreMod):
+        score_mod = _fa.ScoreMod(score_mod)
     captured_kiln, captured = [], []
     if score_mod is not None:
         for kt in score_mod.expr.captured_tensors:
