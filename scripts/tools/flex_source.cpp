@@ -6,7 +6,7 @@
 //   (echo '#define KILN_BUILD_BWD 0'; cat /tmp/f.cu) > /tmp/fwd.cu && nvcc -arch=sm_90a -cubin -Xptxas -v /tmp/fwd.cu
 // Usage: flex_source HEAD_DIM causal|document|window [switches, comma-separated]
 // Switches: persist, mask_bits, keepbits, kbuf1, walk_ahead, softcap, alibi, wide, m64, n64, bkbuf1,
-// unpaired, nosplitp, relbias, nofold, barrier, stages3, twolists, ranges.
+// unpaired, nosplitp, relbias, nofold, barrier, stages3, twolists, ranges, pingpong.
 // softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: without fast_mods
 // (KILN_FLEX_FAST_MODS=0: 64-bit ints, IEEE divisions, tanhf); m64 / n64: a forward tile of 64 q
 // rows / 64 kv columns instead of 128 at E = 128; bkbuf1: the dQ kernel's one K / V stage;
@@ -72,5 +72,6 @@ int main(int argc, char** argv) {
   cfg.fwd_stages = has("stages3") ? 3 : 2;
   cfg.mask_ranges = has("ranges");  // KILN_FLEX_MASK_RANGES=1
   cfg.merged_walk = !has("twolists");  // the default (KILN_FLEX_MERGED_WALK=0: twolists)
+  cfg.fwd_pingpong = has("pingpong");  // KILN_FLEX_FWD_PINGPONG=1 (128-row tiles)
   std::fputs(flex::cuda::generate_source(scored ? &score : nullptr, &prog, cfg).c_str(), stdout);
 }

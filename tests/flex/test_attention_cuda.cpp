@@ -171,6 +171,12 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     cfg.fwd_stages = 3;
     cfg.fwd_last_issues = cfg.fold_scale = true;
     EXPECT_NO_THROW(cuda::compile_cubin(fwd_only + cuda::generate_source(nullptr, &mp, cfg), "sm_90a"));
+    cfg.fwd_tile_m = cfg.fwd_tile_n = 128;  // two warpgroups taking turns on the tensor cores
+    cfg.fwd_pingpong = true;
+    EXPECT_NE(cuda::generate_source(nullptr, &mp, cfg).find("#define FWD_PINGPONG 1"), std::string::npos);
+    EXPECT_NO_THROW(cuda::compile_cubin(fwd_only + cuda::generate_source(&sp, &mp, cfg), "sm_90a"));
+    cfg.fwd_tile_m = cfg.fwd_tile_n = 64;
+    cfg.fwd_pingpong = false;
     cfg.fwd_stages = 2;
     cfg.fwd_last_issues = cfg.fold_scale = cfg.fwd_keepbits = false;
     cfg.merged_walk = true;  // one merged list a row, in every kernel (with the mask bits' slots)
@@ -948,6 +954,19 @@ TEST(FlexAttentionCuda, ThreeStageForwardMatchesReferenceAndTwoStageBits) {
       const ScopedEnv t("KILN_FLEX_FWD_TILE", tile), l("KILN_FLEX_FWD_LAST_ISSUES", last);
       check_kernel_variant("KILN_FLEX_FWD_STAGES", "3", "2");
     }
+}
+
+// KILN_FLEX_FWD_PINGPONG=1: at 128 x 128 tiles the two warpgroups take turns issuing their products
+// (named barriers); the same arithmetic, so the same bits, with the last warp issuing and without.
+TEST(FlexAttentionCuda, PingpongForwardMatchesReferenceAndDefaultBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(44);
+  const ScopedEnv t("KILN_FLEX_FWD_TILE", "128x128x1");
+  for (const char* last : {"1", "0"}) {
+    SCOPED_TRACE(std::string("last-warp issues ") + last);
+    const ScopedEnv l("KILN_FLEX_FWD_LAST_ISSUES", last);
+    check_kernel_variant("KILN_FLEX_FWD_PINGPONG");
+  }
 }
 
 // KILN_FLEX_MERGED_WALK (the default): every kernel walks one merged list a row (the same blocks in the same

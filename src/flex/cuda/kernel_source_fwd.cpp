@@ -50,6 +50,28 @@ __device__ __forceinline__ float fwd_kept_score(const FlexParams& P, float raw, 
   return keep ? x : NEG_INF;
 }
 
+#if FWD_PINGPONG
+// FWD_PINGPONG (the staged TMA forward's 128-row tiles, two warpgroups): the warpgroups take turns
+// issuing their products, so one's softmax runs beside the other's products instead of both
+// contending for the tensor cores and then both idling them (FlashAttention-3's schedule). Named
+// barrier 1 + w is warpgroup w's turn: it waits there (with the other's 128 arrivals, 256 in all),
+// issues, then passes the turn by arriving at the other's. Warpgroup 1 hands warpgroup 0 the first
+// turn and warpgroup 0 takes the last pass after its walk, so every arrival is met. Same arithmetic,
+// same bits.
+// (Immediate barrier ids: a register id makes ptxas reserve all 16.)
+__device__ __forceinline__ void fwd_turn_wait(int warp) {
+  if (warp < 4) asm volatile("bar.sync 1, 256;" ::: "memory");
+  else asm volatile("bar.sync 2, 256;" ::: "memory");
+}
+__device__ __forceinline__ void fwd_turn_pass(int warp) {
+  if (warp < 4) asm volatile("bar.arrive 2, 256;" ::: "memory");
+  else asm volatile("bar.arrive 1, 256;" ::: "memory");
+}
+#else
+__device__ __forceinline__ void fwd_turn_wait(int) {}
+__device__ __forceinline__ void fwd_turn_pass(int) {}
+#endif
+
 #if FWD_TMA && FWD_KEEPBITS
 // FWD_KEEPBITS (the sm_90 default; KILN_FLEX_FWD_KEEPBITS=0 turns it off): the keep bits of a tile that is not interior
 // (bit i % 32 of kb[i / 32] for element i = (mt * FWD_TILE_N / 8 + n) * 4 + e): inside the lengths
@@ -97,7 +119,9 @@ __device__ __forceinline__ void fwd_scores_runs(const FlexParams& P, float (*s)[
 __device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
                                               const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
                                               bool partial, bool rows_in) {
+  fwd_turn_wait(warp);
   wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
+  fwd_turn_pass(warp);
   const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
 #if MASK_RANGES
   Run runs[FWD_MT][2];
@@ -258,7 +282,11 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   fwd_rescale(o, alpha);
 #else
 #define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                                  \
-  wg_abt<FWD_TILE_N>(s[0], Qbuf, FWD_TILE_M, (warp >> 2) * 64, Kbuf);                            \
+  fwd_turn_wait(warp);                                                                           \
+  wg_abt_issue<FWD_TILE_N>(s[0], Qbuf, FWD_TILE_M, (warp >> 2) * 64, Kbuf);                      \
+  fwd_turn_pass(warp);                                                                           \
+  wg_wait_all();                                                                                 \
+  reg_fence<FWD_TILE_N / 8>(s[0]);                                                               \
   PROF_MARK(2);                                                                                  \
   fwd_tile_scores(P, s, b, h, row_base, c0, t, part, rows_in, fwd_block_bits(P, mrow, slot, part)); \
   float alpha[FWD_MT][2];                                                                        \
@@ -280,7 +308,12 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   mbar_wait(&bars[FWD_STAGES + x], (kphase >> x) & 1); /* V(c0) landed */     \
   kphase ^= 1u << x;                                                          \
   PROF_MARK(4);                                                               \
-  wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);                                         \
+  fwd_turn_wait(warp);                                                        \
+  wg_pb_issue<FWD_TILE_N>(o[0], pk[0], Vx);                                   \
+  fwd_turn_pass(warp);                                                        \
+  wg_wait_all();                                                              \
+  reg_fence<HEAD_DIM / 8>(o[0]);                                              \
+  reg_fence_pk<FWD_TILE_N / 8>(pk[0]);                                        \
   PROF_MARK(5);
 #endif  // FWD_TMA
 
@@ -501,6 +534,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
   // and V flip together).
   int x = 0;
   u32 step_n = 0;  // this step's index in the walk (stage x's use step_n / FWD_STAGES)
+#if FWD_PINGPONG
+  if (warp >= 4) fwd_turn_pass(warp);  // warpgroup 1 hands warpgroup 0 the first turn
+#endif
   while (more) {
     FWD_TMA_STAGE_STEP(Qs, partial, slot0)
     i64 cn = 0;  // the tile to load into stage x
@@ -535,6 +571,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
     x ^= 1;
 #endif
   }
+#if FWD_PINGPONG
+  if (warp < 4) fwd_turn_wait(warp);  // warpgroup 1's last pass, after its last product
+#endif
 #elif FWD_TMA
   // As the default loop below (one K and one V buffer), the loads by TMA from thread 0.
   while (more) {
