@@ -414,7 +414,8 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   if (cfg.fold_scale && !score) os << "#define FOLD_SCALE 1\n";
   if (cfg.fwd_last_issues && cfg.staged_tma_forward()) os << "#define FWD_LAST_ISSUES 1\n";
   if (cfg.fwd_stages == 3 && cfg.staged_tma_forward()) os << "#define FWD_STAGES 3\n";
-  if (cfg.fwd_pingpong && cfg.staged_tma_forward() && cfg.fwd_threads() == 256) os << "#define FWD_PINGPONG 1\n";
+  if (cfg.fwd_pingpong && cfg.staged_tma_forward() && cfg.fwd_threads() == 256 && cfg.fwd_keepbits)
+    os << "#define FWD_PINGPONG 1\n";
   if (cfg.merged_walk) os << "#define MERGED_WALK 1\n";
   if (cfg.mask_bits && cfg.fwd_tma && cfg.fwd_wgmma && mask) os << "#define MASK_BITS 1\n";
   os << "#define NTHREADS " << kThreads << "\n";

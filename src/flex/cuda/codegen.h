@@ -154,9 +154,9 @@ struct KernelConfig {
   // elements against it instead of evaluating the mask (not with mask_bits; the default on sm_90,
   // KILN_FLEX_MASK_RANGES=0 turns it off).
   bool mask_ranges = false;
-  // Staged TMA forward at 128-row tiles (two warpgroups): the warpgroups take turns issuing their
-  // products (named barriers), so one's softmax runs beside the other's products
-  // (KILN_FLEX_FWD_PINGPONG=1, a measurement switch).
+  // Staged TMA forward at 128-row tiles (two warpgroups) with the keep bits or runs: the warpgroups
+  // take turns issuing their products (named barriers), P V of a tile with Q K^T of the next, so one's
+  // softmax runs beside the other's products (KILN_FLEX_FWD_PINGPONG=1, a measurement switch).
   bool fwd_pingpong = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
   // The staged TMA forward (wgmma, not overlapped or persistent, fwd_kbuf 2): where fwd_last_issues

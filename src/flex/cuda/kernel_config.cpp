@@ -188,8 +188,9 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // (fwd+bwd unchanged), the E = 128 window 0.393, 0.398 -> 0.622, 0.635 (one CTA an SM instead of two).
   if (const char* v = cfg.staged_tma_forward() ? env_switch("KILN_FLEX_FWD_STAGES", "2", "3") : nullptr)
     cfg.fwd_stages = v[0] - '0';
-  // The two warpgroups of a 128-row tile taking turns on the tensor cores (KILN_FLEX_FWD_PINGPONG=1,
-  // a measurement switch; Nsight Compute, session 17: their forwards keep the tensor pipe 43-55 % busy).
+  // The two warpgroups of a 128-row tile taking turns on the tensor cores, P V of a tile and Q K^T of
+  // the next in one turn (KILN_FLEX_FWD_PINGPONG=1, a measurement switch, with the keep bits or runs;
+  // Nsight Compute, session 17: these forwards keep the tensor pipe 43-55 % busy).
   cfg.fwd_pingpong = cfg.staged_tma_forward() && cfg.fwd_threads() == 256 && env_flag("KILN_FLEX_FWD_PINGPONG", false);
   // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB. The

@@ -51,13 +51,13 @@ __device__ __forceinline__ float fwd_kept_score(const FlexParams& P, float raw, 
 }
 
 #if FWD_PINGPONG
-// FWD_PINGPONG (the staged TMA forward's 128-row tiles, two warpgroups): the warpgroups take turns
-// issuing their products, so one's softmax runs beside the other's products instead of both
-// contending for the tensor cores and then both idling them (FlashAttention-3's schedule). Named
-// barrier 1 + w is warpgroup w's turn: it waits there (with the other's 128 arrivals, 256 in all),
-// issues, then passes the turn by arriving at the other's. Warpgroup 1 hands warpgroup 0 the first
-// turn and warpgroup 0 takes the last pass after its walk, so every arrival is met. Same arithmetic,
-// same bits.
+// FWD_PINGPONG (the staged TMA forward's 128-row tiles, two warpgroups, keep bits or runs): the
+// warpgroups take turns on the tensor cores, each issuing P V of its tile and Q K^T of the next in
+// its turn, so one's softmax runs beside the other's products instead of both contending for the
+// tensor cores and then both idling them (FlashAttention-3's schedule). Named barrier 1 + w is
+// warpgroup w's turn: it waits there (with the other's 128 arrivals, 256 in all), issues, then
+// passes the turn by arriving at the other's. Warpgroup 1 hands warpgroup 0 the first turn and
+// warpgroup 0 takes the last pass after its walk, so every arrival is met. Same arithmetic, same bits.
 // (Immediate barrier ids: a register id makes ptxas reserve all 16.)
 __device__ __forceinline__ void fwd_turn_wait(int warp) {
   if (warp < 4) asm volatile("bar.sync 1, 256;" ::: "memory");
@@ -114,14 +114,14 @@ __device__ __forceinline__ void fwd_scores_runs(const FlexParams& P, float (*s)[
   });
 }
 #endif
-// S = Q K^T of the tile at Kx into s with its modified, masked scores: a tile that is not interior
-// gets its keep bits (MASK_RANGES: its rows' runs) while the product is in flight.
-__device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
-                                              const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
-                                              bool partial, bool rows_in) {
-  fwd_turn_wait(warp);
-  wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
-  fwd_turn_pass(warp);
+// `issue` issues S = Q K^T of tile c0 into s (and whatever else the caller queues with it); then s
+// takes the tile's modified, masked scores: a tile that is not interior gets its keep bits
+// (MASK_RANGES: its rows' runs) while the products are in flight.
+template <class Issue>
+__device__ __forceinline__ void fwd_qk_scores_after(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], Issue&& issue,
+                                                    i64 b, i64 h, i64 row_base, i64 c0, int t, bool partial,
+                                                    bool rows_in) {
+  issue();
   const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
 #if MASK_RANGES
   Run runs[FWD_MT][2];
@@ -142,6 +142,17 @@ __device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FW
   if (interior) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
   else fwd_scores_bits(P, s, kb, b, h, row_base, c0, t);
 #endif
+}
+// S = Q K^T of the tile at Kx into s with its scores, as fwd_qk_scores_after (in the warpgroup's
+// turn under FWD_PINGPONG).
+__device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
+                                              const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
+                                              bool partial, bool rows_in) {
+  fwd_qk_scores_after(P, s, [&] {
+    fwd_turn_wait(warp);
+    wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
+    fwd_turn_pass(warp);
+  }, b, h, row_base, c0, t, partial, rows_in);
 }
 #endif
 
@@ -282,11 +293,7 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   fwd_rescale(o, alpha);
 #else
 #define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                                  \
-  fwd_turn_wait(warp);                                                                           \
-  wg_abt_issue<FWD_TILE_N>(s[0], Qbuf, FWD_TILE_M, (warp >> 2) * 64, Kbuf);                      \
-  fwd_turn_pass(warp);                                                                           \
-  wg_wait_all();                                                                                 \
-  reg_fence<FWD_TILE_N / 8>(s[0]);                                                               \
+  wg_abt<FWD_TILE_N>(s[0], Qbuf, FWD_TILE_M, (warp >> 2) * 64, Kbuf);                            \
   PROF_MARK(2);                                                                                  \
   fwd_tile_scores(P, s, b, h, row_base, c0, t, part, rows_in, fwd_block_bits(P, mrow, slot, part)); \
   float alpha[FWD_MT][2];                                                                        \
@@ -308,12 +315,7 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   mbar_wait(&bars[FWD_STAGES + x], (kphase >> x) & 1); /* V(c0) landed */     \
   kphase ^= 1u << x;                                                          \
   PROF_MARK(4);                                                               \
-  fwd_turn_wait(warp);                                                        \
-  wg_pb_issue<FWD_TILE_N>(o[0], pk[0], Vx);                                   \
-  fwd_turn_pass(warp);                                                        \
-  wg_wait_all();                                                              \
-  reg_fence<HEAD_DIM / 8>(o[0]);                                              \
-  reg_fence_pk<FWD_TILE_N / 8>(pk[0]);                                        \
+  wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);                                         \
   PROF_MARK(5);
 #endif  // FWD_TMA
 
@@ -527,6 +529,86 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
   }
 #undef KB_
 #undef VB_
+#elif FWD_TMA && FWD_KBUF == 2 && FWD_PINGPONG
+#if !FWD_KEEPBITS
+#error "FWD_PINGPONG takes the keep bits' fwd_qk_scores_after"
+#endif
+  // The staged loop below, skewed by one product for FWD_PINGPONG's turns: the scores and softmax of
+  // tile c0 are done before the step, which issues P V of c0 and Q K^T of c1 in one turn, gets c1's
+  // keep bits while they run, frees stage x, and does c1's softmax. P (pk) and the output (o) stay
+  // untouched until the turn's products are waited for.
+  int x = 0;
+  u32 step_n = 0;
+  float s[FWD_MT][FWD_TILE_N / 8][4];
+  u32 pk[FWD_MT][FWD_TILE_N / 8][2];
+  float alpha[FWD_MT][2];
+  if (warp >= 4) fwd_turn_pass(warp);  // warpgroup 1 hands warpgroup 0 the first turn
+  if (more) {
+    mbar_wait(&bars[0], kphase & 1);  // K(c0) and Q landed
+    fwd_qk_scores(P, s, Qs, Ks, warp, b, h, row_base, c0, t, partial, rows_in);
+    fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));
+    fwd_rescale(o, alpha);
+  }
+  while (more) {
+    u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
+    u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
+#if FWD_STAGES == 3
+    const int xn = x == 2 ? 0 : x + 1;
+#else
+    const int xn = x ^ 1;
+#endif
+    mbar_wait(&bars[FWD_STAGES + x], (kphase >> x) & 1);  // V(c0) landed
+    kphase ^= 1u << x;
+    if (more1) {
+      mbar_wait(&bars[xn], (kphase >> xn) & 1);  // K(c1) landed
+      const u16* Kn = Ks + xn * 2 * FWD_TILE_N * HEAD_DIM;
+      fwd_qk_scores_after(P, s, [&] {
+        fwd_turn_wait(warp);
+        wg_pb_issue<FWD_TILE_N>(o[0], pk[0], Vx);
+        wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kn);
+        fwd_turn_pass(warp);
+      }, b, h, row_base, c1, t, p1, rows_in);  // waits for both products
+    } else {
+      fwd_turn_wait(warp);
+      wg_pb_issue<FWD_TILE_N>(o[0], pk[0], Vx);
+      fwd_turn_pass(warp);
+      wg_wait_all();
+    }
+    reg_fence<HEAD_DIM / 8>(o[0]);
+    reg_fence_pk<FWD_TILE_N / 8>(pk[0]);
+    i64 cn = 0;  // the tile to load into stage x
+    bool pn = false;
+    int slotn = 0;
+#if FWD_STAGES == 3
+    const bool moren = more2 && walk.next(cn, pn, &slotn);
+#else
+    const bool moren = more1 && walk.next(cn, pn, &slotn);
+#endif
+#if FWD_LAST_ISSUES
+    __syncwarp();
+    if (lane == 0 && atomicAdd(&stage_done[x], 1u) == FWD_WARPS * (step_n / FWD_STAGES + 1) - 1 && moren) {
+#else
+    __syncthreads();  // every warp is done with stage x
+    if (moren && threadIdx.x == 0) {
+#endif
+      tma_tile(Kx, P.kmap, &bars[x], cn, bhk, FWD_TILE_N);
+      tma_tile(Vx, P.vmap, &bars[FWD_STAGES + x], cn, bhk, FWD_TILE_N);
+    }
+    ++step_n;
+    c0 = c1, partial = p1, more = more1, slot0 = slot1;
+#if FWD_STAGES == 3
+    c1 = c2, p1 = p2, more1 = more2, slot1 = slot2;
+    c2 = cn, p2 = pn, more2 = moren, slot2 = slotn;
+#else
+    c1 = cn, p1 = pn, more1 = moren, slot1 = slotn;
+#endif
+    x = xn;
+    if (more) {  // c0's softmax (its scores came with the turn's products)
+      fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));
+      fwd_rescale(o, alpha);
+    }
+  }
+  if (warp < 4) fwd_turn_wait(warp);  // warpgroup 1's last pass, after its last product
 #elif FWD_TMA && FWD_KBUF == 2
   // FWD_STAGES stages (K, V) at Ks / Vs and 2 tiles further on: tile c0 is in stage x while c1 (and
   // with three stages c2) load into the others; once every warp is done with stage x it takes the
@@ -534,9 +616,6 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
   // and V flip together).
   int x = 0;
   u32 step_n = 0;  // this step's index in the walk (stage x's use step_n / FWD_STAGES)
-#if FWD_PINGPONG
-  if (warp >= 4) fwd_turn_pass(warp);  // warpgroup 1 hands warpgroup 0 the first turn
-#endif
   while (more) {
     FWD_TMA_STAGE_STEP(Qs, partial, slot0)
     i64 cn = 0;  // the tile to load into stage x
@@ -571,9 +650,6 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
     x ^= 1;
 #endif
   }
-#if FWD_PINGPONG
-  if (warp < 4) fwd_turn_wait(warp);  // warpgroup 1's last pass, after its last product
-#endif
 #elif FWD_TMA
   // As the default loop below (one K and one V buffer), the loads by TMA from thread 0.
   while (more) {
