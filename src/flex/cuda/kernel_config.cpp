@@ -190,7 +190,10 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
     cfg.fwd_stages = v[0] - '0';
   // The two warpgroups of a 128-row tile taking turns on the tensor cores, P V of a tile and Q K^T of
   // the next in one turn (KILN_FLEX_FWD_PINGPONG=1, a measurement switch, with the keep bits or runs;
-  // Nsight Compute, session 17: these forwards keep the tensor pipe 43-55 % busy).
+  // Nsight Compute, session 17: these forwards keep the tensor pipe 43-55 % busy). Not faster (H200,
+  // session 17, 5c30324, fwd ms, off -> on: causal 2.15-2.16 -> 2.27-2.29, ALiBi 2.25-2.29 -> 2.43-2.45,
+  // softcap within noise; with KILN_FLEX_FWD_STAGES=3 causal 2.14-2.17 -> 2.13-2.14, ALiBi 2.26-2.27 ->
+  // 2.31-2.32): without a producer warp the skew exposes the next K's load.
   cfg.fwd_pingpong = cfg.staged_tma_forward() && cfg.fwd_threads() == 256 && env_flag("KILN_FLEX_FWD_PINGPONG", false);
   // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB. The
