@@ -529,16 +529,21 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
   }
 #undef KB_
 #undef VB_
-#elif FWD_TMA && FWD_KBUF == 2 && FWD_PINGPONG
+#elif FWD_TMA && FWD_KBUF == 2
+  // FWD_STAGES stages (K, V) at Ks / Vs and 2 tiles further on: tile c0 is in stage x while c1 (and
+  // with three stages c2) load into the others; once every warp is done with stage x it takes the
+  // next tile. No load waits behind a product of the same step. kphase bit x: stage x's parity (K
+  // and V flip together).
+  int x = 0;
+  u32 step_n = 0;  // this step's index in the walk (stage x's use step_n / FWD_STAGES)
+#if FWD_PINGPONG
 #if !FWD_KEEPBITS
 #error "FWD_PINGPONG takes the keep bits' fwd_qk_scores_after"
 #endif
-  // The staged loop below, skewed by one product for FWD_PINGPONG's turns: the scores and softmax of
-  // tile c0 are done before the step, which issues P V of c0 and Q K^T of c1 in one turn, gets c1's
-  // keep bits while they run, frees stage x, and does c1's softmax. P (pk) and the output (o) stay
-  // untouched until the turn's products are waited for.
-  int x = 0;
-  u32 step_n = 0;
+  // Skewed by one product for the turns: the scores and softmax of tile c0 are done before its step,
+  // which issues P V of c0 and Q K^T of c1 in one turn, gets c1's keep bits while they run, frees
+  // stage x, and does c1's softmax. P (pk) and the output (o) stay untouched until the turn's
+  // products are waited for.
   float s[FWD_MT][FWD_TILE_N / 8][4];
   u32 pk[FWD_MT][FWD_TILE_N / 8][2];
   float alpha[FWD_MT][2];
@@ -549,14 +554,12 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
     fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));
     fwd_rescale(o, alpha);
   }
+#endif
   while (more) {
+#if FWD_PINGPONG
+    const int xn = FWD_STAGES == 3 ? (x == 2 ? 0 : x + 1) : x ^ 1;  // c1's stage
     u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
     u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
-#if FWD_STAGES == 3
-    const int xn = x == 2 ? 0 : x + 1;
-#else
-    const int xn = x ^ 1;
-#endif
     mbar_wait(&bars[FWD_STAGES + x], (kphase >> x) & 1);  // V(c0) landed
     kphase ^= 1u << x;
     if (more1) {
@@ -576,48 +579,9 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
     }
     reg_fence<HEAD_DIM / 8>(o[0]);
     reg_fence_pk<FWD_TILE_N / 8>(pk[0]);
-    i64 cn = 0;  // the tile to load into stage x
-    bool pn = false;
-    int slotn = 0;
-#if FWD_STAGES == 3
-    const bool moren = more2 && walk.next(cn, pn, &slotn);
 #else
-    const bool moren = more1 && walk.next(cn, pn, &slotn);
-#endif
-#if FWD_LAST_ISSUES
-    __syncwarp();
-    if (lane == 0 && atomicAdd(&stage_done[x], 1u) == FWD_WARPS * (step_n / FWD_STAGES + 1) - 1 && moren) {
-#else
-    __syncthreads();  // every warp is done with stage x
-    if (moren && threadIdx.x == 0) {
-#endif
-      tma_tile(Kx, P.kmap, &bars[x], cn, bhk, FWD_TILE_N);
-      tma_tile(Vx, P.vmap, &bars[FWD_STAGES + x], cn, bhk, FWD_TILE_N);
-    }
-    ++step_n;
-    c0 = c1, partial = p1, more = more1, slot0 = slot1;
-#if FWD_STAGES == 3
-    c1 = c2, p1 = p2, more1 = more2, slot1 = slot2;
-    c2 = cn, p2 = pn, more2 = moren, slot2 = slotn;
-#else
-    c1 = cn, p1 = pn, more1 = moren, slot1 = slotn;
-#endif
-    x = xn;
-    if (more) {  // c0's softmax (its scores came with the turn's products)
-      fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));
-      fwd_rescale(o, alpha);
-    }
-  }
-  if (warp < 4) fwd_turn_wait(warp);  // warpgroup 1's last pass, after its last product
-#elif FWD_TMA && FWD_KBUF == 2
-  // FWD_STAGES stages (K, V) at Ks / Vs and 2 tiles further on: tile c0 is in stage x while c1 (and
-  // with three stages c2) load into the others; once every warp is done with stage x it takes the
-  // next tile. No load waits behind a product of the same step. kphase bit x: stage x's parity (K
-  // and V flip together).
-  int x = 0;
-  u32 step_n = 0;  // this step's index in the walk (stage x's use step_n / FWD_STAGES)
-  while (more) {
     FWD_TMA_STAGE_STEP(Qs, partial, slot0)
+#endif
     i64 cn = 0;  // the tile to load into stage x
     bool pn = false;
     int slotn = 0;
@@ -644,12 +608,20 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
 #if FWD_STAGES == 3
     c1 = c2, p1 = p2, more1 = more2, slot1 = slot2;
     c2 = cn, p2 = pn, more2 = moren, slot2 = slotn;
-    x = x == 2 ? 0 : x + 1;
 #else
     c1 = cn, p1 = pn, more1 = moren, slot1 = slotn;
-    x ^= 1;
+#endif
+    x = FWD_STAGES == 3 ? (x == 2 ? 0 : x + 1) : x ^ 1;
+#if FWD_PINGPONG
+    if (more) {  // c0's softmax (its scores came with the turn's products)
+      fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));
+      fwd_rescale(o, alpha);
+    }
 #endif
   }
+#if FWD_PINGPONG
+  if (warp < 4) fwd_turn_wait(warp);  // warpgroup 1's last pass, after its last product
+#endif
 #elif FWD_TMA
   // As the default loop below (one K and one V buffer), the loads by TMA from thread 0.
   while (more) {
