@@ -1,5 +1,5 @@
-# The device rounds' shared parts (sourced by session13_round.sh and session15_round.sh after
-# prelude.sh and flex_rows.sh, which give OUT, LOG_NAME, log and ISSUE_ROWS / flex_bench_line).
+# The device rounds' shared parts (sourced by session13_round.sh, session15_round.sh and host_round.sh
+# after prelude.sh, which gives OUT, LOG_NAME and log; the rounds also source flex_rows.sh).
 
 # The CUDA flex suite at the defaults (TEST_TIMEOUT, FLEX_FILTER): its summary line, and failures.
 flex_tests() {
@@ -17,9 +17,10 @@ cuda_suites() {
   done
 }
 
-# The torch adapter tests (test_torch_flex, test_torch_lce, test_dlpack) on the carried package.
+# The torch adapter tests (test_torch_flex, test_torch_lce, test_dlpack) on the package at $1
+# (default the carried one, /tmp/kiln-py).
 torch_pytest() {
-  PYTHONPATH=/tmp/kiln-py timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_flex.py \
+  PYTHONPATH=${1:-/tmp/kiln-py} timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_flex.py \
     python/tests/test_torch_lce.py python/tests/test_dlpack.py > "$OUT/pytest_torch.log" 2>&1
   log "pytest torch adapters: $(tail -1 "$OUT/pytest_torch.log")"
   grep -E "^FAILED|Error" "$OUT/pytest_torch.log" | head -10 | tee -a "$OUT/$LOG_NAME"

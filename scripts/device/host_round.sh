@@ -7,12 +7,10 @@
 set -uo pipefail
 LOG_NAME=host.log
 . scripts/device/prelude.sh
+. scripts/device/flex_parts.sh
 rm -rf /tmp/kiln-py-new && cp -r /tmp/kiln-py /tmp/kiln-py-new && cp python/kiln/*.py /tmp/kiln-py-new/kiln/
 export KILN_CACHE_DIR=/tmp/kiln-cache-host
-PYTHONPATH=/tmp/kiln-py-new timeout 200 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_flex.py \
-  python/tests/test_torch_lce.py python/tests/test_dlpack.py > "$OUT/pytest_torch.log" 2>&1
-log "pytest (new adapters): $(tail -1 "$OUT/pytest_torch.log")"
-grep -E "^FAILED|Error" "$OUT/pytest_torch.log" | head -10 | tee -a "$OUT/$LOG_NAME"
+torch_pytest /tmp/kiln-py-new  # the new adapters
 [ "${HOST_OLD:-1}" = 0 ] || FLEX_HOST_TAG=old FLEX_HOST_PARTS=times PYTHONPATH=/tmp/kiln-py timeout 120 python3 scripts/device/flex_host.py 2>&1 \
   | tee -a "$OUT/$LOG_NAME" | grep -v "^$" | head -8
 FLEX_HOST_TAG=new PYTHONPATH=/tmp/kiln-py-new timeout 150 python3 scripts/device/flex_host.py > "$OUT/flex_host_new.log" 2>&1

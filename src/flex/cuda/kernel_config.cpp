@@ -188,13 +188,6 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // (fwd+bwd unchanged), the E = 128 window 0.393, 0.398 -> 0.622, 0.635 (one CTA an SM instead of two).
   if (const char* v = cfg.staged_tma_forward() ? env_switch("KILN_FLEX_FWD_STAGES", "2", "3") : nullptr)
     cfg.fwd_stages = v[0] - '0';
-  // The two warpgroups of a 128-row tile taking turns on the tensor cores, P V of a tile and Q K^T of
-  // the next in one turn (KILN_FLEX_FWD_PINGPONG=1, a measurement switch, with the keep bits or runs;
-  // Nsight Compute, session 17: these forwards keep the tensor pipe 43-55 % busy). Not faster (H200,
-  // session 17, 5c30324, fwd ms, off -> on: causal 2.15-2.16 -> 2.27-2.29, ALiBi 2.25-2.29 -> 2.43-2.45,
-  // softcap within noise; with KILN_FLEX_FWD_STAGES=3 causal 2.14-2.17 -> 2.13-2.14, ALiBi 2.26-2.27 ->
-  // 2.31-2.32): without a producer warp the skew exposes the next K's load.
-  cfg.fwd_pingpong = cfg.staged_tma_forward() && cfg.fwd_threads() == 256 && env_flag("KILN_FLEX_FWD_PINGPONG", false);
   // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
   // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB. The
   // default (H200, session 9, fwd / fwd+bwd ms in one call: 16 documents 2.08 / 6.98 -> 1.37 /
@@ -219,6 +212,15 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // 0.803 / 2.894 -> 0.800 / 2.807, 0.789 / 2.782; causal 2.174 / 9.726, 2.194 / 9.744 -> 2.122 /
   // 9.845, 2.160 / 9.658; ALiBi within noise. KILN_FLEX_MASK_RANGES=0 evaluates the mask.
   cfg.mask_ranges = env_flag("KILN_FLEX_MASK_RANGES", true) && cfg.fwd_tma && !cfg.mask_bits;
+  // The two warpgroups of a 128-row tile taking turns on the tensor cores, P V of a tile and Q K^T of
+  // the next in one turn (KILN_FLEX_FWD_PINGPONG=1, a measurement switch, with the keep bits: decided
+  // after the mask bits, which turn them off; Nsight Compute, session 17: these forwards keep the
+  // tensor pipe 43-55 % busy). Not faster (H200,
+  // session 17, 5c30324, fwd ms, off -> on: causal 2.15-2.16 -> 2.27-2.29, ALiBi 2.25-2.29 -> 2.43-2.45,
+  // softcap within noise; with KILN_FLEX_FWD_STAGES=3 causal 2.14-2.17 -> 2.13-2.14, ALiBi 2.26-2.27 ->
+  // 2.31-2.32): without a producer warp the skew exposes the next K's load.
+  cfg.fwd_pingpong = cfg.staged_tma_forward() && cfg.fwd_threads() == 256 && cfg.fwd_keepbits &&
+                     env_flag("KILN_FLEX_FWD_PINGPONG", false);
   // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
   // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
   // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.

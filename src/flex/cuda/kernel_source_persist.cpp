@@ -36,8 +36,7 @@ struct UnitStream {
     i64 bh, r0;
     fwd_unit(P, q_tiles, u, bh, r0);
     const i64 mrow = fwd_unit_mrow(P, bh, r0);
-    TileWalk t(BlockWalk(P, KV_LISTS(P), mrow, P.nKVB), P.KB, P.S,
-               FWD_TILE_N);
+    TileWalk t(BlockWalk(P, KV_LISTS(P), mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
     return t;
   }
   __device__ __forceinline__ UnitStream(const FlexParams& p, i64 qt)
