@@ -12,11 +12,15 @@ const char* kernel_forward_persist() {
 // by (b, h), heaviest q tiles first within each, so the CTAs running at once share a few heads' K
 // and V in L2 (heaviest first over all heads had them read every head's K / V at once: session 9
 // measured that order 15-47 % slower than the default forward).
-// The tiles of a CTA's units form one stream: the stage loads run two tiles ahead across unit
-// boundaries, and a unit's Q loads into the other of two Q buffers with its first K. So a unit's
-// block-list reads and first loads hide behind the previous unit's last tiles; at E = 128 one CTA
-// fills an SM, and the one-unit-a-CTA kernel left each unit's prologue and epilogue exposed.
-// Every unit's arithmetic is the default forward's: the same bits.
+// Warp-specialised (FlashAttention-3's producer): the CTA's last warp only walks the BlockMask lists
+// and issues the loads, a stage as soon as the consumers release it, with a unit's Q into the other
+// of two Q buffers; the consumer warps only wait for stages and compute. So the walk's dependent
+// list reads, the loads' issue and a unit's prologue leave the consumers' path (session 9's version,
+// where the consumers issued each stage after a block barrier, waited on K for half their cycles:
+// H200, session 18, KILN_FLEX_PROFILE). Every unit's arithmetic is the default forward's: the same bits.
+#define FWD_CTA_THREADS (FWD_THREADS + 32)  // the consumers and the producer warp
+// Resident CTAs the registers are held for: one with 128-row tiles; else two at E = 128, three at 64.
+#define FWD_PERSIST_MIN_BLOCKS (FWD_TILE_M == 128 ? 1 : HEAD_DIM == 128 ? 2 : 3)
 
 // Unit u's (b, h) row of q / out and first query row.
 __device__ __forceinline__ void fwd_unit(const FlexParams&, i64 q_tiles, i64 u, i64& bh, i64& r0) {
@@ -35,9 +39,7 @@ struct UnitStream {
   __device__ __forceinline__ static TileWalk walk_of(const FlexParams& P, i64 q_tiles, i64 u) {
     i64 bh, r0;
     fwd_unit(P, q_tiles, u, bh, r0);
-    const i64 mrow = fwd_unit_mrow(P, bh, r0);
-    TileWalk t(BlockWalk(P, KV_LISTS(P), mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
-    return t;
+    return TileWalk(BlockWalk(P, KV_LISTS(P), fwd_unit_mrow(P, bh, r0), P.nKVB), P.KB, P.S, FWD_TILE_N);
   }
   __device__ __forceinline__ UnitStream(const FlexParams& p, i64 qt)
       : P(p), q_tiles(qt), units(p.B * p.Hq * qt), u(blockIdx.x), tw(walk_of(p, qt, blockIdx.x)) {}
@@ -54,7 +56,8 @@ struct UnitStream {
   }
 };
 
-// A unit without blocks: zero rows and lse -inf (what the default forward writes for it).
+// A unit without blocks: zero rows and lse -inf (what the default forward writes for it), by the
+// consumer threads.
 __device__ __forceinline__ void fwd_store_empty(const FlexParams& P, i64 q_tiles, i64 u) {
   i64 bh, r0;
   fwd_unit(P, q_tiles, u, bh, r0);
@@ -64,62 +67,124 @@ __device__ __forceinline__ void fwd_store_empty(const FlexParams& P, i64 q_tiles
   for (i64 i = threadIdx.x; i < rows; i += FWD_THREADS) P.lse[bh * P.L + r0 + i] = NEG_INF;
 }
 
-extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_fwd(const __grid_constant__ FlexParams P) {
+// What the producer tells the consumers about the tile in a stage (written before it arms the
+// stage's K barrier, whose arrival releases it to the waiting consumers).
+struct FwdStageTile {
+  i64 unit, c0;
+  int slot, flags;  // kFirst: the unit's first tile (its Q came with K, into Q buffer kQb); kLast; kEnd: no tile
+};
+#define FWD_TILE_FIRST 1
+#define FWD_TILE_LAST 2
+#define FWD_TILE_END 4
+#define FWD_TILE_PARTIAL 8
+#define FWD_TILE_QB 16  // the unit's Q buffer (the second when set)
+
+// One arrival on a barrier (a consumer warp's release, or the producer's end marker).
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_init_count(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+// The producer (one thread of the last warp): every tile of this CTA's units into the stages in
+// turn, each after the consumers released the stage's previous tile; a unit's Q, into the Q buffer
+// its previous-but-one unit released, with the unit's first K. Then the end marker.
+__device__ __forceinline__ void fwd_produce(const FlexParams& P, i64 q_tiles, u16* Qs, u16* Qs2, u16* Ks,
+                                            u64* full, u64* empty, u64* qempty, FwdStageTile* tiles) {
+  UnitStream stream(P, q_tiles);
+  i64 u0 = 0, c0 = 0, u1 = 0, c1 = 0;
+  bool p0 = false, p1 = false;
+  int s0 = 0, s1 = 0;
+  bool more = stream.next(u0, c0, p0, s0);
+  bool more1 = more && stream.next(u1, c1, p1, s1);
+  u32 ephase = 3u, qphase = 3u;  // parity to wait for: a fresh barrier's "previous phase" is complete
+  int x = 0, qb = 0;
+  bool first = true;
+  while (more) {
+    mbar_wait(&empty[x], (ephase >> x) & 1);  // the consumers are done with stage x's last tile
+    ephase ^= 1u << x;
+    const bool last = !more1 || u1 != u0;
+    FwdStageTile& st = tiles[x];
+    st.unit = u0;
+    st.c0 = c0;
+    st.slot = s0;
+    st.flags = (first ? FWD_TILE_FIRST : 0) | (last ? FWD_TILE_LAST : 0) | (p0 ? FWD_TILE_PARTIAL : 0) |
+               (qb ? FWD_TILE_QB : 0);
+    i64 bh, r0;
+    fwd_unit(P, q_tiles, u0, bh, r0);
+    const i64 bhk = bh / P.Hq * P.Hkv + bh % P.Hq / P.G;
+    if (first) {
+      mbar_wait(&qempty[qb], (qphase >> qb) & 1);  // the unit before last is done with this Q buffer
+      qphase ^= 1u << qb;
+      tma_tile(qb ? Qs2 : Qs, P.qmap, &full[x], r0, bh, FWD_TILE_M, false);  // Q's bytes join K's phase
+    }
+    tma_tile(Ks + x * 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &full[x], c0, bhk, FWD_TILE_N);
+    tma_tile(Ks + (x * 2 + 1) * FWD_TILE_N * HEAD_DIM, P.vmap, &full[2 + x], c0, bhk, FWD_TILE_N);
+    if (last) qb ^= 1;
+    first = last;
+    u0 = u1, c0 = c1, p0 = p1, s0 = s1, more = more1;
+    more1 = more && stream.next(u1, c1, p1, s1);
+    x ^= 1;
+  }
+  mbar_wait(&empty[x], (ephase >> x) & 1);
+  tiles[x].flags = FWD_TILE_END;
+  mbar_arrive(&full[x]);
+}
+
+extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BLOCKS)
+    flex_fwd(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = wg_smem_base(smem);
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;  // stage x: K at Ks + x * 2 * FWD_TILE_N * HEAD_DIM, V after it
   u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
   u16* Qs2 = Ks + 4 * FWD_TILE_N * HEAD_DIM;  // the other Q buffer, after both stages
-  // Stage x's K (with a new unit's Q) on bars[x], its V on bars[2 + x]; kphase bit x: its parity.
-  __shared__ __align__(8) u64 bars[4];
-  u32 kphase = 0;
+  // full[x]: stage x's K (with a unit's Q) and its tile record; full[2 + x]: its V; empty[x]: the
+  // consumer warps are done with it; qempty[i]: with Q buffer i.
+  __shared__ __align__(8) u64 full[4], empty[2], qempty[2];
+  __shared__ FwdStageTile tiles[2];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M, units = P.B * P.Hq * q_tiles;
-  UnitStream stream(P, q_tiles);
-  // Step 0 (in use) and step 1 (loading): unit, columns, partial, slot, Q buffer (flips per unit).
-  i64 u0 = 0, c0 = 0, u1 = 0, c1 = 0;
-  bool p0 = false, p1 = false;
-  int s0 = 0, s1 = 0;
-  bool more = stream.next(u0, c0, p0, s0);
-  bool more1 = more && stream.next(u1, c1, p1, s1);
-  u32 qb0 = 0, qb1 = more1 && u1 != u0 ? 1u : 0u;
-  // Thread 0: a step's K and V into stage x, with its unit's Q when the step starts the unit.
-  const auto issue = [&](int x, i64 u, i64 c, bool first, u32 qb) {
-    i64 bh, r0;
-    fwd_unit(P, q_tiles, u, bh, r0);
-    const i64 bhk = bh / P.Hq * P.Hkv + bh % P.Hq / P.G;
-    if (first) tma_tile(qb ? Qs2 : Qs, P.qmap, &bars[x], r0, bh, FWD_TILE_M, false);
-    tma_tile(Ks + x * 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &bars[x], c, bhk, FWD_TILE_N);
-    tma_tile(Vs + x * 2 * FWD_TILE_N * HEAD_DIM, P.vmap, &bars[2 + x], c, bhk, FWD_TILE_N);
-  };
   if (threadIdx.x == 0) {
-    mbar_init_all(bars, 4);
-    if (more) issue(0, u0, c0, true, qb0);
-    if (more1) issue(1, u1, c1, u1 != u0, qb1);
+    for (int i = 0; i < 4; ++i) mbar_init_count(&full[i], 1);
+    for (int i = 0; i < 2; ++i) mbar_init_count(&empty[i], FWD_WARPS), mbar_init_count(&qempty[i], FWD_WARPS);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();  // the barriers are initialised before anyone waits on them
+  __syncthreads();  // the barriers are initialised before anyone waits on them; no block barrier after this
+  if (warp == FWD_WARPS) {
+    if (lane == 0) fwd_produce(P, q_tiles, Qs, Qs2, Ks, full, empty, qempty, tiles);
+    return;
+  }
   PROF_MARK(0);
 
   // The unit being accumulated and what its tiles need.
   i64 bh = 0, b = 0, h = 0, row_base = 0, mrow = 0;
   bool rows_in = false;
   const u16* Qx = Qs;
+  int qb = 0;
   i64 stored = blockIdx.x;  // this CTA's first unit not yet written (units without tiles are skipped)
   float o[FWD_MT][HEAD_DIM / 8][4], m[FWD_MT][2], l[FWD_MT][2];
-  int x = 0;
-  while (more) {
-    if (u0 >= stored) {  // the first tile of unit u0
-      for (; stored < u0; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
-      stored = u0 + gridDim.x;
+  u32 kphase = 0;
+  for (int x = 0;; x ^= 1) {
+    mbar_wait(&full[x], (kphase >> x) & 1);  // K (and a first Q) landed, and the tile record
+    PROF_MARK(1);
+    const FwdStageTile tile = tiles[x];
+    if (tile.flags & FWD_TILE_END) break;
+    const i64 c0 = tile.c0;
+    const bool partial = tile.flags & FWD_TILE_PARTIAL;
+    if (tile.flags & FWD_TILE_FIRST) {
+      for (; stored < tile.unit; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
+      stored = tile.unit + gridDim.x;
       i64 r0;
-      fwd_unit(P, q_tiles, u0, bh, r0);
+      fwd_unit(P, q_tiles, tile.unit, bh, r0);
       b = bh / P.Hq;
       h = bh % P.Hq;
       row_base = r0 + warp * 16 * FWD_MT + g;
       mrow = fwd_unit_mrow(P, bh, r0);
       rows_in = r0 + FWD_TILE_M <= P.L;
-      Qx = qb0 ? Qs2 : Qs;
+      qb = (tile.flags & FWD_TILE_QB) ? 1 : 0;
+      Qx = qb ? Qs2 : Qs;
 #pragma unroll
       for (int mt = 0; mt < FWD_MT; ++mt) {
         m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
@@ -127,20 +192,25 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
         for (int n = 0; n < HEAD_DIM / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
       }
     }
-    FWD_TMA_STAGE_STEP(Qx, p0, s0)
-    i64 u2 = 0, c2 = 0;
-    bool p2 = false;
-    int s2 = 0;
-    const bool more2 = more1 && stream.next(u2, c2, p2, s2);
-    const u32 qb2 = more2 && u2 != u1 ? qb1 ^ 1u : qb1;
-    // Every warp is done with stage x, and with Q buffer qb2 when step 2 starts a unit: that
-    // buffer's previous unit ended at or before this step (step 1 is another unit's).
-    __syncthreads();
-    if (more2 && threadIdx.x == 0) issue(x, u2, c2, u2 != u1, qb2);
-    if (!more1 || u1 != u0) fwd_store(P, o, m, l, bh, row_base, t);  // u0's last tile
-    u0 = u1, c0 = c1, p0 = p1, s0 = s1, qb0 = qb1, more = more1;
-    u1 = u2, c1 = c2, p1 = p2, s1 = s2, qb1 = qb2, more1 = more2;
-    x ^= 1;
+    u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
+    u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
+    float s[FWD_MT][FWD_TILE_N / 8][4];
+    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
+    FWD_TMA_SOFTMAX(Qx, Kx, partial, tile.slot)
+    PROF_MARK(3);
+    mbar_wait(&full[2 + x], (kphase >> x) & 1);  // V landed
+    kphase ^= 1u << x;
+    PROF_MARK(4);
+    wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
+    PROF_MARK(5);
+    // The warp's products are done (waited for): its reads of stage x (and, after the unit's last
+    // tile, of its Q buffer) are over.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[x]);
+    if (tile.flags & FWD_TILE_LAST) {
+      if (lane == 0) mbar_arrive(&qempty[qb]);
+      fwd_store(P, o, m, l, bh, row_base, t);
+    }
   }
   for (; stored < units; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
   PROF_MARK(6);
