@@ -295,6 +295,8 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
     encode_tile_map(P.qmap, P.q, bf16, st.p.B * st.p.Hq, st.p.L, st.p.E, c.fwd_tile_m);
     encode_tile_map(P.kmap, P.k, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
     encode_tile_map(P.vmap, P.v, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
+    // The persistent forward stores its output tiles by TMA (out is kiln's own, contiguous).
+    if (c.fwd_persist) encode_tile_map(P.omap, P.out, bf16, st.p.B * st.p.Hq, st.p.L, st.p.E, c.fwd_tile_m);
   }
   const Tensor bits = launch_mask_bits(st, P, stream_of(st));
   const Tensor prof = attach_profile_counters(st, P);

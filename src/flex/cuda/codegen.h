@@ -54,8 +54,9 @@ struct FlexParams {
   int64_t msize[kMaxBuffers][3], mstride[kMaxBuffers][3];
   // KILN_FLEX_FWD_TMA / KILN_FLEX_BWD_TMA: CUtensorMaps of q and dout [B*Hq, L, E], k and v
   // [B*Hkv, S, E] (64-column boxes, 128-byte swizzle; the forward's rows per box, then the
-  // backward's), read by bulk tensor copies; unused otherwise.
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128];
+  // backward's), read by bulk tensor copies; omap: out's, written by the persistent forward's bulk
+  // tensor stores; unused otherwise.
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
 };
 
 // What a generated source depends on besides the mods (a field added here joins the kernel

@@ -17,7 +17,10 @@ const char* kernel_forward_persist() {
 // of two Q buffers; the consumer warps only wait for stages and compute. So the walk's dependent
 // list reads, the loads' issue and a unit's prologue leave the consumers' path (session 9's version,
 // where the consumers issued each stage after a block barrier, waited on K for half their cycles:
-// H200, session 18, KILN_FLEX_PROFILE). Every unit's arithmetic is the default forward's: the same bits.
+// H200, session 18, KILN_FLEX_PROFILE). A stage's K is released once its scores are done and its V
+// once P V is, so each load is issued as early as its buffer allows. A unit's output goes through
+// its Q buffer by one bulk tensor store, so the consumers do not wait for their global stores.
+// Every unit's arithmetic is the default forward's: the same bits.
 #define FWD_CTA_THREADS (FWD_THREADS + 32)  // the consumers and the producer warp
 // Resident CTAs the registers are held for: one with 128-row tiles; else two at E = 128, three at 64.
 #define FWD_PERSIST_MIN_BLOCKS (FWD_TILE_M == 128 ? 1 : HEAD_DIM == 128 ? 2 : 3)
@@ -87,23 +90,62 @@ __device__ __forceinline__ void mbar_init_count(u64* bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
+// The unit's output rows (this thread's o, m, l; row_base as the default forward's) normalised into
+// its Q buffer qs, whose last reads (Q K^T) every consumer warp has waited for, in the swizzled
+// 64-column panels the Q map wrote (16-byte chunk c of local row r at chunk c ^ (r % 8)); then thread
+// 0 writes them out with one bulk tensor store a panel (rows past L are not written), committed as
+// one group. The lse by the threads of t == 0, as fwd_store.
+__device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* qs, const float (&o)[FWD_MT][HEAD_DIM / 8][4],
+                                              const float (&m)[FWD_MT][2], const float (&l)[FWD_MT][2], i64 bh,
+                                              i64 r0, i64 row_base, int t) {
+  asm volatile("bar.sync 1, %0;" ::"n"(FWD_THREADS) : "memory");  // every warp's Q K^T reads are over
+#pragma unroll
+  for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const i64 row = row_base + mt * 16 + 8 * r;
+      const int local = (int)(row - r0);
+      const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n) {
+        u16* dst = qs + (n >> 3) * FWD_TILE_M * 64 + local * 64 + (((n & 7) ^ (local & 7)) << 3) + 2 * t;
+        *(u32*)dst = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+      }
+      if (t == 0 && row < P.L)
+        P.lse[bh * P.L + row] = lr > 0.f ? (FOLD_SCALE ? m[mt][r] * P.scale_f : m[mt][r]) + logf(lr) : NEG_INF;
+    }
+  fence_async_smem();  // the generic-proxy writes, before the bulk copy reads them
+  asm volatile("bar.sync 1, %0;" ::"n"(FWD_THREADS) : "memory");
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int p = 0; p < HEAD_DIM / 64; ++p)
+      asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(P.omap),
+                   "r"(p * 64), "r"((int)r0), "r"((int)bh), "r"(smem_addr(qs + p * FWD_TILE_M * 64))
+                   : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+}
+
 // The producer (one thread of the last warp): every tile of this CTA's units into the stages in
 // turn, each after the consumers released the stage's previous tile; a unit's Q, into the Q buffer
 // its previous-but-one unit released, with the unit's first K. Then the end marker.
 __device__ __forceinline__ void fwd_produce(const FlexParams& P, i64 q_tiles, u16* Qs, u16* Qs2, u16* Ks,
-                                            u64* full, u64* empty, u64* qempty, FwdStageTile* tiles) {
+                                            u64* full, u64* kempty, u64* vempty, u64* qempty, FwdStageTile* tiles) {
   UnitStream stream(P, q_tiles);
   i64 u0 = 0, c0 = 0, u1 = 0, c1 = 0;
   bool p0 = false, p1 = false;
   int s0 = 0, s1 = 0;
   bool more = stream.next(u0, c0, p0, s0);
   bool more1 = more && stream.next(u1, c1, p1, s1);
-  u32 ephase = 3u, qphase = 3u;  // parity to wait for: a fresh barrier's "previous phase" is complete
+  u32 kphase = 3u, vphase = 3u, qphase = 3u;  // parities to wait for: a fresh barrier's "previous phase" is complete
   int x = 0, qb = 0;
   bool first = true;
   while (more) {
-    mbar_wait(&empty[x], (ephase >> x) & 1);  // the consumers are done with stage x's last tile
-    ephase ^= 1u << x;
+    mbar_wait(&kempty[x], (kphase >> x) & 1);  // the consumers are done with stage x's last K (and its record)
+    kphase ^= 1u << x;
     const bool last = !more1 || u1 != u0;
     FwdStageTile& st = tiles[x];
     st.unit = u0;
@@ -120,6 +162,8 @@ __device__ __forceinline__ void fwd_produce(const FlexParams& P, i64 q_tiles, u1
       tma_tile(qb ? Qs2 : Qs, P.qmap, &full[x], r0, bh, FWD_TILE_M, false);  // Q's bytes join K's phase
     }
     tma_tile(Ks + x * 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &full[x], c0, bhk, FWD_TILE_N);
+    mbar_wait(&vempty[x], (vphase >> x) & 1);  // and with its last V
+    vphase ^= 1u << x;
     tma_tile(Ks + (x * 2 + 1) * FWD_TILE_N * HEAD_DIM, P.vmap, &full[2 + x], c0, bhk, FWD_TILE_N);
     if (last) qb ^= 1;
     first = last;
@@ -127,7 +171,7 @@ __device__ __forceinline__ void fwd_produce(const FlexParams& P, i64 q_tiles, u1
     more1 = more && stream.next(u1, c1, p1, s1);
     x ^= 1;
   }
-  mbar_wait(&empty[x], (ephase >> x) & 1);
+  mbar_wait(&kempty[x], (kphase >> x) & 1);
   tiles[x].flags = FWD_TILE_END;
   mbar_arrive(&full[x]);
 }
@@ -140,29 +184,34 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;  // stage x: K at Ks + x * 2 * FWD_TILE_N * HEAD_DIM, V after it
   u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
   u16* Qs2 = Ks + 4 * FWD_TILE_N * HEAD_DIM;  // the other Q buffer, after both stages
-  // full[x]: stage x's K (with a unit's Q) and its tile record; full[2 + x]: its V; empty[x]: the
-  // consumer warps are done with it; qempty[i]: with Q buffer i.
-  __shared__ __align__(8) u64 full[4], empty[2], qempty[2];
+  // full[x]: stage x's K (with a unit's Q) and its tile record; full[2 + x]: its V; kempty[x] /
+  // vempty[x]: the consumer warps are done with its K / V; qempty[i]: Q buffer i's output store has
+  // read it.
+  __shared__ __align__(8) u64 full[4], kempty[2], vempty[2], qempty[2];
   __shared__ FwdStageTile tiles[2];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M, units = P.B * P.Hq * q_tiles;
   if (threadIdx.x == 0) {
     for (int i = 0; i < 4; ++i) mbar_init_count(&full[i], 1);
-    for (int i = 0; i < 2; ++i) mbar_init_count(&empty[i], FWD_WARPS), mbar_init_count(&qempty[i], FWD_WARPS);
+    for (int i = 0; i < 2; ++i) {
+      mbar_init_count(&kempty[i], FWD_WARPS);
+      mbar_init_count(&vempty[i], FWD_WARPS);
+      mbar_init_count(&qempty[i], 1);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them; no block barrier after this
   if (warp == FWD_WARPS) {
-    if (lane == 0) fwd_produce(P, q_tiles, Qs, Qs2, Ks, full, empty, qempty, tiles);
+    if (lane == 0) fwd_produce(P, q_tiles, Qs, Qs2, Ks, full, kempty, vempty, qempty, tiles);
     return;
   }
   PROF_MARK(0);
 
   // The unit being accumulated and what its tiles need.
-  i64 bh = 0, b = 0, h = 0, row_base = 0, mrow = 0;
+  i64 bh = 0, b = 0, h = 0, r0 = 0, row_base = 0, mrow = 0;
   bool rows_in = false;
-  const u16* Qx = Qs;
-  int qb = 0;
+  u16* Qx = Qs;
+  int qb = 0, storing = -1;  // storing: the Q buffer whose output store thread 0 has not yet seen read
   i64 stored = blockIdx.x;  // this CTA's first unit not yet written (units without tiles are skipped)
   float o[FWD_MT][HEAD_DIM / 8][4], m[FWD_MT][2], l[FWD_MT][2];
   u32 kphase = 0;
@@ -170,13 +219,17 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
     mbar_wait(&full[x], (kphase >> x) & 1);  // K (and a first Q) landed, and the tile record
     PROF_MARK(1);
     const FwdStageTile tile = tiles[x];
+    if (threadIdx.x == 0 && storing >= 0) {  // the last unit's store had this wait to read its buffer
+      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      mbar_arrive(&qempty[storing]);
+      storing = -1;
+    }
     if (tile.flags & FWD_TILE_END) break;
     const i64 c0 = tile.c0;
     const bool partial = tile.flags & FWD_TILE_PARTIAL;
     if (tile.flags & FWD_TILE_FIRST) {
       for (; stored < tile.unit; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
       stored = tile.unit + gridDim.x;
-      i64 r0;
       fwd_unit(P, q_tiles, tile.unit, bh, r0);
       b = bh / P.Hq;
       h = bh % P.Hq;
@@ -197,21 +250,22 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
     FWD_TMA_SOFTMAX(Qx, Kx, partial, tile.slot)
+    __syncwarp();  // the warp's Q K^T was waited for: its reads of K are over
+    if (lane == 0) mbar_arrive(&kempty[x]);
     PROF_MARK(3);
     mbar_wait(&full[2 + x], (kphase >> x) & 1);  // V landed
     kphase ^= 1u << x;
     PROF_MARK(4);
     wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
     PROF_MARK(5);
-    // The warp's products are done (waited for): its reads of stage x (and, after the unit's last
-    // tile, of its Q buffer) are over.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[x]);
+    __syncwarp();  // likewise P V: its reads of V are over
+    if (lane == 0) mbar_arrive(&vempty[x]);
     if (tile.flags & FWD_TILE_LAST) {
-      if (lane == 0) mbar_arrive(&qempty[qb]);
-      fwd_store(P, o, m, l, bh, row_base, t);
+      fwd_store_tma(P, Qx, o, m, l, bh, r0, row_base, t);
+      storing = qb;
     }
   }
+  if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the stores are done
   for (; stored < units; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
   PROF_MARK(6);
   PROF_FLUSH(0);
