@@ -243,7 +243,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   const int64_t q_bufs = cfg.fwd_persist ? 2 : 1;  // the persistent forward's second Q buffer
   st->fwd_smem = cfg.fwd_wgmma ? (q_bufs * cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
                                : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;
-  st->fwd_threads = cfg.fwd_threads() + (cfg.fwd_persist ? 32 : 0);  // the persistent forward's producer warp
+  st->fwd_threads = cfg.fwd_threads() + (cfg.fwd_persist ? 128 : 0);  // the persistent forward's producer warpgroup
   st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
   // dQ's Q, dO, V and 1 or 2 K buffers (TMA: 1 or 2 K and as many V); dK/dV's K, V and 1 or 2 sets
   // of Q, dO and lse2 / delta rows (two with TMA). The kernels' attribute takes the larger.

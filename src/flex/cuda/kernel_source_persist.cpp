@@ -12,18 +12,25 @@ const char* kernel_forward_persist() {
 // by (b, h), heaviest q tiles first within each, so the CTAs running at once share a few heads' K
 // and V in L2 (heaviest first over all heads had them read every head's K / V at once: session 9
 // measured that order 15-47 % slower than the default forward).
-// Warp-specialised (FlashAttention-3's producer): the CTA's last warp only walks the BlockMask lists
-// and issues the loads, a stage as soon as the consumers release it, with a unit's Q into the other
-// of two Q buffers; the consumer warps only wait for stages and compute. So the walk's dependent
+// Warp-specialised (FlashAttention-3's producer): one thread of the CTA's last warpgroup only walks
+// the BlockMask lists and issues the loads, a stage as soon as the consumers release it, with a
+// unit's Q into the other of two Q buffers; the consumer warps only wait for stages and compute. So the walk's dependent
 // list reads, the loads' issue and a unit's prologue leave the consumers' path (session 9's version,
 // where the consumers issued each stage after a block barrier, waited on K for half their cycles:
 // H200, session 18, KILN_FLEX_PROFILE). A stage's K is released once its scores are done and its V
 // once P V is, so each load is issued as early as its buffer allows. A unit's output goes through
 // its Q buffer by one bulk tensor store, so the consumers do not wait for their global stores.
 // Every unit's arithmetic is the default forward's: the same bits.
-#define FWD_CTA_THREADS (FWD_THREADS + 32)  // the consumers and the producer warp
+// The producer is a whole warpgroup, so that setmaxnreg can move its registers to the consumers
+// (it takes the warpgroup): ptxas holds the kernel to the launch's share of the register file, the
+// producer drops to 40 (at 24 its walk spilled) and the consumers take the rest (232 with 128-row
+// tiles: two consumer warpgroups, where the launch's 168 spilled; FlashAttention-3's split).
+#define FWD_CTA_THREADS (FWD_THREADS + 128)
 // Resident CTAs the registers are held for: one with 128-row tiles; else two at E = 128, three at 64.
 #define FWD_PERSIST_MIN_BLOCKS (FWD_TILE_M == 128 ? 1 : HEAD_DIM == 128 ? 2 : 3)
+#define FWD_LAUNCH_REGS (65536 / (FWD_PERSIST_MIN_BLOCKS * FWD_CTA_THREADS) / 8 * 8)
+#define FWD_PRODUCER_REGS 40
+#define FWD_CONSUMER_REGS ((FWD_LAUNCH_REGS * FWD_CTA_THREADS - FWD_PRODUCER_REGS * 128) / FWD_THREADS / 8 * 8)
 
 // Unit u's (b, h) row of q / out and first query row.
 __device__ __forceinline__ void fwd_unit(const FlexParams&, i64 q_tiles, i64 u, i64& bh, i64& r0) {
@@ -129,7 +136,7 @@ __device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* qs, cons
   }
 }
 
-// The producer (one thread of the last warp): every tile of this CTA's units into the stages in
+// The producer (one thread of the last warpgroup): every tile of this CTA's units into the stages in
 // turn, each after the consumers released the stage's previous tile; a unit's Q, into the Q buffer
 // its previous-but-one unit released, with the unit's first K. Then the end marker.
 __device__ __forceinline__ void fwd_produce(const FlexParams& P, i64 q_tiles, u16* Qs, u16* Qs2, u16* Ks,
@@ -201,10 +208,12 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them; no block barrier after this
-  if (warp == FWD_WARPS) {
-    if (lane == 0) fwd_produce(P, q_tiles, Qs, Qs2, Ks, full, kempty, vempty, qempty, tiles);
+  if (warp >= FWD_WARPS) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FWD_PRODUCER_REGS));
+    if (threadIdx.x == FWD_THREADS) fwd_produce(P, q_tiles, Qs, Qs2, Ks, full, kempty, vempty, qempty, tiles);
     return;
   }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FWD_CONSUMER_REGS));
   PROF_MARK(0);
 
   // The unit being accumulated and what its tiles need.
