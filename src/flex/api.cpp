@@ -24,6 +24,9 @@ struct Prepared {
   BlockMask block_mask;  // a copy (tensors are shared handles): the backward reads its q_* lists
   std::shared_ptr<cuda::State> cuda;  // CUDA: device buffers and compiled kernels
   BlockMask merged;                   // CUDA (cuda::merged_walk, the default): block_mask's lists merged
+  // CUDA (cuda::forward_keeps_blocks): the caller's mask and its merged lists, which the forward
+  // walks while block_mask is halved for the backward (kept alive for the kernels).
+  BlockMask fwd_block_mask, fwd_merged;
 };
 
 // A BlockMask derived from `bm` (moved to a device, halved) by make(), from a small cache keyed by
@@ -126,11 +129,12 @@ void use_block_mask(cpu::Problem& p, const BlockMask& m) {
 // On CUDA, short rows of a 128-block mask run at 64-blocks (cuda::halve_blocks says when; the
 // halving, detail::halve_blocks, lists a subset of the caller's blocks, so results are the same
 // elements' sums). Needs the mask to use b / h only where the BlockMask has those dims.
-void halve_blocks_if_short(Prepared& pr, Device device) {
+// Returns whether it halved.
+bool halve_blocks_if_short(Prepared& pr, Device device) {
   cpu::Problem& p = pr.p;
   const Expr& mod = pr.block_mask.mask_mod.expr;
   const bool dims_fit = (!mod.uses_b() || p.mB == p.B) && (!mod.uses_h() || p.mH == p.Hq);
-  if (!dims_fit || !cuda::halve_blocks(p, device.index)) return;
+  if (!dims_fit || !cuda::halve_blocks(p, device.index)) return false;
   const std::shared_ptr<detail::Program> prog = pr.mask;
   // Keyed by the mod and its captured tensors' versions too: the halving reads their values.
   std::string key = "halved " + std::to_string(reinterpret_cast<uintptr_t>(mod.node().get()));
@@ -138,6 +142,7 @@ void halve_blocks_if_short(Prepared& pr, Device device) {
   const BlockMask& bm = pr.block_mask;
   pr.block_mask = derived_mask(bm, key, [&] { return detail::halve_blocks(bm, *prog).to(device); });
   use_block_mask(p, pr.block_mask);
+  return true;
 }
 
 // The (possibly halved) mask's lists merged for the kernels' one-list walk where cuda::merged_walk
@@ -153,6 +158,23 @@ void merge_lists_for_walk(Prepared& pr, Device device) {
   p.q_all_idx = pr.merged.q_indices.data_ptr<int32_t>();
   p.kv_all_m = pr.merged.kv_indices.size(3);
   p.q_all_m = pr.merged.q_indices.size(3);
+}
+
+// The CUDA state: the backward on the (possibly halved) mask, the forward on the caller's where
+// cuda::forward_keeps_blocks says so (its lists merged before the halving).
+void prepare_cuda(Prepared& pr, const Tensor& q) {
+  const Device device = q.device();
+  const bool keep = cuda::forward_keeps_blocks(pr.p, device.index);
+  cpu::Problem fwd_p;
+  if (keep) {
+    merge_lists_for_walk(pr, device);
+    fwd_p = pr.p;
+    pr.fwd_block_mask = pr.block_mask;
+    pr.fwd_merged = pr.merged;
+  }
+  const bool halved = halve_blocks_if_short(pr, device);
+  merge_lists_for_walk(pr, device);
+  pr.cuda = cuda::make_state(pr.p, q.dtype(), device, keep && halved ? &fwd_p : nullptr);
 }
 #endif
 
@@ -214,8 +236,7 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
     p.score = pr->score.get();
   }
   if (q.is_cuda()) {
-    KILN_CUDA_ONLY(kOp, halve_blocks_if_short(*pr, q.device()); merge_lists_for_walk(*pr, q.device());
-                   pr->cuda = cuda::make_state(p, q.dtype(), q.device()));
+    KILN_CUDA_ONLY(kOp, prepare_cuda(*pr, q));
   }
   return pr;
 }

@@ -1068,25 +1068,65 @@ TEST(FlexAttentionCuda, TmaBackwardMatchesReferenceAndDefaultBits) {
   check_kernel_variant("KILN_FLEX_BWD_TMA");
 }
 
-// KILN_FLEX_FWD_PERSIST=1: the persistent forward. Beside the variant checks, more q tiles than
-// CTAs fit at once (several units a CTA, with units that list no block between them; GQA), bit
-// for bit against the one-unit-a-CTA forward.
+// KILN_FLEX_FWD_PERSIST=1: the persistent forward (a producer warpgroup, bulk tensor stores). Beside
+// the variant checks, more q tiles than CTAs fit at once (several units a CTA, with units that list
+// no block between them; GQA), bit for bit against the one-unit-a-CTA forward on the same tiles:
+// 128 x 128 (two consumer warpgroups) and 64 x 64, on the caller's 128-blocks.
 TEST(FlexAttentionCuda, PersistentForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(29);
-  check_kernel_variant("KILN_FLEX_FWD_PERSIST");
-  const MaskMod late([](Expr, Expr, Expr q, Expr kv) { return (kv < q - 1500) & (kv > q - 2600); });
-  for (const int64_t E : {64, 128}) {
-    const int64_t L = 4000, S = 3000;
-    const Tensor q = randn({2, 8, L, E}), k = randn({2, 4, S, E}), v = randn({2, 4, S, E}), cot = randn({2, 8, L, E});
-    const BlockMask bm = create_block_mask(late, 1, 1, L, S);
-    FlexOptions o;
-    o.block_mask = &bm;
-    o.return_lse = true;
-    o.enable_gqa = true;
-    SCOPED_TRACE("E = " + std::to_string(E));
-    expect_same_bits_across("KILN_FLEX_FWD_PERSIST", "1", "0", q, k, v, cot, o);
+  const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
+  for (const char* tile : {"128x128x1", "64x64x1"}) {
+    SCOPED_TRACE(std::string("tile ") + tile);
+    const ScopedEnv pin("KILN_FLEX_FWD_TILE", tile);
+    check_kernel_variant("KILN_FLEX_FWD_PERSIST");
+    const MaskMod late([](Expr, Expr, Expr q, Expr kv) { return (kv < q - 1500) & (kv > q - 2600); });
+    for (const int64_t E : {64, 128}) {
+      const int64_t L = 4000, S = 3000;
+      const Tensor q = randn({2, 8, L, E}), k = randn({2, 4, S, E}), v = randn({2, 4, S, E}), cot = randn({2, 8, L, E});
+      const BlockMask bm = create_block_mask(late, 1, 1, L, S);
+      FlexOptions o;
+      o.block_mask = &bm;
+      o.return_lse = true;
+      o.enable_gqa = true;
+      SCOPED_TRACE("E = " + std::to_string(E));
+      expect_same_bits_across("KILN_FLEX_FWD_PERSIST", "1", "0", q, k, v, cot, o);
+    }
   }
+}
+
+// Short rows at E = 128 (a window): by default the persistent forward runs on the caller's 128-blocks
+// with 128 x 128 tiles while the backward walks the halved 64-blocks. Against the reference, and the
+// forward bit for bit the one with the blocks kept for both (KILN_FLEX_HALVE_BLOCKS=0), which runs
+// the same forward on the same blocks.
+TEST(FlexAttentionCuda, ShortRowsForwardOnCallersBlocksBackwardHalved) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(41);
+  GpuCase c;
+  c.E = 128;
+  c.L = 1000;
+  c.S = 1100;
+  const int64_t w = 200 + std::rand() % 200;
+  const MaskMod window = sliding_window_mask(w);
+  const MaskFn f = [w](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < w; };
+  check_cuda(c, kBFloat16, &window, f, ScoreMod(), nullptr);
+  const Tensor q = randn({2, 4, c.L, c.E}), k = randn({2, 2, c.S, c.E}), v = randn({2, 2, c.S, c.E});
+  const BlockMask bm = create_block_mask(window, 1, 1, c.L, c.S);
+  FlexOptions o;
+  o.block_mask = &bm;
+  o.return_lse = true;
+  o.enable_gqa = true;
+  const Tensor qg = q.to(kGpu).to(kBFloat16), kg = k.to(kGpu).to(kBFloat16), vg = v.to(kGpu).to(kBFloat16);
+  const FlexOutput split = flex_attention(qg, kg, vg, o);
+  FlexOutput kept;
+  {
+    const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
+    kept = flex_attention(qg, kg, vg, o);
+  }
+  const std::vector<double> a = split.out.to(kCPU).to(kFloat64).to_vector(), b = kept.out.to(kCPU).to(kFloat64).to_vector();
+  const std::vector<double> la = split.lse.to(kCPU).to_vector(), lb = kept.lse.to(kCPU).to_vector();
+  EXPECT_TRUE(a == b) << "the forward's output changed with the backward's blocks";
+  EXPECT_TRUE(la == lb) << "the forward's lse changed with the backward's blocks";
 }
 
 // E = 64 rows listing 6 or more blocks take the 64 x 128 forward tile by default (8 blocks here).
@@ -1267,6 +1307,26 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
   EXPECT_EQ(c.fwd_tile_n, 64);
   EXPECT_EQ(c.fwd_min_blocks, 1);
   EXPECT_EQ(c.bwd_dkdv_min_blocks, 1);
+  EXPECT_FALSE(c.fwd_persist);
+  // With a mask that reads no tensors and no score_mod, those rows on 128-blocks take the persistent
+  // forward with 128 x 128 tiles (KILN_FLEX_FWD_PERSIST=0: the staged one at 64 x 64); on 64-blocks
+  // (the halved mask, the backward's) not.
+  const detail::Program win = detail::compile(sliding_window_mask(256).expr);
+  p.mask = &win;
+  c = config(9);
+  EXPECT_TRUE(c.fwd_persist);
+  EXPECT_EQ(c.fwd_tile_m, 128);
+  EXPECT_EQ(c.fwd_tile_n, 128);
+  {
+    const ScopedEnv off("KILN_FLEX_FWD_PERSIST", "0");
+    c = config(9);
+    EXPECT_FALSE(c.fwd_persist);
+    EXPECT_EQ(c.fwd_tile_m, 64);
+  }
+  p.QB = p.KB = 64;
+  EXPECT_FALSE(config(9).fwd_persist);
+  p.QB = p.KB = 128;
+  p.mask = nullptr;
   p.kv_m = 8;
   c = config(9);
   EXPECT_EQ(c.fwd_tile_m, 128);

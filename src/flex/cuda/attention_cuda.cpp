@@ -47,6 +47,12 @@ struct State {
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
   bool profile = false;        // KILN_FLEX_PROFILE: print the kernels' phase cycles
   KernelConfig cfg;            // what the kernels were generated for
+  // The forward's own problem, parameters and configuration where it runs on the caller's BlockMask
+  // while the backward's is halved (make_state's fwd_p); else copies of p, base and cfg.
+  cpu::Problem fwd_p;
+  FlexParams fwd_base{};
+  KernelConfig fwd_cfg;
+  int64_t fwd_mask_bits_words = 0;
 };
 
 namespace {
@@ -130,22 +136,37 @@ bool read_error(const State& st, const Tensor& err) {
   return err.to(kCPU).data_ptr<int32_t>()[0] == 0;  // synchronises: only loads not proven in range pay it
 }
 
-// The kernels of (the mods' compiled programs, cfg) on a device. generate_source and
-// load_kernels' hash of its ~47 KB cost tens of microseconds of host time per call, so the
-// lookup goes by an id of what determines the source: the programs' unique ids and cfg.
-const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, int device, int64_t fwd_smem,
-                               int64_t bwd_smem) {
-  char id[256];
-  std::snprintf(id, sizeof(id), "s%llu/m%llu/%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d",
-                static_cast<unsigned long long>(p.score ? p.score->id : 0),
-                static_cast<unsigned long long>(p.mask ? p.mask->id : 0), cfg.bf16, cfg.profile, cfg.head_dim,
-                cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt, cfg.fwd_wgmma, cfg.bwd_wgmma,
-                cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf, cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma,
-                cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead, cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods,
-                cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks,
-                cfg.fast_mods && cfg.magic_i2f, cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages,
-                cfg.merged_walk, cfg.mask_ranges, cfg.fwd_pingpong);
-  return load_kernels_by_id(id, [&] { return generate_source(p.score, p.mask, cfg); }, device, fwd_smem, bwd_smem);
+// What determines a configuration's source besides the mods' programs.
+std::string config_id(const KernelConfig& cfg) {
+  char id[200];
+  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
+                cfg.profile, cfg.head_dim, cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt,
+                cfg.fwd_wgmma, cfg.bwd_wgmma, cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf,
+                cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma, cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead,
+                cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods, cfg.bwd_paired, cfg.bwd_split_p,
+                cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks, cfg.fast_mods && cfg.magic_i2f,
+                cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages, cfg.merged_walk, cfg.mask_ranges,
+                cfg.fwd_pingpong);
+  return id;
+}
+
+// The kernels of (the mods' compiled programs, cfg) on a device, the forward's from fwd_cfg (the
+// same as cfg but where the forward runs on the caller's BlockMask). generate_source and
+// load_kernels' hash of its ~47 KB cost tens of microseconds of host time per call, so the lookup
+// goes by an id of what determines the sources: the programs' unique ids and the configurations.
+const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& fwd_cfg, const KernelConfig& cfg, int device,
+                               int64_t fwd_smem, int64_t bwd_smem) {
+  const std::string c = config_id(cfg), f = config_id(fwd_cfg);
+  const std::string id = "s" + std::to_string(p.score ? p.score->id : 0) + "/m" + std::to_string(p.mask ? p.mask->id : 0) +
+                         "/" + c + (f == c ? "" : " fwd " + f);
+  return load_kernels_by_id(
+      id,
+      [&] {
+        std::string bwd = generate_source(p.score, p.mask, cfg);
+        std::string fwd = f == c ? bwd : generate_source(p.score, p.mask, fwd_cfg);
+        return SourcePair(std::move(fwd), std::move(bwd));
+      },
+      device, fwd_smem, bwd_smem);
 }
 
 }  // namespace
@@ -160,7 +181,55 @@ void check_supported(const cpu::Problem& p, DType dtype) {
              kTileM, ", got ", p.QB, " x ", p.KB);
 }
 
-std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device device) {
+namespace {
+
+// P's BlockMask fields from p (its lists' device pointers; all_full: none).
+void set_block_lists(FlexParams& P, const cpu::Problem& p) {
+  P.QB = p.QB;
+  P.KB = p.KB;
+  P.nQB = p.nQ;
+  P.nKVB = p.nKV;
+  P.mB = p.mB;
+  P.mH = p.mH;
+  P.all_full = p.all_full ? 1 : 0;
+  if (p.all_full) return;
+  P.kv_num = p.kv_num;
+  P.kv_idx = p.kv_idx;
+  P.fkv_num = p.fkv_num;
+  P.fkv_idx = p.fkv_idx;
+  P.q_num = p.q_num;
+  P.q_idx = p.q_idx;
+  P.fq_num = p.fq_num;
+  P.fq_idx = p.fq_idx;
+  P.kv_m = p.kv_m;
+  P.fkv_m = p.fkv_m;
+  P.q_m = p.q_m;
+  P.fq_m = p.fq_m;
+  P.kv_all_num = p.kv_all_num;
+  P.kv_all_idx = p.kv_all_idx;
+  P.q_all_num = p.q_all_num;
+  P.q_all_idx = p.q_all_idx;
+  P.kv_all_m = p.kv_all_m;
+  P.q_all_m = p.q_all_m;
+}
+
+// The forward's shared memory, threads, q tiles and grid under cfg (its kernel loaded).
+void size_forward(State& st, const cpu::Problem& p, const KernelConfig& cfg) {
+  // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
+  // V and 1 or 2 K buffers; 2 of each with the overlap, and fwd_stages of each with TMA (fwd_kbuf 2).
+  const int64_t fwd_kv_tiles = cfg.fwd_tma && cfg.fwd_kbuf == 2 ? 2 * cfg.fwd_stages
+                               : cfg.fwd_overlap                ? 4
+                                                                : 1 + cfg.fwd_kbuf;
+  const int64_t q_bufs = cfg.fwd_persist ? 2 : 1;  // the persistent forward's second Q buffer
+  st.fwd_smem = cfg.fwd_wgmma ? (q_bufs * cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
+                              : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * (p.E + 8) * 2;
+  st.fwd_threads = cfg.fwd_threads() + (cfg.fwd_persist ? 128 : 0);  // the persistent forward's producer warpgroup
+  st.fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
+}
+
+}  // namespace
+
+std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device device, const cpu::Problem* fwd_p) {
   check_supported(p, dtype);
   auto st = std::make_shared<State>();
   st->p = p;
@@ -174,33 +243,7 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   P.L = p.L;
   P.S = p.S;
   P.G = p.group();
-  P.QB = p.QB;
-  P.KB = p.KB;
-  P.nQB = p.nQ;
-  P.nKVB = p.nKV;
-  P.mB = p.mB;
-  P.mH = p.mH;
-  P.all_full = p.all_full ? 1 : 0;
-  if (!p.all_full) {
-    P.kv_num = p.kv_num;
-    P.kv_idx = p.kv_idx;
-    P.fkv_num = p.fkv_num;
-    P.fkv_idx = p.fkv_idx;
-    P.q_num = p.q_num;
-    P.q_idx = p.q_idx;
-    P.fq_num = p.fq_num;
-    P.fq_idx = p.fq_idx;
-    P.kv_m = p.kv_m;
-    P.fkv_m = p.fkv_m;
-    P.q_m = p.q_m;
-    P.fq_m = p.fq_m;
-    P.kv_all_num = p.kv_all_num;
-    P.kv_all_idx = p.kv_all_idx;
-    P.q_all_num = p.q_all_num;
-    P.q_all_idx = p.q_all_idx;
-    P.kv_all_m = p.kv_all_m;
-    P.q_all_m = p.q_all_m;
-  }
+  set_block_lists(P, p);
   P.q_tiles = ceil_div(p.L, kTileM);   // the dQ kernel's units
   P.kv_tiles = ceil_div(p.S, kTileN);  // the dK/dV kernel's units
   P.scale = p.scale;
@@ -234,30 +277,30 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   KernelConfig cfg = choose_kernel_config(p, dtype, device.index, st->check_indices, index32, st->grad_numel,
                                           &st->mask_bits_words);
   st->profile = cfg.profile;
-  const int64_t ld = p.E + 8;
-  // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
-  // V and 1 or 2 K buffers; 2 of each with the overlap, and fwd_stages of each with TMA (fwd_kbuf 2).
-  const int64_t fwd_kv_tiles = cfg.fwd_tma && cfg.fwd_kbuf == 2 ? 2 * cfg.fwd_stages
-                               : cfg.fwd_overlap                ? 4
-                                                                : 1 + cfg.fwd_kbuf;
-  const int64_t q_bufs = cfg.fwd_persist ? 2 : 1;  // the persistent forward's second Q buffer
-  st->fwd_smem = cfg.fwd_wgmma ? (q_bufs * cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
-                               : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * ld * 2;
-  st->fwd_threads = cfg.fwd_threads() + (cfg.fwd_persist ? 128 : 0);  // the persistent forward's producer warpgroup
-  st->fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
+  // The forward: on fwd_p's BlockMask (the same mods, lengths and heads) with its own configuration.
+  st->fwd_p = fwd_p ? *fwd_p : p;
+  st->fwd_base = P;
+  st->fwd_cfg = cfg;
+  st->fwd_mask_bits_words = st->mask_bits_words;
+  if (fwd_p) {
+    set_block_lists(st->fwd_base, *fwd_p);
+    st->fwd_cfg = choose_kernel_config(*fwd_p, dtype, device.index, st->check_indices, index32, st->grad_numel,
+                                       &st->fwd_mask_bits_words);
+  }
+  size_forward(*st, st->fwd_p, st->fwd_cfg);
   // dQ's Q, dO, V and 1 or 2 K buffers (TMA: 1 or 2 K and as many V); dK/dV's K, V and 1 or 2 sets
   // of Q, dO and lse2 / delta rows (two with TMA). The kernels' attribute takes the larger.
   const auto tiles_bytes = [&](int64_t tiles) {
-    return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * ld * 2;
+    return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * (p.E + 8) * 2;
   };
   const int64_t q_sets = cfg.bwd_tma ? 2 : cfg.bwd_qbuf;
   st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
   st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;
-  st->kernels = &kernels_for(p, cfg, device.index, st->fwd_smem, st->bwd_smem);
+  st->kernels = &kernels_for(p, st->fwd_cfg, cfg, device.index, st->fwd_smem, st->bwd_smem);
   st->fwd_grid = p.B * p.Hq * st->fwd_q_tiles;
-  if (cfg.fwd_persist) {
+  if (st->fwd_cfg.fwd_persist) {
     int sms = 0;
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
     const int per_sm = max_active_blocks(st->kernels->fwd, st->fwd_threads, st->fwd_smem);
@@ -270,11 +313,12 @@ namespace {
 
 // KILN_FLEX_MASK_BITS: flex_mask_bits writes the partial blocks' keep bits into a buffer that
 // P.mbits points at (returned, to live until the kernels that read it have run); else nothing.
-Tensor launch_mask_bits(const State& st, FlexParams& P, void* stream) {
-  if (st.mask_bits_words == 0) return Tensor();
-  Tensor bits = empty({st.mask_bits_words}, TensorOptions().dtype(kInt32).device(st.device));
+// `words` and `p`: the forward's (State::fwd_*) or the backward's.
+Tensor launch_mask_bits(const State& st, const cpu::Problem& p, int64_t words, FlexParams& P, void* stream) {
+  if (words == 0) return Tensor();
+  Tensor bits = empty({words}, TensorOptions().dtype(kInt32).device(st.device));
   P.mbits = static_cast<uint32_t*>(bits.data_ptr());
-  launch(st.kernels->mask_bits, st.p.mB * st.p.mH * st.p.nQ * st.p.kv_m, 128, 0, stream, &P);
+  launch(st.kernels->mask_bits, p.mB * p.mH * p.nQ * p.kv_m, 128, 0, stream, &P);
   return bits;
 }
 
@@ -282,23 +326,23 @@ Tensor launch_mask_bits(const State& st, FlexParams& P, void* stream) {
 
 bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
   kiln::cuda::DeviceGuard guard(st.device.index);
-  FlexParams P = st.base;
+  FlexParams P = st.fwd_base;  // the forward's BlockMask (State::fwd_p)
   const Tensor err = attach_error_flag(st, P);
   P.q = q.data_ptr();
   P.k = k.data_ptr();
   P.v = v.data_ptr();
   P.out = out.data_ptr();
   P.lse = lse.data_ptr<float>();
-  if (st.cfg.fwd_tma) {  // the maps hold the tensors' addresses: encoded per call (host only, ~microseconds)
+  if (st.fwd_cfg.fwd_tma) {  // the maps hold the tensors' addresses: encoded per call (host only, ~microseconds)
     const bool bf16 = st.dtype == kBFloat16;
-    const KernelConfig& c = st.cfg;
+    const KernelConfig& c = st.fwd_cfg;
     encode_tile_map(P.qmap, P.q, bf16, st.p.B * st.p.Hq, st.p.L, st.p.E, c.fwd_tile_m);
     encode_tile_map(P.kmap, P.k, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
     encode_tile_map(P.vmap, P.v, bf16, st.p.B * st.p.Hkv, st.p.S, st.p.E, c.fwd_tile_n);
     // The persistent forward stores its output tiles by TMA (out is kiln's own, contiguous).
     if (c.fwd_persist) encode_tile_map(P.omap, P.out, bf16, st.p.B * st.p.Hq, st.p.L, st.p.E, c.fwd_tile_m);
   }
-  const Tensor bits = launch_mask_bits(st, P, stream_of(st));
+  const Tensor bits = launch_mask_bits(st, st.fwd_p, st.fwd_mask_bits_words, P, stream_of(st));
   const Tensor prof = attach_profile_counters(st, P);
   launch(st.kernels->fwd, st.fwd_grid, st.fwd_threads, st.fwd_smem, stream_of(st), &P);
   if (st.profile) {
@@ -339,7 +383,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     encode_tile_map(P.vmap, P.v, bf16, p.B * p.Hkv, p.S, p.E, kTileN);
   }
 
-  const Tensor bits = launch_mask_bits(st, P, stream);  // the dQ kernel's, as the forward's
+  const Tensor bits = launch_mask_bits(st, st.p, st.mask_bits_words, P, stream);  // the dQ kernel's, as the forward's
   const Tensor prof = attach_profile_counters(st, P);
   const int64_t rows = p.B * p.Hq * p.L;
   // E / 8 lanes a row, kPreRows rows a lane group

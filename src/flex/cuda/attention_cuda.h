@@ -22,10 +22,19 @@ bool halve_blocks(const cpu::Problem& p, int device);
 // detail::merge_block_lists).
 bool merged_walk(const cpu::Problem& p);
 
+// Whether the forward of p (a 128 x 128-block mask that halve_blocks would halve) should run on
+// these blocks, the backward alone on the halved ones: the persistent forward's 128 x 128 tiles
+// (short rows at E = 128, a mask that reads no tensors, no score_mod; KILN_FLEX_FWD_PERSIST=0 turns
+// it off).
+bool forward_keeps_blocks(const cpu::Problem& p, int device);
+
 // Device copies of the captured tensors and the compiled kernels for one call; shared by the
-// forward and its backward. p's BlockMask pointers must be device pointers.
+// forward and its backward. p's BlockMask pointers must be device pointers. fwd_p (optional): the
+// forward's problem where it runs on another BlockMask than p's (forward_keeps_blocks), the same
+// mods, lengths and heads.
 struct State;
-std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device device);
+std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device device,
+                                  const cpu::Problem* fwd_p = nullptr);
 
 // q [B, Hq, L, E], k, v [B, Hkv, S, E] contiguous on the device -> out, lse (fp32). Returns false
 // when a mod read a captured tensor out of range (only checked when a mod reads tensors).

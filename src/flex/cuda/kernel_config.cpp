@@ -53,7 +53,9 @@ bool use_wgmma(const char* var, int major) {
 // mma.sync elsewhere: 64 x 64 in 4 warps of 16 rows (128-row variants measured slower, 2317fcd).
 // KILN_FLEX_FWD_TILE=MxNxMT overrides the forward's tile (for measurements); the blocks must be
 // multiples of M and N (and wgmma needs 64 or 128 by 64 or 128 with MT 1), else 64 x 64 stays.
-void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int major) {
+// persist_rows: short rows at E = 128 keep 128 x 128 tiles for the persistent forward
+// (persistent_short_rows).
+void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int major, bool persist_rows) {
   const bool wgmma = use_wgmma("KILN_FLEX_FWD_MMA", major);
   cfg.bwd_wgmma = use_wgmma("KILN_FLEX_BWD_MMA", major);
   cfg.fwd_wgmma = wgmma;
@@ -66,7 +68,7 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int major) {
   // E = 128 rows listing up to 9 blocks: 64 x 64 in two stages, two CTAs an SM instead of one
   // (H200, session 12, fwd ms: window 256 0.57-0.58 -> 0.43, window 1024 0.93-0.95 -> 0.87-0.91;
   // but 16 documents, 16+ blocks a row, 1.37 -> 1.57, so long rows keep 128 x 128).
-  if (wgmma && p.E == 128 && row_blocks <= 9) m = n = 64;
+  if (wgmma && p.E == 128 && row_blocks <= 9 && !persist_rows) m = n = 64;
   if (const char* env = std::getenv("KILN_FLEX_FWD_TILE")) {
     KILN_CHECK(std::sscanf(env, "%dx%dx%d", &m, &n, &mt) == 3, kOp, "KILN_FLEX_FWD_TILE must read MxNxMT, got '",
                env, "'");
@@ -78,7 +80,29 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int major) {
   cfg.fwd_mt = mt;
 }
 
+// Rows of at most 9 blocks at E = 128 on a 128 x 128-block mask that reads no tensors, without a
+// score_mod: the persistent forward with 128 x 128 tiles (kernel_source_persist.cpp) by default.
+// H200, session 18, bf12a72, `PARTS="tests combos" ROWS="1 2 3 4 5 0" COMBOS="- KILN_FLEX_FWD_PERSIST=1
+// KILN_FLEX_HALVE_BLOCKS=0,KILN_FLEX_FWD_TILE=128x128x1,KILN_FLEX_FWD_PERSIST=1" bash
+// scripts/device/session18_round.sh`, fwd ms, two passes, default -> the last setting: window 256 E 128
+// 0.359, 0.352 -> 0.298, 0.294; window 1024 0.794, 0.789 -> 0.652, 0.639 (the default's 64 x 64 tiles
+// persistent: 0.329, 0.320 and 0.810, 0.811). Not elsewhere: causal 2.15-2.18 -> 2.18-2.21, 16
+// documents 1.23-1.24 -> 1.20-1.22, ALiBi 2.27 -> 3.57-3.60 (its captured slope reloaded every tile),
+// window E 64 0.109 -> 0.127-0.128 (64 x 64). The backward keeps the halved blocks
+// (forward_keeps_blocks): on 128-blocks its fwd+bwd lost more than the forward gained (E 128 window
+// 1.27-1.30 -> 1.32).
+bool persistent_short_rows(const cpu::Problem& p, int major) {
+  const int64_t row_blocks = p.all_full ? p.nKV : p.kv_m + p.fkv_m;
+  return use_wgmma("KILN_FLEX_FWD_MMA", major) && p.E == 128 && p.mask && !p.all_full && !p.score &&
+         !p.mask->reads_tensors && p.QB == 128 && p.KB == 128 && row_blocks <= 9 &&
+         env_flag("KILN_FLEX_FWD_PERSIST", true);
+}
+
 }  // namespace
+
+bool forward_keeps_blocks(const cpu::Problem& p, int device) {
+  return halve_blocks(p, device) && persistent_short_rows(p, compute_major(device));
+}
 
 // (H200, session 13, kiln fwd+bwd ms with a 64- against a 128-block mask, two passes: window 256
 // E 64 0.532 / 0.530 -> 0.450 / 0.457, E 128 1.507 / 1.516 -> 1.352 / 1.366, window 1024 3.135 /
@@ -86,7 +110,7 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int major) {
 bool halve_blocks(const cpu::Problem& p, int device) {
   if (!p.mask || p.all_full || p.QB != 128 || p.KB != 128 || !env_flag("KILN_FLEX_HALVE_BLOCKS", true)) return false;
   KernelConfig cfg;
-  pick_kernel_config(cfg, p, compute_major(device));
+  pick_kernel_config(cfg, p, compute_major(device), false);
   return cfg.fwd_wgmma && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64;
 }
 
@@ -134,7 +158,8 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   KernelConfig cfg;
   cfg.bf16 = dtype == kBFloat16;
   cfg.head_dim = static_cast<int>(p.E);
-  pick_kernel_config(cfg, p, major);
+  const bool persist_rows = persistent_short_rows(p, major);
+  pick_kernel_config(cfg, p, major, persist_rows);
   cfg.profile = std::getenv("KILN_FLEX_PROFILE") != nullptr;
   cfg.index_check = check_indices;
   cfg.index32 = index32;
@@ -173,7 +198,9 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   cfg.fwd_keepbits = cfg.fwd_tma && env_flag("KILN_FLEX_FWD_KEEPBITS", true);
   cfg.walk_ahead = env_flag("KILN_FLEX_WALK_AHEAD", false);
   cfg.merged_walk = p.kv_all_idx != nullptr && !p.all_full;  // the caller merged the lists (merged_walk)
-  cfg.fwd_persist = cfg.fwd_tma && cfg.fwd_kbuf == 2 && env_flag("KILN_FLEX_FWD_PERSIST", false);
+  // The persistent forward (kernel_source_persist.cpp) on short rows at E = 128 (persistent_short_rows);
+  // KILN_FLEX_FWD_PERSIST=1 takes it everywhere, 0 nowhere.
+  cfg.fwd_persist = cfg.fwd_tma && cfg.fwd_kbuf == 2 && env_flag("KILN_FLEX_FWD_PERSIST", persist_rows);
   // The two-stage forward's loads issued by the last warp done with a stage, not after a block
   // barrier, where a CTA has two warpgroups (128-row tiles): there the barrier held warps 22 % of
   // their cycles (H200, session 15, Nsight Compute, 16 documents). H200, session 15, fb6d5c6,

@@ -26,8 +26,10 @@ const char* kernel_forward_persist() {
 // producer drops to 40 (at 24 its walk spilled) and the consumers take the rest (232 with 128-row
 // tiles: two consumer warpgroups, where the launch's 168 spilled; FlashAttention-3's split).
 #define FWD_CTA_THREADS (FWD_THREADS + 128)
-// Resident CTAs the registers are held for: one with 128-row tiles; else two at E = 128, three at 64.
-#define FWD_PERSIST_MIN_BLOCKS (FWD_TILE_M == 128 ? 1 : HEAD_DIM == 128 ? 2 : 3)
+// Resident CTAs the registers are held for: one with 128-row tiles; three with 64 x 64 tiles at
+// E = 64; else two (at three, 80 registers a thread before setmaxnreg, ptxas could not place the
+// 64 x 128 tile's product).
+#define FWD_PERSIST_MIN_BLOCKS (FWD_TILE_M == 128 ? 1 : HEAD_DIM == 64 && FWD_TILE_N == 64 ? 3 : 2)
 #define FWD_LAUNCH_REGS (65536 / (FWD_PERSIST_MIN_BLOCKS * FWD_CTA_THREADS) / 8 * 8)
 #define FWD_PRODUCER_REGS 40
 #define FWD_CONSUMER_REGS ((FWD_LAUNCH_REGS * FWD_CTA_THREADS - FWD_PRODUCER_REGS * 128) / FWD_THREADS / 8 * 8)

@@ -246,7 +246,13 @@ void clear_kernel_cache() {
 }
 
 const FlexKernels& load_kernels(const std::string& source, int device, int64_t fwd_smem, int64_t bwd_smem) {
-  const std::string key = key_of(source) + "/" + std::to_string(device);
+  return load_kernels(source, source, device, fwd_smem, bwd_smem);
+}
+
+const FlexKernels& load_kernels(const std::string& fwd_source, const std::string& bwd_source, int device,
+                                int64_t fwd_smem, int64_t bwd_smem) {
+  const std::string key =
+      key_of(fwd_source) + (&fwd_source == &bwd_source ? "" : "+" + key_of(bwd_source)) + "/" + std::to_string(device);
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = modules().find(key);
   if (it != modules().end()) {
@@ -259,8 +265,8 @@ const FlexKernels& load_kernels(const std::string& source, int device, int64_t f
   const Driver& d = driver();
   // Two modules, forward and backward, compiled concurrently (first-call latency is the slower of
   // the two, not their sum; each part has its own disk-cache file).
-  const std::string parts[2] = {"#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n" + source,
-                                "#define KILN_BUILD_FWD 0\n#define KILN_BUILD_BWD 1\n" + source};
+  const std::string parts[2] = {"#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n" + fwd_source,
+                                "#define KILN_BUILD_FWD 0\n#define KILN_BUILD_BWD 1\n" + bwd_source};
   auto bwd_future = std::async(std::launch::async, [&] { return cached_cubin(parts[1], arch); });
   std::string cubins[2];
   cubins[0] = cached_cubin(parts[0], arch);
@@ -291,7 +297,7 @@ const FlexKernels& load_kernels(const std::string& source, int device, int64_t f
   return out;
 }
 
-const FlexKernels& load_kernels_by_id(const std::string& id, const std::function<std::string()>& source, int device,
+const FlexKernels& load_kernels_by_id(const std::string& id, const std::function<SourcePair()>& sources, int device,
                                       int64_t fwd_smem, int64_t bwd_smem) {
   const std::string key = id + "/" + std::to_string(device) + "/" + std::to_string(fwd_smem) + "/" +
                           std::to_string(bwd_smem);
@@ -303,7 +309,9 @@ const FlexKernels& load_kernels_by_id(const std::string& id, const std::function
       return *it->second;
     }
   }
-  const FlexKernels& k = load_kernels(source(), device, fwd_smem, bwd_smem);
+  const SourcePair src = sources();
+  const FlexKernels& k = src.first == src.second ? load_kernels(src.first, device, fwd_smem, bwd_smem)
+                                                 : load_kernels(src.first, src.second, device, fwd_smem, bwd_smem);
   std::lock_guard<std::mutex> lock(g_mutex);
   // Ids are new with every compiled mod (a training step's fresh document mask): keep the map
   // bounded; a forgotten id costs one generate_source and a module-cache hit.

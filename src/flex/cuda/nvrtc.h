@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 namespace kiln::flex::cuda {
 
@@ -43,10 +44,16 @@ struct FlexKernels {
   void* mask_bits = nullptr;  // flex_mask_bits (KILN_FLEX_MASK_BITS)
 };
 const FlexKernels& load_kernels(const std::string& source, int device, int64_t fwd_smem, int64_t bwd_smem);
+// The forward module from fwd_source and the backward one from bwd_source (a forward generated for
+// another configuration, on the caller's BlockMask where the backward's is halved).
+const FlexKernels& load_kernels(const std::string& fwd_source, const std::string& bwd_source, int device,
+                                int64_t fwd_smem, int64_t bwd_smem);
 // load_kernels behind a cache keyed by `id`, a string the caller derives from whatever determines
-// the source (cheaper than generating and hashing it): source() runs only on a miss. Hits count as
-// memory hits; clear_kernel_cache forgets these too.
-const FlexKernels& load_kernels_by_id(const std::string& id, const std::function<std::string()>& source, int device,
+// the sources (cheaper than generating and hashing them): sources() runs only on a miss and gives
+// the forward's and the backward's (the same string for both, usually). Hits count as memory hits;
+// clear_kernel_cache forgets these too.
+using SourcePair = std::pair<std::string, std::string>;
+const FlexKernels& load_kernels_by_id(const std::string& id, const std::function<SourcePair()>& sources, int device,
                                       int64_t fwd_smem, int64_t bwd_smem);
 
 // cuTensorMapEncodeTiled for a row-major 16-bit [outer, rows, cols] tensor at `base` (cols 64 or
