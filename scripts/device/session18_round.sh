@@ -4,7 +4,8 @@
 #   combos:  kiln alone (`kiln bench flex`, flex_bench_line) on ROWS (issue rows, default "0 1 2") with
 #            each setting of COMBOS (space-separated; a setting is VAR=VALUE,VAR=VALUE or "-" for the
 #            defaults), interleaved, PASSES passes (default 2);
-#   profile: KILN_FLEX_PROFILE's phase split of the forward on PROFILE_ROWS under each COMBOS setting.
+#   profile: KILN_FLEX_PROFILE's phase split of the forward on PROFILE_ROWS under each COMBOS setting;
+#   compare: compare_torch.py's flex rows CMP_ROWS beside torch (the carried Python package).
 # Logs to stdout and $OUT/session18.log.
 set -uo pipefail
 LOG_NAME=session18.log
@@ -39,5 +40,6 @@ for part in ${PARTS:-tests combos}; do
           log "row $r $c $line"
         done
       done ;;
+    compare) flex_compare 400 ;;
   esac
 done
