@@ -5,7 +5,8 @@
 #            each setting of COMBOS (space-separated; a setting is VAR=VALUE,VAR=VALUE or "-" for the
 #            defaults), interleaved, PASSES passes (default 2);
 #   profile: KILN_FLEX_PROFILE's phase split of the forward on PROFILE_ROWS under each COMBOS setting;
-#   compare: compare_torch.py's flex rows CMP_ROWS beside torch (the carried Python package).
+#   compare: compare_torch.py's flex rows CMP_ROWS beside torch (the carried Python package);
+#   suites:  test_ops, test_train and test_lce, their *Cuda* tests; pytest: the torch adapter tests.
 # Logs to stdout and $OUT/session18.log.
 set -uo pipefail
 LOG_NAME=session18.log
@@ -41,5 +42,7 @@ for part in ${PARTS:-tests combos}; do
         done
       done ;;
     compare) flex_compare 400 ;;
+    suites) cuda_suites ;;
+    pytest) torch_pytest ;;
   esac
 done
