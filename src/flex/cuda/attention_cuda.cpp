@@ -217,11 +217,12 @@ void set_block_lists(FlexParams& P, const cpu::Problem& p) {
 void size_forward(State& st, const cpu::Problem& p, const KernelConfig& cfg) {
   // wgmma's tiles are unpadded and start on a 1024-byte boundary (the kernel aligns them).
   // V and 1 or 2 K buffers; 2 of each with the overlap, and fwd_stages of each with TMA (fwd_kbuf 2).
-  const int64_t fwd_kv_tiles = cfg.fwd_tma && cfg.fwd_kbuf == 2 ? 2 * cfg.fwd_stages
-                               : cfg.fwd_overlap                ? 4
-                                                                : 1 + cfg.fwd_kbuf;
-  const int64_t q_bufs = cfg.fwd_persist ? 2 : 1;  // the persistent forward's second Q buffer
-  st.fwd_smem = cfg.fwd_wgmma ? (q_bufs * cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
+  // The persistent forward: persist_stages() of each.
+  const int64_t fwd_kv_tiles = cfg.fwd_persist                     ? 2 * cfg.persist_stages()
+                               : cfg.fwd_tma && cfg.fwd_kbuf == 2 ? 2 * cfg.fwd_stages
+                               : cfg.fwd_overlap                  ? 4
+                                                                  : 1 + cfg.fwd_kbuf;
+  st.fwd_smem = cfg.fwd_wgmma ? (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
                               : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * (p.E + 8) * 2;
   st.fwd_threads = cfg.fwd_threads() + (cfg.fwd_persist ? 128 : 0);  // the persistent forward's producer warpgroup
   st.fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);

@@ -160,6 +160,9 @@ struct KernelConfig {
   // softmax runs beside the other's products (KILN_FLEX_FWD_PINGPONG=1, a measurement switch).
   bool fwd_pingpong = false;
   int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
+  // The persistent forward's K / V stages: three with 128-row tiles (one Q buffer and three stages
+  // fill the 227 KB at E = 128), else two (two or three CTAs an SM).
+  int persist_stages() const { return fwd_tile_m == 128 ? 3 : 2; }
   // The staged TMA forward (wgmma, not overlapped or persistent, fwd_kbuf 2): where fwd_last_issues
   // and fwd_stages apply.
   bool staged_tma_forward() const { return fwd_tma && fwd_wgmma && !fwd_overlap && fwd_kbuf == 2 && !fwd_persist; }

@@ -14,12 +14,15 @@ const char* kernel_forward_persist() {
 // measured that order 15-47 % slower than the default forward).
 // Warp-specialised (FlashAttention-3's producer): one thread of the CTA's last warpgroup only walks
 // the BlockMask lists and issues the loads, a stage as soon as the consumers release it, with a
-// unit's Q into the other of two Q buffers; the consumer warps only wait for stages and compute. So the walk's dependent
+// unit's Q once the unit before has done its last Q K^T; the consumer warps only wait for stages
+// and compute. FWD_PSTAGES K / V stages (three with 128-row tiles: one Q buffer and three stages
+// fill the 227 KB). So the walk's dependent
 // list reads, the loads' issue and a unit's prologue leave the consumers' path (session 9's version,
 // where the consumers issued each stage after a block barrier, waited on K for half their cycles:
 // H200, session 18, KILN_FLEX_PROFILE). A stage's K is released once its scores are done and its V
 // once P V is, so each load is issued as early as its buffer allows. A unit's output goes through
-// its Q buffer by one bulk tensor store, so the consumers do not wait for their global stores.
+// its last tile's V buffer by one bulk tensor store, so the consumers do not wait for their global
+// stores; that stage's V is released once the store has read it.
 // Every unit's arithmetic is the default forward's: the same bits.
 // The producer is a whole warpgroup, so that setmaxnreg can move its registers to the consumers
 // (it takes the warpgroup): ptxas holds the kernel to the launch's share of the register file, the
@@ -83,31 +86,33 @@ __device__ __forceinline__ void fwd_store_empty(const FlexParams& P, i64 q_tiles
 // stage's K barrier, whose arrival releases it to the waiting consumers).
 struct FwdStageTile {
   i64 unit, c0;
-  int slot, flags;  // kFirst: the unit's first tile (its Q came with K, into Q buffer kQb); kLast; kEnd: no tile
+  int slot, flags;  // FWD_TILE_*: FIRST: the unit's first tile (its Q came with K); LAST; END: no tile
 };
 #define FWD_TILE_FIRST 1
 #define FWD_TILE_LAST 2
 #define FWD_TILE_END 4
 #define FWD_TILE_PARTIAL 8
-#define FWD_TILE_QB 16  // the unit's Q buffer (the second when set)
 
-// One arrival on a barrier (a consumer warp's release, or the producer's end marker).
+// One arrival on a barrier (a consumer warp's release, or the producer's end marker); n arrivals.
 __device__ __forceinline__ void mbar_arrive(u64* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_n(u64* bar, u32 n) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(n) : "memory");
 }
 __device__ __forceinline__ void mbar_init_count(u64* bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
 // The unit's output rows (this thread's o, m, l; row_base as the default forward's) normalised into
-// its Q buffer qs, whose last reads (Q K^T) every consumer warp has waited for, in the swizzled
-// 64-column panels the Q map wrote (16-byte chunk c of local row r at chunk c ^ (r % 8)); then thread
-// 0 writes them out with one bulk tensor store a panel (rows past L are not written), committed as
-// one group. The lse by the threads of t == 0, as fwd_store.
-__device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* qs, const float (&o)[FWD_MT][HEAD_DIM / 8][4],
+// buf (the unit's last V buffer, whose reads by P V every consumer warp has waited for), in the
+// swizzled 64-column panels of FWD_TILE_M rows the tensor maps use (16-byte chunk c of local row r
+// at chunk c ^ (r % 8)); then thread 0 writes them out with one bulk tensor store a panel (rows past
+// L are not written), committed as one group. The lse by the threads of t == 0, as fwd_store.
+__device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* buf, const float (&o)[FWD_MT][HEAD_DIM / 8][4],
                                               const float (&m)[FWD_MT][2], const float (&l)[FWD_MT][2], i64 bh,
                                               i64 r0, i64 row_base, int t) {
-  asm volatile("bar.sync 1, %0;" ::"n"(FWD_THREADS) : "memory");  // every warp's Q K^T reads are over
+  asm volatile("bar.sync 1, %0;" ::"n"(FWD_THREADS) : "memory");  // every warp's P V reads are over
 #pragma unroll
   for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
@@ -120,7 +125,7 @@ __device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* qs, cons
       const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
 #pragma unroll
       for (int n = 0; n < HEAD_DIM / 8; ++n) {
-        u16* dst = qs + (n >> 3) * FWD_TILE_M * 64 + local * 64 + (((n & 7) ^ (local & 7)) << 3) + 2 * t;
+        u16* dst = buf + (n >> 3) * FWD_TILE_M * 64 + local * 64 + (((n & 7) ^ (local & 7)) << 3) + 2 * t;
         *(u32*)dst = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
       }
       if (t == 0 && row < P.L)
@@ -132,53 +137,55 @@ __device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* qs, cons
 #pragma unroll
     for (int p = 0; p < HEAD_DIM / 64; ++p)
       asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(P.omap),
-                   "r"(p * 64), "r"((int)r0), "r"((int)bh), "r"(smem_addr(qs + p * FWD_TILE_M * 64))
+                   "r"(p * 64), "r"((int)r0), "r"((int)bh), "r"(smem_addr(buf + p * FWD_TILE_M * 64))
                    : "memory");
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
   }
 }
 
+// The next stage after x.
+__device__ __forceinline__ int fwd_next_stage(int x) { return x + 1 == FWD_PSTAGES ? 0 : x + 1; }
+
 // The producer (one thread of the last warpgroup): every tile of this CTA's units into the stages in
-// turn, each after the consumers released the stage's previous tile; a unit's Q, into the Q buffer
-// its previous-but-one unit released, with the unit's first K. Then the end marker.
-__device__ __forceinline__ void fwd_produce(const FlexParams& P, i64 q_tiles, u16* Qs, u16* Qs2, u16* Ks,
-                                            u64* full, u64* kempty, u64* vempty, u64* qempty, FwdStageTile* tiles) {
+// turn, its K once the consumers are done with the stage's last K (and tile record), its V once they
+// are done with the last V; a unit's Q with its first K, once the unit before has done its last
+// Q K^T. Then the end marker.
+__device__ __forceinline__ void fwd_produce(const FlexParams& P, i64 q_tiles, u16* Qs, u16* Ks, u64* full, u64* kempty,
+                                            u64* vempty, u64* qempty, FwdStageTile* tiles) {
   UnitStream stream(P, q_tiles);
   i64 u0 = 0, c0 = 0, u1 = 0, c1 = 0;
   bool p0 = false, p1 = false;
   int s0 = 0, s1 = 0;
   bool more = stream.next(u0, c0, p0, s0);
   bool more1 = more && stream.next(u1, c1, p1, s1);
-  u32 kphase = 3u, vphase = 3u, qphase = 3u;  // parities to wait for: a fresh barrier's "previous phase" is complete
-  int x = 0, qb = 0;
+  u32 kphase = ~0u, vphase = ~0u, qphase = 1u;  // parities to wait for: a fresh barrier's "previous phase" is complete
+  int x = 0;
   bool first = true;
   while (more) {
-    mbar_wait(&kempty[x], (kphase >> x) & 1);  // the consumers are done with stage x's last K (and its record)
+    mbar_wait(&kempty[x], (kphase >> x) & 1);
     kphase ^= 1u << x;
     const bool last = !more1 || u1 != u0;
     FwdStageTile& st = tiles[x];
     st.unit = u0;
     st.c0 = c0;
     st.slot = s0;
-    st.flags = (first ? FWD_TILE_FIRST : 0) | (last ? FWD_TILE_LAST : 0) | (p0 ? FWD_TILE_PARTIAL : 0) |
-               (qb ? FWD_TILE_QB : 0);
+    st.flags = (first ? FWD_TILE_FIRST : 0) | (last ? FWD_TILE_LAST : 0) | (p0 ? FWD_TILE_PARTIAL : 0);
     i64 bh, r0;
     fwd_unit(P, q_tiles, u0, bh, r0);
     const i64 bhk = bh / P.Hq * P.Hkv + bh % P.Hq / P.G;
     if (first) {
-      mbar_wait(&qempty[qb], (qphase >> qb) & 1);  // the unit before last is done with this Q buffer
-      qphase ^= 1u << qb;
-      tma_tile(qb ? Qs2 : Qs, P.qmap, &full[x], r0, bh, FWD_TILE_M, false);  // Q's bytes join K's phase
+      mbar_wait(qempty, qphase & 1);
+      qphase ^= 1u;
+      tma_tile(Qs, P.qmap, &full[x], r0, bh, FWD_TILE_M, false);  // Q's bytes join K's phase
     }
     tma_tile(Ks + x * 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &full[x], c0, bhk, FWD_TILE_N);
-    mbar_wait(&vempty[x], (vphase >> x) & 1);  // and with its last V
+    mbar_wait(&vempty[x], (vphase >> x) & 1);
     vphase ^= 1u << x;
-    tma_tile(Ks + (x * 2 + 1) * FWD_TILE_N * HEAD_DIM, P.vmap, &full[2 + x], c0, bhk, FWD_TILE_N);
-    if (last) qb ^= 1;
+    tma_tile(Ks + (x * 2 + 1) * FWD_TILE_N * HEAD_DIM, P.vmap, &full[FWD_PSTAGES + x], c0, bhk, FWD_TILE_N);
     first = last;
     u0 = u1, c0 = c1, p0 = p1, s0 = s1, more = more1;
     more1 = more && stream.next(u1, c1, p1, s1);
-    x ^= 1;
+    x = fwd_next_stage(x);
   }
   mbar_wait(&kempty[x], (kphase >> x) & 1);
   tiles[x].flags = FWD_TILE_END;
@@ -192,27 +199,26 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   u16* Qs = wg_smem_base(smem);
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;  // stage x: K at Ks + x * 2 * FWD_TILE_N * HEAD_DIM, V after it
   u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
-  u16* Qs2 = Ks + 4 * FWD_TILE_N * HEAD_DIM;  // the other Q buffer, after both stages
-  // full[x]: stage x's K (with a unit's Q) and its tile record; full[2 + x]: its V; kempty[x] /
-  // vempty[x]: the consumer warps are done with its K / V; qempty[i]: Q buffer i's output store has
-  // read it.
-  __shared__ __align__(8) u64 full[4], kempty[2], vempty[2], qempty[2];
-  __shared__ FwdStageTile tiles[2];
+  // full[x]: stage x's K (with a unit's Q) and its tile record; full[FWD_PSTAGES + x]: its V;
+  // kempty[x] / vempty[x]: the consumer warps are done with its K / V (a V holding a unit's output:
+  // its store has read it); qempty: every consumer warp has done the unit's last Q K^T.
+  __shared__ __align__(8) u64 full[2 * FWD_PSTAGES], kempty[FWD_PSTAGES], vempty[FWD_PSTAGES], qempty[1];
+  __shared__ FwdStageTile tiles[FWD_PSTAGES];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M, units = P.B * P.Hq * q_tiles;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 4; ++i) mbar_init_count(&full[i], 1);
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 2 * FWD_PSTAGES; ++i) mbar_init_count(&full[i], 1);
+    for (int i = 0; i < FWD_PSTAGES; ++i) {
       mbar_init_count(&kempty[i], FWD_WARPS);
       mbar_init_count(&vempty[i], FWD_WARPS);
-      mbar_init_count(&qempty[i], 1);
     }
+    mbar_init_count(qempty, FWD_WARPS);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them; no block barrier after this
   if (warp >= FWD_WARPS) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FWD_PRODUCER_REGS));
-    if (threadIdx.x == FWD_THREADS) fwd_produce(P, q_tiles, Qs, Qs2, Ks, full, kempty, vempty, qempty, tiles);
+    if (threadIdx.x == FWD_THREADS) fwd_produce(P, q_tiles, Qs, Ks, full, kempty, vempty, qempty, tiles);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FWD_CONSUMER_REGS));
@@ -221,18 +227,17 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   // The unit being accumulated and what its tiles need.
   i64 bh = 0, b = 0, h = 0, r0 = 0, row_base = 0, mrow = 0;
   bool rows_in = false;
-  u16* Qx = Qs;
-  int qb = 0, storing = -1;  // storing: the Q buffer whose output store thread 0 has not yet seen read
+  int storing = -1;  // the stage whose V buffer holds an output store thread 0 has not yet seen read
   i64 stored = blockIdx.x;  // this CTA's first unit not yet written (units without tiles are skipped)
   float o[FWD_MT][HEAD_DIM / 8][4], m[FWD_MT][2], l[FWD_MT][2];
   u32 kphase = 0;
-  for (int x = 0;; x ^= 1) {
+  for (int x = 0;; x = fwd_next_stage(x)) {
     mbar_wait(&full[x], (kphase >> x) & 1);  // K (and a first Q) landed, and the tile record
     PROF_MARK(1);
     const FwdStageTile tile = tiles[x];
     if (threadIdx.x == 0 && storing >= 0) {  // the last unit's store had this wait to read its buffer
       asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-      mbar_arrive(&qempty[storing]);
+      mbar_arrive_n(&vempty[storing], FWD_WARPS);
       storing = -1;
     }
     if (tile.flags & FWD_TILE_END) break;
@@ -247,8 +252,6 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
       row_base = r0 + warp * 16 * FWD_MT + g;
       mrow = fwd_unit_mrow(P, bh, r0);
       rows_in = r0 + FWD_TILE_M <= P.L;
-      qb = (tile.flags & FWD_TILE_QB) ? 1 : 0;
-      Qx = qb ? Qs2 : Qs;
 #pragma unroll
       for (int mt = 0; mt < FWD_MT; ++mt) {
         m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
@@ -260,20 +263,24 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
     u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-    FWD_TMA_SOFTMAX(Qx, Kx, partial, tile.slot)
-    __syncwarp();  // the warp's Q K^T was waited for: its reads of K are over
-    if (lane == 0) mbar_arrive(&kempty[x]);
+    FWD_TMA_SOFTMAX(Qs, Kx, partial, tile.slot)
+    __syncwarp();  // the warp's Q K^T was waited for: its reads of K (and Q) are over
+    if (lane == 0) {
+      mbar_arrive(&kempty[x]);
+      if (tile.flags & FWD_TILE_LAST) mbar_arrive(qempty);
+    }
     PROF_MARK(3);
-    mbar_wait(&full[2 + x], (kphase >> x) & 1);  // V landed
+    mbar_wait(&full[FWD_PSTAGES + x], (kphase >> x) & 1);  // V landed
     kphase ^= 1u << x;
     PROF_MARK(4);
     wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
     PROF_MARK(5);
-    __syncwarp();  // likewise P V: its reads of V are over
-    if (lane == 0) mbar_arrive(&vempty[x]);
     if (tile.flags & FWD_TILE_LAST) {
-      fwd_store_tma(P, Qx, o, m, l, bh, r0, row_base, t);
-      storing = qb;
+      fwd_store_tma(P, Vx, o, m, l, bh, r0, row_base, t);
+      storing = x;
+    } else {
+      __syncwarp();  // likewise P V: its reads of V are over
+      if (lane == 0) mbar_arrive(&vempty[x]);
     }
   }
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the stores are done
