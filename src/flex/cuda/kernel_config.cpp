@@ -81,16 +81,17 @@ void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int major, boo
 }
 
 // Rows of at most 9 blocks at E = 128 on a 128 x 128-block mask that reads no tensors, without a
-// score_mod: the persistent forward with 128 x 128 tiles (kernel_source_persist.cpp) by default.
-// H200, session 18, bf12a72, `PARTS="tests combos" ROWS="1 2 3 4 5 0" COMBOS="- KILN_FLEX_FWD_PERSIST=1
-// KILN_FLEX_HALVE_BLOCKS=0,KILN_FLEX_FWD_TILE=128x128x1,KILN_FLEX_FWD_PERSIST=1" bash
-// scripts/device/session18_round.sh`, fwd ms, two passes, default -> the last setting: window 256 E 128
-// 0.359, 0.352 -> 0.298, 0.294; window 1024 0.794, 0.789 -> 0.652, 0.639 (the default's 64 x 64 tiles
-// persistent: 0.329, 0.320 and 0.810, 0.811). Not elsewhere: causal 2.15-2.18 -> 2.18-2.21, 16
-// documents 1.23-1.24 -> 1.20-1.22, ALiBi 2.27 -> 3.57-3.60 (its captured slope reloaded every tile),
-// window E 64 0.109 -> 0.127-0.128 (64 x 64). The backward keeps the halved blocks
-// (forward_keeps_blocks): on 128-blocks its fwd+bwd lost more than the forward gained (E 128 window
-// 1.27-1.30 -> 1.32).
+// score_mod: the persistent forward with 128 x 128 tiles (kernel_source_persist.cpp) by default, on
+// the caller's blocks while the backward keeps the halved ones (forward_keeps_blocks; on 128-blocks
+// the backward lost more than the forward gained: E 128 window fwd+bwd 1.27-1.30 -> 1.32 ms).
+// H200, session 18, fwd / fwd+bwd ms, KILN_FLEX_FWD_PERSIST=0 -> default, two interleaved passes
+// (`PARTS="tests combos" ROWS="1 2" COMBOS="- KILN_FLEX_FWD_PERSIST=0" bash scripts/device/session18_round.sh`):
+// fdb2227 (two stages, two Q buffers): window 256 E 128 0.362 / 1.290, 0.349 / 1.264 -> 0.287 / 1.197,
+// 0.315 / 1.202; window 1024 0.778 / 2.796, 0.783 / 2.892 -> 0.627 / 2.749, 0.664 / 2.717; e8e405a
+// (three stages, one Q buffer): 0.364 / 1.283, 0.347 / 1.253 -> 0.285 / 1.202, 0.294 / 1.218; 0.775 /
+// 2.808, 0.796 / 2.785 -> 0.630 / 2.647, 0.618 / 2.597. Not elsewhere (bf12a72, the persistent forward
+// forced, fwd ms): causal 2.15-2.18 -> 2.18-2.21, 16 documents 1.23-1.24 -> 1.20-1.22, ALiBi 2.27 ->
+// 3.57-3.60 (its captured slope reloaded every tile), window E 64 0.109 -> 0.127-0.128 (64 x 64).
 bool persistent_short_rows(const cpu::Problem& p, int major) {
   const int64_t row_blocks = p.all_full ? p.nKV : p.kv_m + p.fkv_m;
   return use_wgmma("KILN_FLEX_FWD_MMA", major) && p.E == 128 && p.mask && !p.all_full && !p.score &&

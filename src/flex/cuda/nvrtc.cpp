@@ -252,7 +252,7 @@ const FlexKernels& load_kernels(const std::string& source, int device, int64_t f
 const FlexKernels& load_kernels(const std::string& fwd_source, const std::string& bwd_source, int device,
                                 int64_t fwd_smem, int64_t bwd_smem) {
   const std::string key =
-      key_of(fwd_source) + (&fwd_source == &bwd_source ? "" : "+" + key_of(bwd_source)) + "/" + std::to_string(device);
+      key_of(fwd_source) + (fwd_source == bwd_source ? "" : "+" + key_of(bwd_source)) + "/" + std::to_string(device);
   std::lock_guard<std::mutex> lock(g_mutex);
   auto it = modules().find(key);
   if (it != modules().end()) {
@@ -310,8 +310,7 @@ const FlexKernels& load_kernels_by_id(const std::string& id, const std::function
     }
   }
   const SourcePair src = sources();
-  const FlexKernels& k = src.first == src.second ? load_kernels(src.first, device, fwd_smem, bwd_smem)
-                                                 : load_kernels(src.first, src.second, device, fwd_smem, bwd_smem);
+  const FlexKernels& k = load_kernels(src.first, src.second, device, fwd_smem, bwd_smem);
   std::lock_guard<std::mutex> lock(g_mutex);
   // Ids are new with every compiled mod (a training step's fresh document mask): keep the map
   // bounded; a forgotten id costs one generate_source and a module-cache hit.
