@@ -319,6 +319,17 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
   PROF_MARK(5);
 #endif  // FWD_TMA
 
+// A row's softmax sum from this thread's partial l (the 4 threads of a row add up).
+__device__ __forceinline__ float fwd_row_sum(float l) {
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  return l + __shfl_xor_sync(0xffffffffu, l, 2);
+}
+// A row's lse from its max m and sum lr: -inf for fully masked rows (lr 0). FOLD_SCALE: m is a raw
+// score (q.k); the lse is of the scaled ones.
+__device__ __forceinline__ float fwd_row_lse(const FlexParams& P, float m, float lr) {
+  return lr > 0.f ? (FOLD_SCALE ? m * P.scale_f : m) + logf(lr) : NEG_INF;
+}
+
 // The output rows of one q tile (this thread's o, m, l; row_base as FWD_ROW) and their lse.
 __device__ __forceinline__ void fwd_store(const FlexParams& P, const float (&o)[FWD_MT][HEAD_DIM / 8][4],
                                           const float (&m)[FWD_MT][2], const float (&l)[FWD_MT][2], i64 bh,
@@ -327,9 +338,7 @@ __device__ __forceinline__ void fwd_store(const FlexParams& P, const float (&o)[
   for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float lr = l[mt][r];
-      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const float lr = fwd_row_sum(l[mt][r]);
       const i64 row = row_base + mt * 16 + 8 * r;
       if (row >= P.L) continue;
       const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
@@ -337,8 +346,7 @@ __device__ __forceinline__ void fwd_store(const FlexParams& P, const float (&o)[
 #pragma unroll
       for (int n = 0; n < HEAD_DIM / 8; ++n)
         *(u32*)(og + n * 8 + 2 * t) = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
-      // FOLD_SCALE: m is a raw score (q.k); the lse is of the scaled ones.
-      if (t == 0) P.lse[bh * P.L + row] = lr > 0.f ? (FOLD_SCALE ? m[mt][r] * P.scale_f : m[mt][r]) + logf(lr) : NEG_INF;
+      if (t == 0) P.lse[bh * P.L + row] = fwd_row_lse(P, m[mt][r], lr);
     }
 }
 #endif  // KILN_BUILD_FWD (flex_fwd follows in kernel_forward())

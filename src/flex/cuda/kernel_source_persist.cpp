@@ -117,9 +117,7 @@ __device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* buf, con
   for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float lr = l[mt][r];
-      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const float lr = fwd_row_sum(l[mt][r]);
       const i64 row = row_base + mt * 16 + 8 * r;
       const int local = (int)(row - r0);
       const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
@@ -128,8 +126,7 @@ __device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* buf, con
         u16* dst = buf + (n >> 3) * FWD_TILE_M * 64 + local * 64 + (((n & 7) ^ (local & 7)) << 3) + 2 * t;
         *(u32*)dst = pack2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
       }
-      if (t == 0 && row < P.L)
-        P.lse[bh * P.L + row] = lr > 0.f ? (FOLD_SCALE ? m[mt][r] * P.scale_f : m[mt][r]) + logf(lr) : NEG_INF;
+      if (t == 0 && row < P.L) P.lse[bh * P.L + row] = fwd_row_lse(P, m[mt][r], lr);
     }
   fence_async_smem();  // the generic-proxy writes, before the bulk copy reads them
   asm volatile("bar.sync 1, %0;" ::"n"(FWD_THREADS) : "memory");
