@@ -1323,6 +1323,10 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
     EXPECT_FALSE(c.fwd_persist);
     EXPECT_EQ(c.fwd_tile_m, 64);
   }
+  {
+    const ScopedEnv tall("KILN_FLEX_FWD_TILE", "128x64x1");
+    EXPECT_FALSE(config(9).fwd_persist) << "the output is staged in a V tile";
+  }
   p.QB = p.KB = 64;
   EXPECT_FALSE(config(9).fwd_persist);
   p.QB = p.KB = 128;

@@ -201,7 +201,10 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   cfg.merged_walk = p.kv_all_idx != nullptr && !p.all_full;  // the caller merged the lists (merged_walk)
   // The persistent forward (kernel_source_persist.cpp) on short rows at E = 128 (persistent_short_rows);
   // KILN_FLEX_FWD_PERSIST=1 takes it everywhere, 0 nowhere.
-  cfg.fwd_persist = cfg.fwd_tma && cfg.fwd_kbuf == 2 && env_flag("KILN_FLEX_FWD_PERSIST", persist_rows);
+  // Its output goes out through a V tile, so its q tile may not be taller than its kv tile (a
+  // KILN_FLEX_FWD_TILE of 128 x 64 keeps the staged forward).
+  cfg.fwd_persist = cfg.fwd_tma && cfg.fwd_kbuf == 2 && cfg.fwd_tile_m <= cfg.fwd_tile_n &&
+                    env_flag("KILN_FLEX_FWD_PERSIST", persist_rows);
   // The two-stage forward's loads issued by the last warp done with a stage, not after a block
   // barrier, where a CTA has two warpgroups (128-row tiles): there the barrier held warps 22 % of
   // their cycles (H200, session 15, Nsight Compute, 16 documents). H200, session 15, fb6d5c6,

@@ -16,10 +16,9 @@ const char* kernel_forward_persist() {
 // the BlockMask lists and issues the loads, a stage as soon as the consumers release it, with a
 // unit's Q once the unit before has done its last Q K^T; the consumer warps only wait for stages
 // and compute. FWD_PSTAGES K / V stages (three with 128-row tiles: one Q buffer and three stages
-// fill the 227 KB). So the walk's dependent
-// list reads, the loads' issue and a unit's prologue leave the consumers' path (session 9's version,
-// where the consumers issued each stage after a block barrier, waited on K for half their cycles:
-// H200, session 18, KILN_FLEX_PROFILE). A stage's K is released once its scores are done and its V
+// fill the 227 KB). So the walk's dependent list reads, the loads' issue and a unit's prologue leave
+// the consumers' path (session 9's version, where the consumers issued each stage after a block
+// barrier, waited on K for half their cycles: H200, session 18, KILN_FLEX_PROFILE). A stage's K is released once its scores are done and its V
 // once P V is, so each load is issued as early as its buffer allows. A unit's output goes through
 // its last tile's V buffer by one bulk tensor store, so the consumers do not wait for their global
 // stores; that stage's V is released once the store has read it.
@@ -29,6 +28,9 @@ const char* kernel_forward_persist() {
 // producer drops to 40 (at 24 its walk spilled) and the consumers take the rest (232 with 128-row
 // tiles: two consumer warpgroups, where the launch's 168 spilled; FlashAttention-3's split).
 #define FWD_CTA_THREADS (FWD_THREADS + 128)
+#if FWD_TILE_M > FWD_TILE_N
+#error "the persistent forward stages a unit's output in a V tile: FWD_TILE_M <= FWD_TILE_N"
+#endif
 // Resident CTAs the registers are held for: one with 128-row tiles; three with 64 x 64 tiles at
 // E = 64; else two (at three, 80 registers a thread before setmaxnreg, ptxas could not place the
 // 64 x 128 tile's product).
