@@ -150,20 +150,21 @@ std::string config_id(const KernelConfig& cfg) {
   return id;
 }
 
-// The kernels of (the mods' compiled programs, cfg) on a device, the forward's from fwd_cfg (the
-// same as cfg but where the forward runs on the caller's BlockMask). generate_source and
-// load_kernels' hash of its ~47 KB cost tens of microseconds of host time per call, so the lookup
-// goes by an id of what determines the sources: the programs' unique ids and the configurations.
-const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& fwd_cfg, const KernelConfig& cfg, int device,
+// The kernels of (the mods' compiled programs, cfg) on a device, the forward's from *fwd_cfg where
+// the forward has its own configuration (it runs on the caller's BlockMask), else from cfg.
+// generate_source and load_kernels' hash of its ~47 KB cost tens of microseconds of host time per
+// call, so the lookup goes by an id of what determines the sources: the programs' unique ids and the
+// configurations.
+const FlexKernels& kernels_for(const cpu::Problem& p, const KernelConfig& cfg, const KernelConfig* fwd_cfg, int device,
                                int64_t fwd_smem, int64_t bwd_smem) {
-  const std::string c = config_id(cfg), f = config_id(fwd_cfg);
-  const std::string id = "s" + std::to_string(p.score ? p.score->id : 0) + "/m" + std::to_string(p.mask ? p.mask->id : 0) +
-                         "/" + c + (f == c ? "" : " fwd " + f);
+  std::string id = "s" + std::to_string(p.score ? p.score->id : 0) + "/m" + std::to_string(p.mask ? p.mask->id : 0) +
+                   "/" + config_id(cfg);
+  if (fwd_cfg) id += " fwd " + config_id(*fwd_cfg);
   return load_kernels_by_id(
       id,
       [&] {
         std::string bwd = generate_source(p.score, p.mask, cfg);
-        std::string fwd = f == c ? bwd : generate_source(p.score, p.mask, fwd_cfg);
+        std::string fwd = fwd_cfg ? generate_source(p.score, p.mask, *fwd_cfg) : bwd;
         return SourcePair(std::move(fwd), std::move(bwd));
       },
       device, fwd_smem, bwd_smem);
@@ -182,6 +183,9 @@ void check_supported(const cpu::Problem& p, DType dtype) {
 }
 
 namespace {
+
+// A padded tile row of the mma.sync paths (the kernels' LD), in elements.
+int64_t padded_row(int64_t E) { return E + 8; }
 
 // P's BlockMask fields from p (its lists' device pointers; all_full: none).
 void set_block_lists(FlexParams& P, const cpu::Problem& p) {
@@ -223,7 +227,7 @@ void size_forward(State& st, const cpu::Problem& p, const KernelConfig& cfg) {
                                : cfg.fwd_overlap                  ? 4
                                                                   : 1 + cfg.fwd_kbuf;
   st.fwd_smem = cfg.fwd_wgmma ? (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * p.E * 2 + 1024
-                              : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * (p.E + 8) * 2;
+                              : (cfg.fwd_tile_m + fwd_kv_tiles * cfg.fwd_tile_n) * padded_row(p.E) * 2;
   st.fwd_threads = cfg.fwd_threads() + (cfg.fwd_persist ? 128 : 0);  // the persistent forward's producer warpgroup
   st.fwd_q_tiles = ceil_div(p.L, cfg.fwd_tile_m);
 }
@@ -292,14 +296,14 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   // dQ's Q, dO, V and 1 or 2 K buffers (TMA: 1 or 2 K and as many V); dK/dV's K, V and 1 or 2 sets
   // of Q, dO and lse2 / delta rows (two with TMA). The kernels' attribute takes the larger.
   const auto tiles_bytes = [&](int64_t tiles) {
-    return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * (p.E + 8) * 2;
+    return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * padded_row(p.E) * 2;
   };
   const int64_t q_sets = cfg.bwd_tma ? 2 : cfg.bwd_qbuf;
   st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
   st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;
-  st->kernels = &kernels_for(p, st->fwd_cfg, cfg, device.index, st->fwd_smem, st->bwd_smem);
+  st->kernels = &kernels_for(p, cfg, fwd_p ? &st->fwd_cfg : nullptr, device.index, st->fwd_smem, st->bwd_smem);
   st->fwd_grid = p.B * p.Hq * st->fwd_q_tiles;
   if (st->fwd_cfg.fwd_persist) {
     int sms = 0;

@@ -324,6 +324,8 @@ __device__ __forceinline__ float fwd_row_sum(float l) {
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   return l + __shfl_xor_sync(0xffffffffu, l, 2);
 }
+// The output's factor of a row of sum lr: 0 for fully masked rows (lr 0), whose lse is -inf.
+__device__ __forceinline__ float fwd_row_inv(float lr) { return lr > 0.f ? 1.f / lr : 0.f; }
 // A row's lse from its max m and sum lr: -inf for fully masked rows (lr 0). FOLD_SCALE: m is a raw
 // score (q.k); the lse is of the scaled ones.
 __device__ __forceinline__ float fwd_row_lse(const FlexParams& P, float m, float lr) {
@@ -341,7 +343,7 @@ __device__ __forceinline__ void fwd_store(const FlexParams& P, const float (&o)[
       const float lr = fwd_row_sum(l[mt][r]);
       const i64 row = row_base + mt * 16 + 8 * r;
       if (row >= P.L) continue;
-      const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
+      const float inv = fwd_row_inv(lr);
       u16* og = (u16*)P.out + (bh * P.L + row) * HEAD_DIM;
 #pragma unroll
       for (int n = 0; n < HEAD_DIM / 8; ++n)

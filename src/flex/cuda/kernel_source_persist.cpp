@@ -122,7 +122,7 @@ __device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* buf, con
       const float lr = fwd_row_sum(l[mt][r]);
       const i64 row = row_base + mt * 16 + 8 * r;
       const int local = (int)(row - r0);
-      const float inv = lr > 0.f ? 1.f / lr : 0.f;  // fully masked rows: 0 and lse -inf
+      const float inv = fwd_row_inv(lr);
 #pragma unroll
       for (int n = 0; n < HEAD_DIM / 8; ++n) {
         u16* dst = buf + (n >> 3) * FWD_TILE_M * 64 + local * 64 + (((n & 7) ^ (local & 7)) << 3) + 2 * t;
