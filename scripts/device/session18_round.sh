@@ -4,7 +4,8 @@
 #   combos:  kiln alone (`kiln bench flex`, flex_bench_line) on ROWS (issue rows, default "0 1 2") with
 #            each setting of COMBOS (space-separated; a setting is VAR=VALUE,VAR=VALUE or "-" for the
 #            defaults), interleaved, PASSES passes (default 2);
-#   profile: KILN_FLEX_PROFILE's phase split of the forward on PROFILE_ROWS under each COMBOS setting;
+#   profile: KILN_FLEX_PROFILE's phase split on PROFILE_ROWS under each COMBOS setting, of the kernels
+#            PROFILE_GREP names (default "fwd profile"; e.g. "bwd dq profile");
 #   compare: compare_torch.py's flex rows CMP_ROWS beside torch (the carried Python package);
 #   suites:  test_ops, test_train and test_lce, their *Cuda* tests; pytest: the torch adapter tests.
 # Logs to stdout and $OUT/session18.log.
@@ -37,7 +38,7 @@ for part in ${PARTS:-tests combos}; do
       for r in ${PROFILE_ROWS:-0 1}; do
         for c in ${COMBOS:--}; do
           line=$(with_setting "$( [ "$c" = - ] && echo KILN_FLEX_PROFILE=1 || echo "$c,KILN_FLEX_PROFILE=1")" timeout 60 build-gpu/kiln bench flex --device cuda ${ISSUE_ROWS[$r]} \
-            --dtype bf16 --json --reps 3 --flex-only 2>&1 | grep "fwd profile" | tail -1)
+            --dtype bf16 --json --reps 3 --flex-only 2>&1 | grep -E "${PROFILE_GREP:-fwd profile}" | tail -2)
           log "row $r $c $line"
         done
       done ;;
