@@ -45,7 +45,6 @@ struct State {
   int64_t fwd_grid = 0;  // CTAs of the forward: one per q tile, or what fits at once (fwd_persist)
   int dq_threads = kThreads;  // the dQ kernel's: one warpgroup, and a producer's with bwd_dq_persist
   int64_t dq_grid = 0;        // its CTAs: one per q tile, or what fits at once (bwd_dq_persist)
-  int64_t dkdv_resident = 0;  // l2_prefetch: the dK/dV kernel's CTAs that fit the device at once
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
   bool profile = false;        // KILN_FLEX_PROFILE: print the kernels' phase cycles
@@ -142,11 +141,11 @@ bool read_error(const State& st, const Tensor& err) {
 // What determines a configuration's source besides the mods' programs.
 std::string config_id(const KernelConfig& cfg) {
   char id[200];
-  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
+  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
                 cfg.profile, cfg.head_dim, cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt,
                 cfg.fwd_wgmma, cfg.bwd_wgmma, cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf,
                 cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma, cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead,
-                cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods, cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dq_persist, cfg.l2_prefetch,
+                cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods, cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dq_persist,
                 cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks, cfg.fast_mods && cfg.magic_i2f,
                 cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages, cfg.merged_walk, cfg.mask_ranges,
                 cfg.fwd_pingpong);
@@ -322,8 +321,6 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   st->dq_threads = kThreads + (cfg.bwd_dq_persist ? 128 : 0);  // the persistent dQ kernel's producer warpgroup
   st->dq_grid = p.B * p.Hq * P.q_tiles;
   if (cfg.bwd_dq_persist) st->dq_grid = resident(st->kernels->bwd_dq, st->dq_threads, st->bwd_dq_smem, st->dq_grid);
-  if (cfg.l2_prefetch && cfg.bwd_tma)
-    st->dkdv_resident = resident(st->kernels->bwd_dkdv, kThreads, st->bwd_dkdv_smem, int64_t{1} << 40);
   return st;
 }
 
@@ -421,7 +418,6 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     P.capgrad = capgrad.data_ptr<double>();
     grid = P.nslots;
   }
-  P.ahead = cap ? 0 : st.dkdv_resident;  // l2_prefetch: one CTA a unit, the next wave's units
   // The dK/dV kernel on a side stream beside the dQ kernel (they share only read-only inputs): each
   // fills the other's last wave and launch gaps (H200, session 11, fwd+bwd: 16 documents 5.74 ->
   // 5.46 ms, causal 4x16x8192 10.37 -> 10.18, window E 64 0.58 -> 0.56; the rest within noise).

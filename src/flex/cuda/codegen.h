@@ -57,7 +57,6 @@ struct FlexParams {
   // backward's), read by bulk tensor copies; omap: out's, written by the persistent forward's bulk
   // tensor stores; unused otherwise.
   alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
-  int64_t ahead;  // l2_prefetch: the dK/dV kernel prefetches unit blockIdx.x + ahead (its resident CTAs), 0 none
 };
 
 // What a generated source depends on besides the mods (a field added here joins the kernel
@@ -114,9 +113,6 @@ struct KernelConfig {
   // Paired TMA products only: the dQ kernel persistent and warp-specialised, a producer warpgroup
   // issuing its loads (kernel_source_bwd_dq_persist.cpp; KILN_FLEX_BWD_DQ_PERSIST=1).
   bool bwd_dq_persist = false;
-  // TMA kernels: the persistent kernels' producers prefetch their CTA's next unit's tiles into L2,
-  // the dK/dV kernel those of the CTA that will take its place (KILN_FLEX_L2_PREFETCH=1).
-  bool l2_prefetch = false;
   // The persistent dQ kernel's K / V stages.
   int dq_persist_stages() const { return 2; }
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead

@@ -277,10 +277,6 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // The dQ kernel persistent and warp-specialised (kernel_source_bwd_dq_persist.cpp; a measurement
   // switch, KILN_FLEX_BWD_DQ_PERSIST=1).
   cfg.bwd_dq_persist = cfg.bwd_paired && env_flag("KILN_FLEX_BWD_DQ_PERSIST", false);
-  // The next units' tiles prefetched into L2 (a measurement switch, KILN_FLEX_L2_PREFETCH=1): on the
-  // E = 128 window the backward kernels read ~40 % of the DRAM's bandwidth, their compulsory traffic,
-  // and waited for loads (H200, session 19, Nsight Compute).
-  cfg.l2_prefetch = (cfg.fwd_tma || cfg.bwd_tma) && env_flag("KILN_FLEX_L2_PREFETCH", false);
   // Short rows at E = 64 (where the forward takes 64 x 64 tiles, fewer than 6 blocks a row) run more
   // CTAs an SM: the forward held to 93 registers (5 CTAs instead of 4) and the wgmma dK/dV kernel to
   // 168 (3 instead of 2; not with captured-tensor gradients, which spill ~800 bytes there); no

@@ -65,7 +65,6 @@ struct FlexParams {
   const void* mptr[KILN_MAX_BUFFERS];
   i64 msize[KILN_MAX_BUFFERS][3], mstride[KILN_MAX_BUFFERS][3];
   alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
-  i64 ahead;
 };
 static_assert(sizeof(FlexParams) == KILN_PARAMS_SIZE, "host and device FlexParams differ");
 

@@ -130,24 +130,6 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
-#if L2_PREFETCH && BWD_TMA
-// Unit u's K and V tiles and the Q and dO tiles of its q walk, into L2 (thread 0, for the CTA that
-// will take this one's place: unit blockIdx.x + P.ahead).
-__device__ __forceinline__ void dkdv_prefetch_unit(const FlexParams& P, i64 u) {
-  const i64 tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv, c0 = tile * TILE_N;
-  tma_prefetch_tile(P.kmap, c0, bhk);
-  tma_prefetch_tile(P.vmap, c0, bhk);
-  GroupWalk walk(P, b, hk, c0 / P.KB);
-  i64 gi, r0;
-  bool partial;
-  while (walk.next(gi, r0, partial)) {
-    const i64 bh = b * P.Hq + hk * P.G + gi;
-    tma_prefetch_tile(P.qmap, r0, bh);
-    tma_prefetch_tile(P.domap, r0, bh);
-  }
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -225,9 +207,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
 #endif
       if (more) load_q_tile(0, gi, r0);
       cp_async_commit();
-#if L2_PREFETCH && BWD_TMA
-      if (threadIdx.x == 0 && P.ahead > 0 && u + P.ahead < P.units) dkdv_prefetch_unit(P, u + P.ahead);
-#endif
       PROF_MARK(0);
       while (more) {
         const i64 h = hk * P.G + gi;

@@ -83,28 +83,11 @@ __device__ __forceinline__ int next_stage(int x) {
   return x + 1 == kStages ? 0 : x + 1;
 }
 
-// L2_PREFETCH: unit u's Q (kWithDo: and dO) and every K / V tile it walks, into L2.
-template <int kTileM, int kTileN, bool kWithDo>
-__device__ __forceinline__ void persist_prefetch_unit(const FlexParams& P, i64 q_tiles, i64 u) {
-  i64 bh, r0, c;
-  bool partial;
-  persist_unit<kTileM>(q_tiles, u, bh, r0);
-  const i64 bhk = bh / P.Hq * P.Hkv + bh % P.Hq / P.G;
-  tma_prefetch_tile(P.qmap, r0, bh);
-  if constexpr (kWithDo) tma_prefetch_tile(P.domap, r0, bh);
-  TileWalk tw = UnitStream<kTileM, kTileN>::walk_of(P, q_tiles, u);
-  while (tw.next(c, partial)) {
-    tma_prefetch_tile(P.kmap, c, bhk);
-    tma_prefetch_tile(P.vmap, c, bhk);
-  }
-}
-
 // The producer (one thread of the CTA's last warpgroup): every tile of this CTA's units into the
 // stages in turn (stage x: K at Ks + 2 x kTileN HEAD_DIM, its V right after), its K once the
 // consumers are done with the stage's last K (and tile record), its V once they are done with the
 // last V; a unit's Q with its first K (kWithDo: and its dO, at Qs + kTileM HEAD_DIM, with that V),
-// once the unit before has done its last products with them (L2_PREFETCH: then the CTA's next
-// unit's tiles into L2). Then the end marker.
+// once the unit before has done its last products with them. Then the end marker.
 // full[x]: stage x's K (and Q); full[kStages + x]: its V (and dO); kempty / vempty / qempty: the
 // consumers' releases.
 template <int kTileM, int kTileN, int kStages, bool kWithDo>
@@ -138,9 +121,6 @@ __device__ __forceinline__ void persist_produce(const FlexParams& P, i64 q_tiles
       if constexpr (kWithDo) tma_tile(Qs + kTileM * HEAD_DIM, P.domap, &full[kStages + x], r0, bh, kTileM, false);
     }
     tma_tile(Ks + x * 2 * kTileN * HEAD_DIM, P.kmap, &full[x], c0, bhk, kTileN);
-#if L2_PREFETCH
-    if (first && u0 + gridDim.x < stream.units) persist_prefetch_unit<kTileM, kTileN, kWithDo>(P, q_tiles, u0 + gridDim.x);
-#endif
     mbar_wait(&vempty[x], (vphase >> x) & 1);
     vphase ^= 1u << x;
     tma_tile(Ks + (x * 2 + 1) * kTileN * HEAD_DIM, P.vmap, &full[kStages + x], c0, bhk, kTileN);

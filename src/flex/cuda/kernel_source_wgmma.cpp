@@ -142,16 +142,6 @@ __device__ __forceinline__ void tma_tile(u16* dst, const void* map, u64* bar, i6
         "l"(map), "r"(p * 64), "r"((int)row0), "r"((int)bh), "r"(smem_addr(bar))
         : "memory");
 }
-// L2_PREFETCH: asks L2 for a tile a later tma_tile will read (no shared memory, no completion), so
-// that more DRAM reads are in flight than the stages hold: a short-row kernel's next unit's tiles
-// are new to L2 and each of its first loads waited a DRAM round trip.
-__device__ __forceinline__ void tma_prefetch_tile(const void* map, i64 row0, i64 bh) {
-#pragma unroll
-  for (int p = 0; p < HEAD_DIM / 64; ++p)
-    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];" ::"l"(map), "r"(p * 64),
-                 "r"((int)row0), "r"((int)bh)
-                 : "memory");
-}
 #endif
 #define SMEM_PROXY_FENCE() fence_async_smem()
 #else
