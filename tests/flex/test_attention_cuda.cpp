@@ -1102,21 +1102,14 @@ TEST(FlexAttentionCuda, PersistentForwardMatchesReferenceAndDefaultBits) {
 }
 
 // KILN_FLEX_BWD_DQ_PERSIST=1: the persistent dQ kernel (a producer warpgroup; the next unit's rows
-// prefetched), with one consumer warpgroup and with two on 128-row units (KILN_FLEX_BWD_DQ_WGS=2,
-// on the caller's blocks where the backward's are halved). The variant checks (split P and, with
-// softcap, the joint P / dS; the keep-bits path on a document mask), then many units a CTA, bit for
-// bit against the one-unit-a-CTA dQ kernel (whose 64-row blocks list no tile the 128-row ones add
-// but where the mask keeps nothing, so the same sums).
+// prefetched). The variant checks (split P and, with softcap, the joint P / dS; the keep-bits path on
+// a document mask), then many units a CTA, bit for bit against the one-unit-a-CTA dQ kernel.
 TEST(FlexAttentionCuda, PersistentDqMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(47);
-  for (const char* wgs : {"1", "2"}) {
-    SCOPED_TRACE(std::string("warpgroups ") + wgs);
-    const ScopedEnv set("KILN_FLEX_BWD_DQ_WGS", wgs);
-    check_kernel_variant("KILN_FLEX_BWD_DQ_PERSIST");
-    check_document_variant("KILN_FLEX_BWD_DQ_PERSIST");
-    expect_same_bits_over_many_units("KILN_FLEX_BWD_DQ_PERSIST");
-  }
+  check_kernel_variant("KILN_FLEX_BWD_DQ_PERSIST");
+  check_document_variant("KILN_FLEX_BWD_DQ_PERSIST");
+  expect_same_bits_over_many_units("KILN_FLEX_BWD_DQ_PERSIST");
 }
 
 // Short rows at E = 128 (a window): by default the persistent forward runs on the caller's 128-blocks

@@ -113,14 +113,8 @@ struct KernelConfig {
   // Paired TMA products only: the dQ kernel persistent and warp-specialised, a producer warpgroup
   // issuing its loads (kernel_source_bwd_dq_persist.cpp; KILN_FLEX_BWD_DQ_PERSIST=1).
   bool bwd_dq_persist = false;
-  // The persistent dQ kernel's consumer warpgroups: 2 share each K / V tile between the 64-row halves
-  // of 128-row units, which walk 128-row blocks (the caller's where the backward's are halved;
-  // KILN_FLEX_BWD_DQ_WGS=2).
-  int dq_wgs = 1;
   // The persistent dQ kernel's K / V stages.
   int dq_persist_stages() const { return 2; }
-  // Its q rows a unit.
-  int dq_unit_m() const { return 64 * dq_wgs; }
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;

@@ -277,10 +277,6 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // The dQ kernel persistent and warp-specialised (kernel_source_bwd_dq_persist.cpp; a measurement
   // switch, KILN_FLEX_BWD_DQ_PERSIST=1).
   cfg.bwd_dq_persist = cfg.bwd_paired && env_flag("KILN_FLEX_BWD_DQ_PERSIST", false);
-  // Its two consumer warpgroups on 128-row units (KILN_FLEX_BWD_DQ_WGS=2, a measurement switch;
-  // make_state keeps one where the blocks do not allow them).
-  if (const char* v = cfg.bwd_dq_persist ? env_switch("KILN_FLEX_BWD_DQ_WGS", "1", "2") : nullptr)
-    cfg.dq_wgs = v[0] - '0';
   // Short rows at E = 64 (where the forward takes 64 x 64 tiles, fewer than 6 blocks a row) run more
   // CTAs an SM: the forward held to 93 registers (5 CTAs instead of 4) and the wgmma dK/dV kernel to
   // 168 (3 instead of 2; not with captured-tensor gradients, which spill ~800 bytes there); no

@@ -11,9 +11,9 @@ const char* kernel_backward_dq_persist() {
 // The persistent forward's structure (kernel_source_persist.cpp) for the dQ kernel, whose short rows
 // spent their time waiting: on the window 1024 row (H200, session 18, KILN_FLEX_PROFILE) 30 % of
 // its cycles waited for V, 12 % for K and 7 % were the prologue, with a CTA a q tile. gridDim.x CTAs
-// (as many as fit at once) each walk the units u = blockIdx.x, + gridDim.x, ... (a unit: one q tile
-// of DQ_UNIT_M rows of one (b, h), in the one-unit-a-CTA kernel's order), DQ_WGS consumer warpgroups
-// and one producer warpgroup a CTA. The producer thread issues each stage's K and V as the consumers release
+// (as many as fit at once) each walk the units u = blockIdx.x, + gridDim.x, ... (a unit: one 64-row
+// q tile of one (b, h), in the one-unit-a-CTA kernel's order), one consumer warpgroup and one
+// producer warpgroup a CTA. The producer thread issues each stage's K and V as the consumers release
 // them (V once dP is done, K once dQ += dS K is), and a unit's Q and dO with its first K and V once
 // the unit before has done its last S and dP. The consumers prefetch the next unit's lse2 / delta
 // rows into registers during the unit before, and store dQ with plain stores (fire and forget).
@@ -21,18 +21,9 @@ const char* kernel_backward_dq_persist() {
 #if !BWD_PAIRED
 #error "the persistent dQ kernel issues its products in pairs (BWD_PAIRED)"
 #endif
-// DQ_WGS consumer warpgroups a CTA, each with 64 rows of a unit of DQ_UNIT_M rows, share every K / V
-// stage: two halve the kernel's L2 reads of K and V for the q rows they serve (one warpgroup's units
-// read ~5 TB/s from L2, 74 % of its throughput, on the E = 128 window: H200, session 19, Nsight
-// Compute). The units then walk blocks of DQ_UNIT_M q rows (the host's check).
-#ifndef DQ_WGS
-#define DQ_WGS 1
-#endif
-#define DQ_UNIT_M (64 * DQ_WGS)
-#define DQ_CONSUMERS (NTHREADS * DQ_WGS)
-#define DQ_CTA_THREADS (DQ_CONSUMERS + 128)
-#define DQ_PERSIST_MIN_BLOCKS (DQ_WGS == 2 ? 1 : 2)
-#define DQ_CONSUMER_REGS PERSIST_CONSUMER_REGS(DQ_CONSUMERS, DQ_PERSIST_MIN_BLOCKS)
+#define DQ_CTA_THREADS (NTHREADS + 128)
+#define DQ_PERSIST_MIN_BLOCKS 2
+#define DQ_CONSUMER_REGS PERSIST_CONSUMER_REGS(NTHREADS, DQ_PERSIST_MIN_BLOCKS)
 
 // lse2 and delta of this thread's two rows (rows[r] of (b, h) row bh): +inf and 0 past L (p = 0).
 __device__ __forceinline__ void dq_unit_rows(const FlexParams& P, i64 bh, const i64* rows, float* lse2, float* delta) {
@@ -43,22 +34,21 @@ __device__ __forceinline__ void dq_unit_rows(const FlexParams& P, i64 bh, const 
   }
 }
 
-// This thread's two rows of unit u (DQ_UNIT_M-row q tiles; warp w's rows 16 (w % 4).. of its
-// warpgroup's 64).
+// This thread's two rows of unit u (64-row q tiles).
 __device__ __forceinline__ void dq_unit_of(i64 q_tiles, i64 u, int warp, int g, i64& bh, i64* rows) {
   i64 r0;
-  persist_unit<DQ_UNIT_M>(q_tiles, u, bh, r0);
-  rows[0] = r0 + warp * 16 + g;  // warp * 16 = wg * 64 + (warp % 4) * 16
+  persist_unit<TILE_M>(q_tiles, u, bh, r0);
+  rows[0] = r0 + warp * 16 + g;
   rows[1] = rows[0] + 8;
 }
 
 // A unit without blocks: zero dQ rows (what flex_bwd_dq writes for it), by the consumer threads.
 __device__ __forceinline__ void dq_store_empty(const FlexParams& P, i64 q_tiles, i64 u) {
   i64 bh, r0;
-  persist_unit<DQ_UNIT_M>(q_tiles, u, bh, r0);
-  const i64 rows = P.L - r0 < DQ_UNIT_M ? P.L - r0 : DQ_UNIT_M;
+  persist_unit<TILE_M>(q_tiles, u, bh, r0);
+  const i64 rows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
   u32* dg = (u32*)((u16*)P.dq + (bh * P.L + r0) * HEAD_DIM);
-  for (i64 i = threadIdx.x; i < rows * HEAD_DIM / 2; i += DQ_CONSUMERS) dg[i] = 0u;
+  for (i64 i = threadIdx.x; i < rows * HEAD_DIM / 2; i += NTHREADS) dg[i] = 0u;
 }
 
 // A consumer warp's release of what it has read (its lane 0 arrives for the warp).
@@ -72,29 +62,28 @@ extern "C" __global__ void __launch_bounds__(DQ_CTA_THREADS, DQ_PERSIST_MIN_BLOC
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = wg_smem_base(smem);
-  u16* dOs = Qs + DQ_UNIT_M * HEAD_DIM;
-  u16* Ks = dOs + DQ_UNIT_M * HEAD_DIM;  // stage x: K at Ks + 2 x TILE_N HEAD_DIM, V after it
+  u16* dOs = Qs + TILE_M * HEAD_DIM;
+  u16* Ks = dOs + TILE_M * HEAD_DIM;  // stage x: K at Ks + 2 x TILE_N HEAD_DIM, V after it
   // full[x]: stage x's K (with a unit's Q) and its tile record; full[BWD_PSTAGES + x]: its V (with a
   // unit's dO); kempty / vempty: every consumer warp is done with its K / V; qempty: with the unit's Q and dO.
   __shared__ __align__(8) u64 full[2 * BWD_PSTAGES], kempty[BWD_PSTAGES], vempty[BWD_PSTAGES], qempty[1];
   __shared__ StageTile tiles[BWD_PSTAGES];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int wg = warp / NWARPS;      // the consumer warpgroup (its 64 rows of the unit)
-  const i64 q_tiles = P.q_tiles, units = P.B * P.Hq * q_tiles;  // q_tiles: of DQ_UNIT_M rows (the host's)
+  const i64 q_tiles = P.q_tiles, units = P.B * P.Hq * q_tiles;
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2 * BWD_PSTAGES; ++i) mbar_init_count(&full[i], 1);
     for (int i = 0; i < BWD_PSTAGES; ++i) {
-      mbar_init_count(&kempty[i], NWARPS * DQ_WGS);
-      mbar_init_count(&vempty[i], NWARPS * DQ_WGS);
+      mbar_init_count(&kempty[i], NWARPS);
+      mbar_init_count(&vempty[i], NWARPS);
     }
-    mbar_init_count(qempty, NWARPS * DQ_WGS);
+    mbar_init_count(qempty, NWARPS);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them; no block barrier after this
-  if (warp >= NWARPS * DQ_WGS) {
+  if (warp >= NWARPS) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PERSIST_PRODUCER_REGS));
-    if (threadIdx.x == DQ_CONSUMERS)
-      persist_produce<DQ_UNIT_M, TILE_N, BWD_PSTAGES, true>(P, q_tiles, Qs, Ks, full, kempty, vempty, qempty, tiles);
+    if (threadIdx.x == NTHREADS)
+      persist_produce<TILE_M, TILE_N, BWD_PSTAGES, true>(P, q_tiles, Qs, Ks, full, kempty, vempty, qempty, tiles);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DQ_CONSUMER_REGS));
@@ -120,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(DQ_CTA_THREADS, DQ_PERSIST_MIN_BLOC
       b = bh / P.Hq;
       h = bh % P.Hq;
       const i64 r0 = rows[0] - warp * 16 - g;
-      rows_in = r0 + wg * 64 + 64 <= P.L;  // this warpgroup's rows
+      rows_in = r0 + TILE_M <= P.L;
       mrow = persist_unit_mrow(P, bh, r0);
       if (next_unit == tile.unit) {
 #pragma unroll
@@ -148,10 +137,10 @@ extern "C" __global__ void __launch_bounds__(DQ_CTA_THREADS, DQ_PERSIST_MIN_BLOC
     Run runs[2];  // DQ_RUNS: the rows' runs of a tile that is not interior
 #endif
 #if BWD_SPLIT_P
-    wg_abt_issue<64>(s, Qs, DQ_UNIT_M, wg * 64, Kb);  // S first: its P while dP = dO V^T is in flight
+    wg_abt_issue<64>(s, Qs, 64, 0, Kb);  // S first: its P while dP = dO V^T is in flight
     mbar_wait(&full[BWD_PSTAGES + x], (phase >> x) & 1);  // V (and a unit's dO) landed
     PROF_MARK(1);
-    wg_abt_issue<64>(dp, dOs, DQ_UNIT_M, wg * 64, Vb);
+    wg_abt_issue<64>(dp, dOs, 64, 0, Vb);
     DQ_RUNS();
     wg_wait<1>();
     reg_fence<TILE_N / 8>(s);
@@ -161,8 +150,8 @@ extern "C" __global__ void __launch_bounds__(DQ_CTA_THREADS, DQ_PERSIST_MIN_BLOC
 #else
     mbar_wait(&full[BWD_PSTAGES + x], (phase >> x) & 1);  // V (and a unit's dO) landed
     PROF_MARK(1);
-    wg_abt_issue<64>(dp, dOs, DQ_UNIT_M, wg * 64, Vb);
-    wg_abt_issue<64>(s, Qs, DQ_UNIT_M, wg * 64, Kb);
+    wg_abt_issue<64>(dp, dOs, 64, 0, Vb);
+    wg_abt_issue<64>(s, Qs, 64, 0, Kb);
     DQ_RUNS();
     wg_wait_all();
     reg_fence<TILE_N / 8>(dp);
