@@ -1101,18 +1101,6 @@ TEST(FlexAttentionCuda, PersistentForwardMatchesReferenceAndDefaultBits) {
   }
 }
 
-// KILN_FLEX_FWD_PERSIST_OVERLAP=1: the persistent forward's P V of a tile beside the next tile's
-// softmax (128 x 128 tiles on the caller's blocks), against the reference and bit for bit the
-// persistent forward without it, on the variant suite and over many units a CTA.
-TEST(FlexAttentionCuda, PersistentOverlapForwardMatchesReferenceAndDefaultBits) {
-  KILN_REQUIRE_CUDA();
-  manual_seed(53);
-  const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0"), pin("KILN_FLEX_FWD_TILE", "128x128x1"),
-      persist("KILN_FLEX_FWD_PERSIST", "1");
-  check_kernel_variant("KILN_FLEX_FWD_PERSIST_OVERLAP");
-  expect_same_bits_over_many_units("KILN_FLEX_FWD_PERSIST_OVERLAP");
-}
-
 // KILN_FLEX_BWD_DQ_PERSIST=1: the persistent dQ kernel (a producer warpgroup; the next unit's rows
 // prefetched). The variant checks (split P and, with softcap, the joint P / dS; the keep-bits path on
 // a document mask), then many units a CTA, bit for bit against the one-unit-a-CTA dQ kernel.

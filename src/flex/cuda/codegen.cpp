@@ -402,7 +402,6 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   if (cfg.fwd_persist && cfg.fwd_tma && cfg.fwd_wgmma && !cfg.fwd_overlap && cfg.fwd_kbuf == 2)
     os << "#define FWD_PERSIST 1\n#define FWD_PSTAGES " << cfg.persist_stages() << "\n";
   if (cfg.fwd_keepbits && cfg.fwd_tma && cfg.fwd_wgmma && !cfg.fwd_overlap) os << "#define FWD_KEEPBITS 1\n";
-  if (cfg.fwd_persist_overlap && cfg.fwd_persist && cfg.fwd_keepbits) os << "#define FWD_PERSIST_OVERLAP 1\n";
   if (cfg.bwd_kbuf == 2) os << "#define BWD_KBUF 2\n";
   if (cfg.bwd_qbuf == 2) os << "#define BWD_QBUF 2\n";
   if (cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_TMA 1\n";

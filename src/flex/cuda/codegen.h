@@ -99,9 +99,6 @@ struct KernelConfig {
   // tile's Q and first K / V during the last tiles of the one before (KILN_FLEX_FWD_PERSIST=1, a
   // measurement switch).
   bool fwd_persist = false;
-  // Persistent forward with keep bits or runs: a tile's P V issued with the next tile's Q K^T of the
-  // same unit, beside that tile's softmax (KILN_FLEX_FWD_PERSIST_OVERLAP=1).
-  bool fwd_persist_overlap = false;
   // wgmma backward only: Q, dO, K and V tiles of both backward kernels by TMA (dK/dV's lse2 / delta
   // rows stay on cp.async; the default on sm_90, KILN_FLEX_BWD_TMA=0 turns it off).
   bool bwd_tma = false;

@@ -252,11 +252,6 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // 2.31-2.32): without a producer warp the skew exposes the next K's load.
   cfg.fwd_pingpong = cfg.staged_tma_forward() && cfg.fwd_threads() == 256 && cfg.fwd_keepbits &&
                      env_flag("KILN_FLEX_FWD_PINGPONG", false);
-  // The persistent forward's P V of a tile beside the next tile's softmax (FlashAttention-3's
-  // intra-warpgroup overlap; KILN_FLEX_FWD_PERSIST_OVERLAP=1, a measurement switch; keep bits or runs,
-  // 128-row tiles: at 64 x 64 and E = 64, three CTAs an SM, ptxas lacks the registers and serialises).
-  cfg.fwd_persist_overlap = cfg.fwd_persist && cfg.fwd_keepbits && cfg.fwd_tile_m == 128 &&
-                            env_flag("KILN_FLEX_FWD_PERSIST_OVERLAP", false);
   // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
   // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
   // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.

@@ -116,9 +116,8 @@ __device__ __forceinline__ void fwd_scores_runs(const FlexParams& P, float (*s)[
 #endif
 // `issue` issues S = Q K^T of tile c0 into s (and whatever else the caller queues with it); then s
 // takes the tile's modified, masked scores: a tile that is not interior gets its keep bits
-// (MASK_RANGES: its rows' runs) while the products are in flight. kPending: wgmma groups issued after
-// S that may still run when the scores are taken (the persistent forward's overlapped P V).
-template <int kPending = 0, class Issue>
+// (MASK_RANGES: its rows' runs) while the products are in flight.
+template <class Issue>
 __device__ __forceinline__ void fwd_qk_scores_after(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], Issue&& issue,
                                                     i64 b, i64 h, i64 row_base, i64 c0, int t, bool partial,
                                                     bool rows_in) {
@@ -131,14 +130,14 @@ __device__ __forceinline__ void fwd_qk_scores_after(const FlexParams& P, float (
     for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) runs[mt][r] = kv_run(P, b, h, row_base + mt * 16 + 8 * r, c0, FWD_TILE_N, partial);
-  wg_wait<kPending>();
+  wg_wait_all();
   reg_fence<FWD_TILE_N / 8>(s[0]);
   if (interior) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
   else fwd_scores_runs(P, s, runs, b, h, row_base, c0, t);
 #else
   u32 kb[FWD_KB_WORDS];
   if (!interior) fwd_keep_bits(P, kb, b, h, row_base, c0, t, partial);
-  wg_wait<kPending>();
+  wg_wait_all();
   reg_fence<FWD_TILE_N / 8>(s[0]);
   if (interior) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
   else fwd_scores_bits(P, s, kb, b, h, row_base, c0, t);

@@ -35,12 +35,6 @@ const char* kernel_forward_persist() {
 // 64 x 128 tile's product).
 #define FWD_PERSIST_MIN_BLOCKS (FWD_TILE_M == 128 ? 1 : HEAD_DIM == 64 && FWD_TILE_N == 64 ? 3 : 2)
 #define FWD_CONSUMER_REGS PERSIST_CONSUMER_REGS(FWD_THREADS, FWD_PERSIST_MIN_BLOCKS)
-#ifndef FWD_PERSIST_OVERLAP
-#define FWD_PERSIST_OVERLAP 0  // a tile's P V beside the next tile's softmax (KILN_FLEX_FWD_PERSIST_OVERLAP=1)
-#endif
-#if FWD_PERSIST_OVERLAP && !FWD_KEEPBITS
-#error "FWD_PERSIST_OVERLAP takes the keep bits' fwd_qk_scores_after"
-#endif
 
 // A unit without blocks: zero rows and lse -inf (what the default forward writes for it), by the
 // consumer threads.
@@ -130,10 +124,7 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   i64 stored = blockIdx.x;  // this CTA's first unit not yet written (units without tiles are skipped)
   float o[FWD_MT][HEAD_DIM / 8][4], m[FWD_MT][2], l[FWD_MT][2];
   u32 kphase = 0;
-  // A stage's tile record, after its K landed: thread 0 first frees the V buffer of the last unit's
-  // output store (its read is over by now); a unit's first tile starts its unit (units before it
-  // without tiles get their empty rows).
-  const auto take_tile = [&](int x) {
+  for (int x = 0;; x = next_stage<FWD_PSTAGES>(x)) {
     mbar_wait(&full[x], (kphase >> x) & 1);  // K (and a first Q) landed, and the tile record
     PROF_MARK(1);
     const StageTile tile = tiles[x];
@@ -142,107 +133,35 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
       mbar_arrive_n(&vempty[storing], FWD_WARPS);
       storing = -1;
     }
-    return tile;
-  };
-  const auto start_unit = [&](const StageTile& tile) {
-    for (; stored < tile.unit; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
-    stored = tile.unit + gridDim.x;
-    persist_unit<FWD_TILE_M>(q_tiles, tile.unit, bh, r0);
-    b = bh / P.Hq;
-    h = bh % P.Hq;
-    row_base = r0 + warp * 16 * FWD_MT + g;
-    mrow = persist_unit_mrow(P, bh, r0);
-    rows_in = r0 + FWD_TILE_M <= P.L;
-#pragma unroll
-    for (int mt = 0; mt < FWD_MT; ++mt) {
-      m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
-#pragma unroll
-      for (int n = 0; n < HEAD_DIM / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-    }
-  };
-  // The warp's release of stage x's K (and, at a unit's last tile, of Q) once its Q K^T was waited for.
-  const auto release_k = [&](int x, int flags) {
-    __syncwarp();  // the warp's Q K^T was waited for: its reads of K (and Q) are over
-    if (lane == 0) {
-      mbar_arrive(&kempty[x]);
-      if (flags & PTILE_LAST) mbar_arrive(qempty);
-    }
-  };
-#if FWD_PERSIST_OVERLAP
-  // FlashAttention-3's intra-warpgroup overlap: a tile's P V is issued with the next tile's Q K^T of
-  // the same unit, so the tensor cores run it while that tile's scores and softmax are computed; the
-  // output is rescaled once it is done. A unit's last P V runs alone once its next tile (or the end)
-  // is known, then the unit's output leaves. P of the pending tile and of the current one alternate
-  // between two register sets (the loop unrolled by two): a copy would define wgmma operand registers
-  // inside a stage, and ptxas would serialise the products. Same operations on the same operands in
-  // the same order as the default loop: the same bits.
-  int x = 0, pend = -1;  // pend: the stage whose tile's P V is pending (its V landed), -1 none
-  // The pending tile's P V alone and, at its unit's last tile, the unit's output.
-  // (A tile is pending across a unit's start or the end only when it is its unit's last.)
-  const auto flush = [&](u32 (&prev)[FWD_MT][FWD_TILE_N / 8][2]) {
-    u16* Vp = Vs + pend * 2 * FWD_TILE_N * HEAD_DIM;
-    wg_pb<FWD_TILE_N>(o[0], prev[0], Vp);
-    reg_fence_pk<FWD_TILE_N / 8>(prev[0]);
-    fwd_store_tma(P, Vp, o, m, l, bh, r0, row_base, t);
-    storing = pend;
-    pend = -1;
-  };
-  // One tile: false at the end marker.
-  const auto step = [&](u32 (&prev)[FWD_MT][FWD_TILE_N / 8][2], u32 (&cur)[FWD_MT][FWD_TILE_N / 8][2]) {
-    const StageTile tile = take_tile(x);
-    if (pend >= 0 && (tile.flags & (PTILE_END | PTILE_FIRST))) flush(prev);
-    if (tile.flags & PTILE_END) return false;
-    if (tile.flags & PTILE_FIRST) start_unit(tile);
-    u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
-    float s[FWD_MT][FWD_TILE_N / 8][4];
-    float alpha[FWD_MT][2];
-    // The two cases apart, each ending with every product waited for: paths that merge while a
-    // P V may still run made ptxas serialise the products.
-    if (pend >= 0) {
-      reg_fence<HEAD_DIM / 8>(o[0]);
-      fwd_qk_scores_after<1>(P, s, [&] {
-        wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
-        wg_pb_issue<FWD_TILE_N, false>(o[0], prev[0], Vs + pend * 2 * FWD_TILE_N * HEAD_DIM);  // o fenced above
-      }, b, h, row_base, tile.c0, t, tile.flags & PTILE_PARTIAL, rows_in);  // S waited for; P V may run
-      PROF_MARK(2);
-      release_k(x, tile.flags);
-      fwd_softmax(s, cur, m, l, alpha, exp2_factor(P));
-      wg_wait<0>();
-      reg_fence<HEAD_DIM / 8>(o[0]);
-      reg_fence_pk<FWD_TILE_N / 8>(prev[0]);  // P of the pending tile stays put until its product is done
-      __syncwarp();  // the warp's P V was waited for: its reads of V are over
-      if (lane == 0) mbar_arrive(&vempty[pend]);  // never a unit's last tile (flushed above)
-    } else {
-      fwd_qk_scores(P, s, Qs, Kx, warp, b, h, row_base, tile.c0, t, tile.flags & PTILE_PARTIAL, rows_in);
-      PROF_MARK(2);
-      release_k(x, tile.flags);
-      fwd_softmax(s, cur, m, l, alpha, exp2_factor(P));
-    }
-    PROF_MARK(3);
-    fwd_rescale(o, alpha);
-    mbar_wait(&full[FWD_PSTAGES + x], (kphase >> x) & 1);  // V landed
-    kphase ^= 1u << x;
-    PROF_MARK(4);
-    pend = x;
-    x = next_stage<FWD_PSTAGES>(x);
-    return true;
-  };
-  u32 pk_a[FWD_MT][FWD_TILE_N / 8][2], pk_b[FWD_MT][FWD_TILE_N / 8][2];
-  while (step(pk_a, pk_b) && step(pk_b, pk_a)) {
-  }
-#else
-  for (int x = 0;; x = next_stage<FWD_PSTAGES>(x)) {
-    const StageTile tile = take_tile(x);
     if (tile.flags & PTILE_END) break;
     const i64 c0 = tile.c0;
     const bool partial = tile.flags & PTILE_PARTIAL;
-    if (tile.flags & PTILE_FIRST) start_unit(tile);
+    if (tile.flags & PTILE_FIRST) {
+      for (; stored < tile.unit; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
+      stored = tile.unit + gridDim.x;
+      persist_unit<FWD_TILE_M>(q_tiles, tile.unit, bh, r0);
+      b = bh / P.Hq;
+      h = bh % P.Hq;
+      row_base = r0 + warp * 16 * FWD_MT + g;
+      mrow = persist_unit_mrow(P, bh, r0);
+      rows_in = r0 + FWD_TILE_M <= P.L;
+#pragma unroll
+      for (int mt = 0; mt < FWD_MT; ++mt) {
+        m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+      }
+    }
     u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
     u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
     float s[FWD_MT][FWD_TILE_N / 8][4];
     u32 pk[FWD_MT][FWD_TILE_N / 8][2];
     FWD_TMA_SOFTMAX(Qs, Kx, partial, tile.slot)
-    release_k(x, tile.flags);
+    __syncwarp();  // the warp's Q K^T was waited for: its reads of K (and Q) are over
+    if (lane == 0) {
+      mbar_arrive(&kempty[x]);
+      if (tile.flags & PTILE_LAST) mbar_arrive(qempty);
+    }
     PROF_MARK(3);
     mbar_wait(&full[FWD_PSTAGES + x], (kphase >> x) & 1);  // V landed
     kphase ^= 1u << x;
@@ -257,7 +176,6 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
       if (lane == 0) mbar_arrive(&vempty[x]);
     }
   }
-#endif  // FWD_PERSIST_OVERLAP
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the stores are done
   for (; stored < units; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
   PROF_MARK(6);

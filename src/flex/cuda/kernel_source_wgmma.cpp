@@ -76,13 +76,11 @@ __device__ __forceinline__ void wg_abt(float (*d)[4], const u16* A, int a_rows, 
 
 // Issues d[64 x HEAD_DIM] += P B as one wgmma group, where P [64 x KB] is in registers (pk[n][r]:
 // rows g / g + 8 of column block n, rounded to T; untouched until waited for) and B a swizzled
-// tile of KB rows (its panels KB * 128 bytes apart). kFence false: the caller fenced d before an
-// earlier wgmma of the same batch (a fence between two issues defines d inside the first's stage,
-// and ptxas then serialises the products).
-template <int KB, bool kFence = true>
+// tile of KB rows (its panels KB * 128 bytes apart).
+template <int KB>
 __device__ __forceinline__ void wg_pb_issue(float (*d)[4], const u32 (*pk)[2], const u16* Bm) {
   const u32 ba = smem_addr(Bm);
-  if (kFence) reg_fence<HEAD_DIM / 8>(d);
+  reg_fence<HEAD_DIM / 8>(d);
   wg_fence();
 #pragma unroll
   for (int kk = 0; kk < KB / 16; ++kk) {
