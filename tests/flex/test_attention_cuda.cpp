@@ -1072,23 +1072,6 @@ TEST(FlexAttentionCuda, TmaBackwardMatchesReferenceAndDefaultBits) {
 // the variant checks, more q tiles than CTAs fit at once (several units a CTA, with units that list
 // no block between them; GQA), bit for bit against the one-unit-a-CTA forward on the same tiles:
 // 128 x 128 (two consumer warpgroups) and 64 x 64, on the caller's 128-blocks.
-// A persistent kernel's switch `var`: more q tiles than CTAs fit at once (several units a CTA, with
-// units that list no block between them; GQA, E = 64 and 128), bit for bit against var=0.
-void expect_same_bits_over_many_units(const char* var) {
-  const MaskMod late([](Expr, Expr, Expr q, Expr kv) { return (kv < q - 1500) & (kv > q - 2600); });
-  for (const int64_t E : {64, 128}) {
-    const int64_t L = 4000, S = 3000;
-    const Tensor q = randn({2, 8, L, E}), k = randn({2, 4, S, E}), v = randn({2, 4, S, E}), cot = randn({2, 8, L, E});
-    const BlockMask bm = create_block_mask(late, 1, 1, L, S);
-    FlexOptions o;
-    o.block_mask = &bm;
-    o.return_lse = true;
-    o.enable_gqa = true;
-    SCOPED_TRACE("E = " + std::to_string(E));
-    expect_same_bits_across(var, "1", "0", q, k, v, cot, o);
-  }
-}
-
 TEST(FlexAttentionCuda, PersistentForwardMatchesReferenceAndDefaultBits) {
   KILN_REQUIRE_CUDA();
   manual_seed(29);
@@ -1097,19 +1080,19 @@ TEST(FlexAttentionCuda, PersistentForwardMatchesReferenceAndDefaultBits) {
     SCOPED_TRACE(std::string("tile ") + tile);
     const ScopedEnv pin("KILN_FLEX_FWD_TILE", tile);
     check_kernel_variant("KILN_FLEX_FWD_PERSIST");
-    expect_same_bits_over_many_units("KILN_FLEX_FWD_PERSIST");
+    const MaskMod late([](Expr, Expr, Expr q, Expr kv) { return (kv < q - 1500) & (kv > q - 2600); });
+    for (const int64_t E : {64, 128}) {
+      const int64_t L = 4000, S = 3000;
+      const Tensor q = randn({2, 8, L, E}), k = randn({2, 4, S, E}), v = randn({2, 4, S, E}), cot = randn({2, 8, L, E});
+      const BlockMask bm = create_block_mask(late, 1, 1, L, S);
+      FlexOptions o;
+      o.block_mask = &bm;
+      o.return_lse = true;
+      o.enable_gqa = true;
+      SCOPED_TRACE("E = " + std::to_string(E));
+      expect_same_bits_across("KILN_FLEX_FWD_PERSIST", "1", "0", q, k, v, cot, o);
+    }
   }
-}
-
-// KILN_FLEX_BWD_DQ_PERSIST=1: the persistent dQ kernel (a producer warpgroup; the next unit's rows
-// prefetched). The variant checks (split P and, with softcap, the joint P / dS; the keep-bits path on
-// a document mask), then many units a CTA, bit for bit against the one-unit-a-CTA dQ kernel.
-TEST(FlexAttentionCuda, PersistentDqMatchesReferenceAndDefaultBits) {
-  KILN_REQUIRE_CUDA();
-  manual_seed(47);
-  check_kernel_variant("KILN_FLEX_BWD_DQ_PERSIST");
-  check_document_variant("KILN_FLEX_BWD_DQ_PERSIST");
-  expect_same_bits_over_many_units("KILN_FLEX_BWD_DQ_PERSIST");
 }
 
 // Short rows at E = 128 (a window): by default the persistent forward runs on the caller's 128-blocks

@@ -43,8 +43,6 @@ struct State {
   int fwd_threads = kThreads;
   int64_t fwd_q_tiles = 0;
   int64_t fwd_grid = 0;  // CTAs of the forward: one per q tile, or what fits at once (fwd_persist)
-  int dq_threads = kThreads;  // the dQ kernel's: one warpgroup, and a producer's with bwd_dq_persist
-  int64_t dq_grid = 0;        // its CTAs: one per q tile, or what fits at once (bwd_dq_persist)
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
   bool profile = false;        // KILN_FLEX_PROFILE: print the kernels' phase cycles
@@ -141,11 +139,11 @@ bool read_error(const State& st, const Tensor& err) {
 // What determines a configuration's source besides the mods' programs.
 std::string config_id(const KernelConfig& cfg) {
   char id[200];
-  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
+  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
                 cfg.profile, cfg.head_dim, cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt,
                 cfg.fwd_wgmma, cfg.bwd_wgmma, cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf,
                 cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma, cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead,
-                cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods, cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_dq_persist,
+                cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods, cfg.bwd_paired, cfg.bwd_split_p,
                 cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks, cfg.fast_mods && cfg.magic_i2f,
                 cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages, cfg.merged_walk, cfg.mask_ranges,
                 cfg.fwd_pingpong);
@@ -301,26 +299,18 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
     return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * padded_row(p.E) * 2;
   };
   const int64_t q_sets = cfg.bwd_tma ? 2 : cfg.bwd_qbuf;
-  // The persistent dQ kernel: Q, dO and dq_persist_stages() of K and V.
-  st->bwd_dq_smem = tiles_bytes(cfg.bwd_dq_persist ? 2 + 2 * cfg.dq_persist_stages()
-                                : cfg.bwd_tma     ? 2 + 2 * cfg.bwd_kbuf
-                                                  : 3 + cfg.bwd_kbuf);
+  st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
   st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, fwd_p ? &st->fwd_cfg : nullptr, device.index, st->fwd_smem, st->bwd_smem);
-  // The persistent kernels take as many CTAs as fit the device at once, at most one a unit.
-  const auto resident = [&](void* fn, int threads, int64_t smem, int64_t units) {
+  st->fwd_grid = p.B * p.Hq * st->fwd_q_tiles;
+  if (st->fwd_cfg.fwd_persist) {
     int sms = 0;
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
-    const int per_sm = max_active_blocks(fn, threads, smem);
-    return std::min<int64_t>(units, int64_t{sms} * std::max(per_sm, 1));
-  };
-  st->fwd_grid = p.B * p.Hq * st->fwd_q_tiles;
-  if (st->fwd_cfg.fwd_persist) st->fwd_grid = resident(st->kernels->fwd, st->fwd_threads, st->fwd_smem, st->fwd_grid);
-  st->dq_threads = kThreads + (cfg.bwd_dq_persist ? 128 : 0);  // the persistent dQ kernel's producer warpgroup
-  st->dq_grid = p.B * p.Hq * P.q_tiles;
-  if (cfg.bwd_dq_persist) st->dq_grid = resident(st->kernels->bwd_dq, st->dq_threads, st->bwd_dq_smem, st->dq_grid);
+    const int per_sm = max_active_blocks(st->kernels->fwd, st->fwd_threads, st->fwd_smem);
+    st->fwd_grid = std::min<int64_t>(st->fwd_grid, int64_t{sms} * std::max(per_sm, 1));
+  }
   return st;
 }
 
@@ -427,7 +417,7 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     side.emplace(st.device.index, stream);
     side->follow();  // after the preprocess (delta, lse2) and the slots' zeros
   }
-  launch(st.kernels->bwd_dq, st.dq_grid, st.dq_threads, st.bwd_dq_smem, stream, &P);
+  launch(st.kernels->bwd_dq, p.B * p.Hq * P.q_tiles, kThreads, st.bwd_dq_smem, stream, &P);
   launch(st.kernels->bwd_dkdv, grid, kThreads, st.bwd_dkdv_smem, side ? side->stream() : stream, &P);
   if (side) side->join();
   if (st.profile) {

@@ -110,11 +110,6 @@ struct KernelConfig {
   // its dP product is still in flight, then dS (the default on sm_90; KILN_FLEX_BWD_SPLIT_P=0 turns
   // it off).
   bool bwd_split_p = false;
-  // Paired TMA products only: the dQ kernel persistent and warp-specialised, a producer warpgroup
-  // issuing its loads (kernel_source_bwd_dq_persist.cpp; KILN_FLEX_BWD_DQ_PERSIST=1).
-  bool bwd_dq_persist = false;
-  // The persistent dQ kernel's K / V stages.
-  int dq_persist_stages() const { return 2; }
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;
@@ -197,23 +192,19 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
 
 // The kernel templates, concatenated once by kernel_template() (kernel_source.cpp) in this order:
 // prelude, wgmma helpers (kernel_source_wgmma.cpp), walks and mod_score (kernel_source_walks.cpp),
-// the persistent kernels' shared parts (kernel_source_persist_common.cpp), the forward's tiles and
-// kernel (kernel_source_fwd.cpp), the persistent forward (kernel_source_persist.cpp) and the backward:
-// its shared part and flex_bwd_pre (kernel_source_bwd.cpp), the dQ kernel (kernel_source_bwd_dq.cpp),
-// the persistent dQ kernel (kernel_source_bwd_dq_persist.cpp) and the dK/dV kernel
-// (kernel_source_bwd_dkdv.cpp).
+// the forward's tiles and kernel (kernel_source_fwd.cpp), the persistent forward
+// (kernel_source_persist.cpp) and the backward: its shared part and flex_bwd_pre (kernel_source_bwd.cpp),
+// the dQ kernel (kernel_source_bwd_dq.cpp) and the dK/dV kernel (kernel_source_bwd_dkdv.cpp).
 const std::string& kernel_template();
 const char* params_struct_source();
 const char* kernel_prelude();
 const char* wgmma_helpers_source();
 const char* kernel_walks();
-const char* kernel_persist_common();
 const char* kernel_forward_tiles();
 const char* kernel_forward();
 const char* kernel_forward_persist();
 const char* kernel_backward_common();
 const char* kernel_backward_dq();
-const char* kernel_backward_dq_persist();
 const char* kernel_backward_dkdv();
 
 }  // namespace kiln::flex::cuda

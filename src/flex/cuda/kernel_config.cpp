@@ -274,13 +274,6 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // is P (dP - delta) as without one.
   cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 &&
                     (!p.score || detail::score_grad_is_one(*p.score));
-  // The dQ kernel persistent and warp-specialised (kernel_source_bwd_dq_persist.cpp; a measurement
-  // switch, KILN_FLEX_BWD_DQ_PERSIST=1). Not faster (H200, session 19, 0231980, fwd+bwd ms, two
-  // interleaved passes, 0 -> 1: window E 128 1.248, 1.206 -> 1.215, 1.185; window 1024 2.650, 2.636 ->
-  // 2.722, 2.672; window E 64 0.387, 0.386 -> 0.406, 0.410; 16 documents 5.07, 5.06 -> 5.29, 5.22;
-  // ALiBi 9.97, 10.00 -> 11.20, 10.15): its prologue went, its waits for K and V did not (Nsight
-  // Compute, E 128 window: L2 throughput 62-74 %, DRAM 1.9-2.0 TB/s, either way).
-  cfg.bwd_dq_persist = cfg.bwd_paired && env_flag("KILN_FLEX_BWD_DQ_PERSIST", false);
   // Short rows at E = 64 (where the forward takes 64 x 64 tiles, fewer than 6 blocks a row) run more
   // CTAs an SM: the forward held to 93 registers (5 CTAs instead of 4) and the wgmma dK/dV kernel to
   // 168 (3 instead of 2; not with captured-tensor gradients, which spill ~800 bytes there); no

@@ -137,61 +137,6 @@ __device__ __forceinline__ void dq_tile_ds_from_p(float (*p)[4], const float (*d
 }
 #endif
 
-#if MASK_RANGES
-#define DQ_RUNS_PARAM , const Run(&runs)[2]
-#define DQ_RUNS_ARG , runs
-#else
-#define DQ_RUNS_PARAM
-#define DQ_RUNS_ARG
-#endif
-#if BWD_SPLIT_P
-// A tile's s becomes P by its kind: interior, a partial block's keep bits (MASK_BITS), its rows'
-// runs (MASK_RANGES) or the mask evaluated.
-__device__ __forceinline__ void dq_tile_p_of(const FlexParams& P, float (*s)[4], i64 b, i64 h, const i64* rows, i64 c0,
-                                             int t, bool partial, bool interior, const float* lse2, i64 mrow,
-                                             int slot0 DQ_RUNS_PARAM) {
-  if (interior) dq_tile_p<true>(P, s, b, h, rows, c0, t, partial, lse2);
-#if MASK_BITS
-  else if (P.mbits && partial)
-    dq_tile_p<false, true>(P, s, b, h, rows, c0, t, true, lse2, P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
-#endif
-#if MASK_RANGES
-  else dq_tile_p_runs(P, s, b, h, rows, c0, t, lse2, runs);
-#else
-  else dq_tile_p<false>(P, s, b, h, rows, c0, t, partial, lse2);
-#endif
-}
-#endif
-// A tile's s becomes dS (from dp) by its kind, as dq_tile_p_of.
-__device__ __forceinline__ void dq_tile_ds_of(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
-                                              const i64* rows, i64 c0, int t, bool partial, bool interior,
-                                              const float* lse2, const float* delta, i64 mrow, int slot0 DQ_RUNS_PARAM) {
-  if (interior) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
-#if MASK_BITS
-  else if (P.mbits && partial)
-    dq_tile_ds_bits(P, s, dp, b, h, rows, c0, t, lse2, delta, P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
-#endif
-#if MASK_RANGES
-  else dq_tile_ds_runs(P, s, dp, b, h, rows, c0, t, lse2, delta, runs);
-#else
-  else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
-#endif
-}
-
-// This thread's two rows of dQ (rows[r] of (b, h) row bh; rows past L skipped), scaled, to global.
-__device__ __forceinline__ void dq_store_rows(const FlexParams& P, const float (*dq)[4], i64 bh, const i64* rows,
-                                              int t) {
-  const float sc = P.scale_f;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (rows[r] >= P.L) continue;
-    u16* dg = (u16*)P.dq + (bh * P.L + rows[r]) * HEAD_DIM;
-#pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
-  }
-}
-
-#if !BWD_DQ_PERSIST
 extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -281,7 +226,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     DQ_RUNS();
     wg_wait<1>();
     reg_fence<TILE_N / 8>(s);
-    dq_tile_p_of(P, s, b, h, rows, c0, t, partial, interior, lse2, mrow, slot0 DQ_RUNS_ARG);
+    if (interior) dq_tile_p<true>(P, s, b, h, rows, c0, t, partial, lse2);
+#if MASK_BITS
+    else if (P.mbits && partial)
+      dq_tile_p<false, true>(P, s, b, h, rows, c0, t, true, lse2, P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
+#endif
+#if MASK_RANGES
+    else dq_tile_p_runs(P, s, b, h, rows, c0, t, lse2, runs);
+#else
+    else dq_tile_p<false>(P, s, b, h, rows, c0, t, partial, lse2);
+#endif
     wg_wait<0>();
     reg_fence<TILE_N / 8>(dp);
     PROF_MARK(4);
@@ -312,7 +266,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     BWD_ABT(s, Qw, Kb, LDSM_B_Q);
 #endif
     PROF_MARK(4);
-    dq_tile_ds_of(P, s, dp, b, h, rows, c0, t, partial, interior, lse2, delta, mrow, slot0 DQ_RUNS_ARG);
+    if (interior) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+#if MASK_BITS
+    else if (P.mbits && partial)
+      dq_tile_ds_bits(P, s, dp, b, h, rows, c0, t, lse2, delta,
+                      P.mbits + (mrow * P.kv_m + slot0) * (P.QB * P.KB / 32));
+#endif
+#if MASK_RANGES
+    else dq_tile_ds_runs(P, s, dp, b, h, rows, c0, t, lse2, delta, runs);
+#else
+    else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
+#endif
 #endif  // BWD_SPLIT_P
     PROF_MARK(5);
     BWD_PB(dq, s, Kb, LDSM_B_Q);  // dQ += dS K
@@ -388,11 +352,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
   }
   cp_async_wait<0>();  // nothing in flight when the CTA ends (Q and dO with an empty list)
 #endif
-  dq_store_rows(P, dq, bh, rows, t);
+  const float sc = P.scale_f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rows[r] >= P.L) continue;
+    u16* dg = (u16*)P.dq + (bh * P.L + rows[r]) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
+  }
   PROF_MARK(7);
   PROF_FLUSH(8);
 }
-#endif  // !BWD_DQ_PERSIST
 
 )kiln_src";
 }

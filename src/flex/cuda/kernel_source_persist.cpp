@@ -23,9 +23,10 @@ const char* kernel_forward_persist() {
 // its last tile's V buffer by one bulk tensor store, so the consumers do not wait for their global
 // stores; that stage's V is released once the store has read it.
 // Every unit's arithmetic is the default forward's: the same bits.
-// The producer is a whole warpgroup (PERSIST_CONSUMER_REGS, kernel_source_persist_common.cpp): the
-// consumers take 232 registers with 128-row tiles (two consumer warpgroups), where the launch's 168
-// spilled.
+// The producer is a whole warpgroup, so that setmaxnreg can move its registers to the consumers
+// (it takes the warpgroup): ptxas holds the kernel to the launch's share of the register file, the
+// producer drops to 40 (at 24 its walk spilled) and the consumers take the rest (232 with 128-row
+// tiles: two consumer warpgroups, where the launch's 168 spilled; FlashAttention-3's split).
 #define FWD_CTA_THREADS (FWD_THREADS + 128)
 #if FWD_TILE_M > FWD_TILE_N
 #error "the persistent forward stages a unit's output in a V tile: FWD_TILE_M <= FWD_TILE_N"
@@ -34,17 +35,75 @@ const char* kernel_forward_persist() {
 // E = 64; else two (at three, 80 registers a thread before setmaxnreg, ptxas could not place the
 // 64 x 128 tile's product).
 #define FWD_PERSIST_MIN_BLOCKS (FWD_TILE_M == 128 ? 1 : HEAD_DIM == 64 && FWD_TILE_N == 64 ? 3 : 2)
-#define FWD_CONSUMER_REGS PERSIST_CONSUMER_REGS(FWD_THREADS, FWD_PERSIST_MIN_BLOCKS)
+#define FWD_LAUNCH_REGS (65536 / (FWD_PERSIST_MIN_BLOCKS * FWD_CTA_THREADS) / 8 * 8)
+#define FWD_PRODUCER_REGS 40
+#define FWD_CONSUMER_REGS ((FWD_LAUNCH_REGS * FWD_CTA_THREADS - FWD_PRODUCER_REGS * 128) / FWD_THREADS / 8 * 8)
+
+// Unit u's (b, h) row of q / out and first query row.
+__device__ __forceinline__ void fwd_unit(const FlexParams&, i64 q_tiles, i64 u, i64& bh, i64& r0) {
+  bh = u / q_tiles;
+  r0 = (q_tiles - 1 - u % q_tiles) * FWD_TILE_M;
+}
+__device__ __forceinline__ i64 fwd_unit_mrow(const FlexParams& P, i64 bh, i64 r0) {
+  return P.all_full ? 0 : mask_row(P, bh / P.Hq, bh % P.Hq) * P.nQB + r0 / P.QB;
+}
+
+// The tiles of this CTA's units in order (blockIdx.x < the unit count: the host's grid).
+struct UnitStream {
+  const FlexParams& P;
+  i64 q_tiles, units, u;
+  TileWalk tw;
+  __device__ __forceinline__ static TileWalk walk_of(const FlexParams& P, i64 q_tiles, i64 u) {
+    i64 bh, r0;
+    fwd_unit(P, q_tiles, u, bh, r0);
+    return TileWalk(BlockWalk(P, KV_LISTS(P), fwd_unit_mrow(P, bh, r0), P.nKVB), P.KB, P.S, FWD_TILE_N);
+  }
+  __device__ __forceinline__ UnitStream(const FlexParams& p, i64 qt)
+      : P(p), q_tiles(qt), units(p.B * p.Hq * qt), u(blockIdx.x), tw(walk_of(p, qt, blockIdx.x)) {}
+  __device__ __forceinline__ bool next(i64& unit, i64& c, bool& partial, int& slot) {
+    for (;;) {
+      if (tw.next(c, partial, &slot)) {
+        unit = u;
+        return true;
+      }
+      u += gridDim.x;
+      if (u >= units) return false;
+      tw = walk_of(P, q_tiles, u);
+    }
+  }
+};
 
 // A unit without blocks: zero rows and lse -inf (what the default forward writes for it), by the
 // consumer threads.
 __device__ __forceinline__ void fwd_store_empty(const FlexParams& P, i64 q_tiles, i64 u) {
   i64 bh, r0;
-  persist_unit<FWD_TILE_M>(q_tiles, u, bh, r0);
+  fwd_unit(P, q_tiles, u, bh, r0);
   const i64 rows = P.L - r0 < FWD_TILE_M ? P.L - r0 : FWD_TILE_M;
   u32* og = (u32*)((u16*)P.out + (bh * P.L + r0) * HEAD_DIM);
   for (i64 i = threadIdx.x; i < rows * HEAD_DIM / 2; i += FWD_THREADS) og[i] = 0u;
   for (i64 i = threadIdx.x; i < rows; i += FWD_THREADS) P.lse[bh * P.L + r0 + i] = NEG_INF;
+}
+
+// What the producer tells the consumers about the tile in a stage (written before it arms the
+// stage's K barrier, whose arrival releases it to the waiting consumers).
+struct FwdStageTile {
+  i64 unit, c0;
+  int slot, flags;  // FWD_TILE_*: FIRST: the unit's first tile (its Q came with K); LAST; END: no tile
+};
+#define FWD_TILE_FIRST 1
+#define FWD_TILE_LAST 2
+#define FWD_TILE_END 4
+#define FWD_TILE_PARTIAL 8
+
+// One arrival on a barrier (a consumer warp's release, or the producer's end marker); n arrivals.
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_n(u64* bar, u32 n) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_init_count(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
 // The unit's output rows (this thread's o, m, l; row_base as the default forward's) normalised into
@@ -83,6 +142,55 @@ __device__ __forceinline__ void fwd_store_tma(const FlexParams& P, u16* buf, con
   }
 }
 
+// The next stage after x.
+__device__ __forceinline__ int fwd_next_stage(int x) { return x + 1 == FWD_PSTAGES ? 0 : x + 1; }
+
+// The producer (one thread of the last warpgroup): every tile of this CTA's units into the stages in
+// turn, its K once the consumers are done with the stage's last K (and tile record), its V once they
+// are done with the last V; a unit's Q with its first K, once the unit before has done its last
+// Q K^T. Then the end marker.
+__device__ __forceinline__ void fwd_produce(const FlexParams& P, i64 q_tiles, u16* Qs, u16* Ks, u64* full, u64* kempty,
+                                            u64* vempty, u64* qempty, FwdStageTile* tiles) {
+  UnitStream stream(P, q_tiles);
+  i64 u0 = 0, c0 = 0, u1 = 0, c1 = 0;
+  bool p0 = false, p1 = false;
+  int s0 = 0, s1 = 0;
+  bool more = stream.next(u0, c0, p0, s0);
+  bool more1 = more && stream.next(u1, c1, p1, s1);
+  u32 kphase = ~0u, vphase = ~0u, qphase = 1u;  // parities to wait for: a fresh barrier's "previous phase" is complete
+  int x = 0;
+  bool first = true;
+  while (more) {
+    mbar_wait(&kempty[x], (kphase >> x) & 1);
+    kphase ^= 1u << x;
+    const bool last = !more1 || u1 != u0;
+    FwdStageTile& st = tiles[x];
+    st.unit = u0;
+    st.c0 = c0;
+    st.slot = s0;
+    st.flags = (first ? FWD_TILE_FIRST : 0) | (last ? FWD_TILE_LAST : 0) | (p0 ? FWD_TILE_PARTIAL : 0);
+    i64 bh, r0;
+    fwd_unit(P, q_tiles, u0, bh, r0);
+    const i64 bhk = bh / P.Hq * P.Hkv + bh % P.Hq / P.G;
+    if (first) {
+      mbar_wait(qempty, qphase & 1);
+      qphase ^= 1u;
+      tma_tile(Qs, P.qmap, &full[x], r0, bh, FWD_TILE_M, false);  // Q's bytes join K's phase
+    }
+    tma_tile(Ks + x * 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &full[x], c0, bhk, FWD_TILE_N);
+    mbar_wait(&vempty[x], (vphase >> x) & 1);
+    vphase ^= 1u << x;
+    tma_tile(Ks + (x * 2 + 1) * FWD_TILE_N * HEAD_DIM, P.vmap, &full[FWD_PSTAGES + x], c0, bhk, FWD_TILE_N);
+    first = last;
+    u0 = u1, c0 = c1, p0 = p1, s0 = s1, more = more1;
+    more1 = more && stream.next(u1, c1, p1, s1);
+    x = fwd_next_stage(x);
+  }
+  mbar_wait(&kempty[x], (kphase >> x) & 1);
+  tiles[x].flags = FWD_TILE_END;
+  mbar_arrive(&full[x]);
+}
+
 extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BLOCKS)
     flex_fwd(const __grid_constant__ FlexParams P) {
   PROF_DECL
@@ -94,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   // kempty[x] / vempty[x]: the consumer warps are done with its K / V (a V holding a unit's output:
   // its store has read it); qempty: every consumer warp has done the unit's last Q K^T.
   __shared__ __align__(8) u64 full[2 * FWD_PSTAGES], kempty[FWD_PSTAGES], vempty[FWD_PSTAGES], qempty[1];
-  __shared__ StageTile tiles[FWD_PSTAGES];
+  __shared__ FwdStageTile tiles[FWD_PSTAGES];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M, units = P.B * P.Hq * q_tiles;
   if (threadIdx.x == 0) {
@@ -108,10 +216,8 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them; no block barrier after this
   if (warp >= FWD_WARPS) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PERSIST_PRODUCER_REGS));
-    if (threadIdx.x == FWD_THREADS)
-      persist_produce<FWD_TILE_M, FWD_TILE_N, FWD_PSTAGES, false>(P, q_tiles, Qs, Ks, full, kempty, vempty, qempty,
-                                                                 tiles);
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FWD_PRODUCER_REGS));
+    if (threadIdx.x == FWD_THREADS) fwd_produce(P, q_tiles, Qs, Ks, full, kempty, vempty, qempty, tiles);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FWD_CONSUMER_REGS));
@@ -124,26 +230,26 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   i64 stored = blockIdx.x;  // this CTA's first unit not yet written (units without tiles are skipped)
   float o[FWD_MT][HEAD_DIM / 8][4], m[FWD_MT][2], l[FWD_MT][2];
   u32 kphase = 0;
-  for (int x = 0;; x = next_stage<FWD_PSTAGES>(x)) {
+  for (int x = 0;; x = fwd_next_stage(x)) {
     mbar_wait(&full[x], (kphase >> x) & 1);  // K (and a first Q) landed, and the tile record
     PROF_MARK(1);
-    const StageTile tile = tiles[x];
+    const FwdStageTile tile = tiles[x];
     if (threadIdx.x == 0 && storing >= 0) {  // the last unit's store had this wait to read its buffer
       asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
       mbar_arrive_n(&vempty[storing], FWD_WARPS);
       storing = -1;
     }
-    if (tile.flags & PTILE_END) break;
+    if (tile.flags & FWD_TILE_END) break;
     const i64 c0 = tile.c0;
-    const bool partial = tile.flags & PTILE_PARTIAL;
-    if (tile.flags & PTILE_FIRST) {
+    const bool partial = tile.flags & FWD_TILE_PARTIAL;
+    if (tile.flags & FWD_TILE_FIRST) {
       for (; stored < tile.unit; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
       stored = tile.unit + gridDim.x;
-      persist_unit<FWD_TILE_M>(q_tiles, tile.unit, bh, r0);
+      fwd_unit(P, q_tiles, tile.unit, bh, r0);
       b = bh / P.Hq;
       h = bh % P.Hq;
       row_base = r0 + warp * 16 * FWD_MT + g;
-      mrow = persist_unit_mrow(P, bh, r0);
+      mrow = fwd_unit_mrow(P, bh, r0);
       rows_in = r0 + FWD_TILE_M <= P.L;
 #pragma unroll
       for (int mt = 0; mt < FWD_MT; ++mt) {
@@ -160,7 +266,7 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
     __syncwarp();  // the warp's Q K^T was waited for: its reads of K (and Q) are over
     if (lane == 0) {
       mbar_arrive(&kempty[x]);
-      if (tile.flags & PTILE_LAST) mbar_arrive(qempty);
+      if (tile.flags & FWD_TILE_LAST) mbar_arrive(qempty);
     }
     PROF_MARK(3);
     mbar_wait(&full[FWD_PSTAGES + x], (kphase >> x) & 1);  // V landed
@@ -168,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
     PROF_MARK(4);
     wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
     PROF_MARK(5);
-    if (tile.flags & PTILE_LAST) {
+    if (tile.flags & FWD_TILE_LAST) {
       fwd_store_tma(P, Vx, o, m, l, bh, r0, row_base, t);
       storing = x;
     } else {
