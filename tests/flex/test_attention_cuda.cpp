@@ -188,6 +188,13 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     const detail::Program wp = detail::compile(masks[1].expr), ap = detail::compile(scores[0].expr);
     EXPECT_NE(cuda::generate_source(&ap, &wp, cfg).find("#define MASK_RANGES 1"), std::string::npos);
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&ap, &wp, cfg), "sm_90a"));
+    cfg.bwd_fused = true;  // the fused backward (E = 128): the window's runs with split P, then softcap's joint P / dS
+    EXPECT_NE(cuda::generate_source(&ap, &wp, cfg).find("#define BWD_FUSED 1"), std::string::npos);
+    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&ap, &wp, cfg), "sm_90a"));
+    const detail::Program cp = detail::compile(scores[1].expr);
+    cfg.bwd_split_p = false;
+    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
+    cfg.bwd_fused = false;
     cfg.mask_ranges = cfg.fwd_keepbits = cfg.bwd_split_p = cfg.bwd_paired = cfg.bwd_tma = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
@@ -1095,6 +1102,48 @@ TEST(FlexAttentionCuda, PersistentForwardMatchesReferenceAndDefaultBits) {
   }
 }
 
+// KILN_FLEX_BWD_FUSED=1: dQ formed in the dK/dV kernel over 128-row kv units, its parts added by
+// ordered bulk reductions (kernel_source_bwd_fused.cpp). Its sums run in another order than the dQ
+// kernel's, so: against the reference (causal; rows that attend nothing; a window, GQA; softcap's
+// joint P / dS; lengths off the blocks), the same bits run to run, and the same with every listed
+// block marked partial. By default on the caller's 128-blocks while the backward's are halved (not
+// with softcap: no fused backward there), then with the blocks kept for both (KILN_FLEX_HALVE_BLOCKS=0).
+void check_fused_backward() {
+  GpuCase c;
+  c.E = 128;
+  c.Hq = 4;
+  c.L = 700;
+  c.S = 900;
+  const MaskMod causal = causal_mask(), late = MaskMod([](Expr, Expr, Expr q, Expr kv) { return kv < q - 69; }),
+                window = sliding_window_mask(300);
+  check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
+  check_cuda(c, kFloat16, &late, [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < q - 69; }, ScoreMod(),
+             nullptr);
+  check_cuda(c, kBFloat16, &window, [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 300; },
+             ScoreMod(), nullptr);
+  check_cuda(c, kBFloat16, &causal, kCausal, softcap(5.0), kSoftcap5);
+  const Tensor q = randn({2, 4, c.L, 128}), k = randn({2, 2, c.S, 128}), v = randn({2, 2, c.S, 128}),
+               cot = randn({2, 4, c.L, 128});
+  const BlockMask bm = create_block_mask(window, 1, 1, c.L, c.S);
+  FlexOptions o;
+  o.block_mask = &bm;
+  o.enable_gqa = true;
+  const FlexRun a = run_on(kGpu, kBFloat16, q, k, v, o, cot);
+  EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot))) << "two fused backward runs differ";
+  const BlockMask partial = all_partial(bm, 128);
+  o.block_mask = &partial;
+  EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot))) << "full vs partial changes the fused backward";
+}
+
+TEST(FlexAttentionCuda, FusedBackwardMatchesReferenceAndIsDeterministic) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(57);
+  const ScopedEnv fused("KILN_FLEX_BWD_FUSED", "1");
+  check_fused_backward();
+  const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
+  check_fused_backward();
+}
+
 // Short rows at E = 128 (a window): by default the persistent forward runs on the caller's 128-blocks
 // with 128 x 128 tiles while the backward walks the halved 64-blocks. Against the reference, and the
 // forward bit for bit the one with the blocks kept for both (KILN_FLEX_HALVE_BLOCKS=0), which runs
@@ -1336,6 +1385,20 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
   EXPECT_EQ(c.fwd_tile_m, 128);
   EXPECT_EQ(c.fwd_tile_n, 128);
   EXPECT_TRUE(c.fwd_last_issues) << "two warpgroups a CTA: the last warp done with a stage issues";
+  // The fused backward (a measurement switch): E = 128 with merged lists or no BlockMask, no
+  // captured-tensor gradients.
+  EXPECT_FALSE(config(9).bwd_fused);
+  {
+    const ScopedEnv on("KILN_FLEX_BWD_FUSED", "1");
+    EXPECT_FALSE(config(9).bwd_fused) << "two lists a row";
+    p.all_full = true;
+    EXPECT_TRUE(config(9).bwd_fused);
+    EXPECT_FALSE(config(9, 100).bwd_fused) << "captured-tensor gradients";
+    p.E = p.Ev = 64;
+    EXPECT_FALSE(config(9).bwd_fused) << "E = 64";
+    p.E = p.Ev = 128;
+    p.all_full = false;
+  }
   // A score_mod: no split P, no folded scale.
   const detail::Program soft = detail::compile(softcap(30.0).expr);
   p.score = &soft;

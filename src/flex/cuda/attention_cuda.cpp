@@ -43,6 +43,7 @@ struct State {
   int fwd_threads = kThreads;
   int64_t fwd_q_tiles = 0;
   int64_t fwd_grid = 0;  // CTAs of the forward: one per q tile, or what fits at once (fwd_persist)
+  bool fused_on_fwd_blocks = false;  // bwd_fused where the backward's blocks are halved: it walks fwd_p's
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
   bool profile = false;        // KILN_FLEX_PROFILE: print the kernels' phase cycles
@@ -298,9 +299,20 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   const auto tiles_bytes = [&](int64_t tiles) {
     return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * padded_row(p.E) * 2;
   };
+  // The fused backward walks 128-row kv blocks: the caller's where the backward's are halved.
+  if (cfg.bwd_fused) {
+    const cpu::Problem& fp = fwd_p ? *fwd_p : p;
+    st->fused_on_fwd_blocks = fwd_p != nullptr;
+    if (fp.KB != KernelConfig::kFusedKv || fp.QB % kTileM != 0 || (!fp.all_full && !fp.q_all_idx)) cfg.bwd_fused = false;
+  }
   const int64_t q_sets = cfg.bwd_tma ? 2 : cfg.bwd_qbuf;
   st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
   st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
+  // The fused one: 128-row K and V, two Q / dO buffers, the dS^T tile [128 x 64], the fp32 part [64 x E]
+  // and two buffers of lse2 / delta rows.
+  if (cfg.bwd_fused)
+    st->bwd_dkdv_smem = (2 * KernelConfig::kFusedKv + 4 * kTileM) * p.E * 2 + KernelConfig::kFusedKv * kTileM * 2 +
+                        kTileM * p.E * 4 + 4 * kTileM * 4 + 1024;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, fwd_p ? &st->fwd_cfg : nullptr, device.index, st->fwd_smem, st->bwd_smem);
@@ -357,6 +369,30 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   return read_error(st, err);
 }
 
+namespace {
+
+// The fused backward (KernelConfig::bwd_fused) after the preprocess: flex_bwd_dkdv over 128-row kv
+// units (on the caller's blocks where the backward's are halved; 128-row K / V boxes) adds dQ's fp32
+// parts into zeroed sums in a fixed order, and flex_bwd_dq writes dQ from them.
+void launch_fused_backward(const State& st, const FlexParams& P, void* stream) {
+  const cpu::Problem& p = st.p;
+  const TensorOptions dev = TensorOptions().device(st.device);
+  FlexParams F = P;
+  if (st.fused_on_fwd_blocks) set_block_lists(F, st.fwd_p);
+  F.kv_tiles = ceil_div(p.S, KernelConfig::kFusedKv);
+  const bool bf16 = st.dtype == kBFloat16;
+  encode_tile_map(F.kmap, F.k, bf16, p.B * p.Hkv, p.S, p.E, KernelConfig::kFusedKv);
+  encode_tile_map(F.vmap, F.v, bf16, p.B * p.Hkv, p.S, p.E, KernelConfig::kFusedKv);
+  const int64_t n = p.B * p.Hq * p.L * p.E;
+  const Tensor sums = zeros({n}, dev.dtype(kFloat32)), turns = zeros({p.B * p.Hq * P.q_tiles}, dev.dtype(kInt32));
+  F.dqacc = sums.data_ptr<float>();
+  F.dqsem = reinterpret_cast<unsigned*>(turns.data_ptr<int32_t>());
+  launch(st.kernels->bwd_dkdv, p.B * p.Hkv * F.kv_tiles, 2 * kThreads, st.bwd_dkdv_smem, stream, &F);
+  launch(st.kernels->bwd_dq, ceil_div(n / 8, kThreads), kThreads, 0, stream, &F);
+}
+
+}  // namespace
+
 bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
               const Tensor& dout_in, const Tensor& lse, const Tensor& dlse, Tensor& dq, Tensor& dk, Tensor& dv,
               std::vector<std::vector<double>>& cap_grads) {
@@ -412,6 +448,10 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
   // fills the other's last wave and launch gaps (H200, session 11, fwd+bwd: 16 documents 5.74 ->
   // 5.46 ms, causal 4x16x8192 10.37 -> 10.18, window E 64 0.58 -> 0.56; the rest within noise).
   // KILN_FLEX_BWD_CONCURRENT=0 runs them in turn, as does the profile (one kernel at a time).
+  if (st.cfg.bwd_fused) {
+    launch_fused_backward(st, P, stream);
+    return read_error(st, err);
+  }
   std::optional<kiln::cuda::SideStream> side;
   if (!st.profile && env_flag("KILN_FLEX_BWD_CONCURRENT", true)) {
     side.emplace(st.device.index, stream);

@@ -57,6 +57,8 @@ struct FlexParams {
   // backward's), read by bulk tensor copies; omap: out's, written by the persistent forward's bulk
   // tensor stores; unused otherwise.
   alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
+  float* dqacc;     // bwd_fused: dQ's fp32 sums [B, Hq, L, E], zeroed before the dK/dV kernel adds into them
+  unsigned* dqsem;  // bwd_fused: the parts added to each 64-row q tile of each (b, h) so far, zeroed
 };
 
 // What a generated source depends on besides the mods (a field added here joins the kernel
@@ -110,6 +112,12 @@ struct KernelConfig {
   // its dP product is still in flight, then dS (the default on sm_90; KILN_FLEX_BWD_SPLIT_P=0 turns
   // it off).
   bool bwd_split_p = false;
+  // The fused backward (kernel_source_bwd_fused.cpp; KILN_FLEX_BWD_FUSED=1): flex_bwd_dkdv forms dQ too,
+  // over 128-row kv units, and flex_bwd_dq converts its sums. E = 128, paired TMA products, no
+  // captured-tensor gradients, merged lists; make_state also needs 128-row kv blocks.
+  bool bwd_fused = false;
+  // Its kv rows a CTA.
+  static constexpr int kFusedKv = 128;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;
@@ -194,7 +202,8 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
 // prelude, wgmma helpers (kernel_source_wgmma.cpp), walks and mod_score (kernel_source_walks.cpp),
 // the forward's tiles and kernel (kernel_source_fwd.cpp), the persistent forward
 // (kernel_source_persist.cpp) and the backward: its shared part and flex_bwd_pre (kernel_source_bwd.cpp),
-// the dQ kernel (kernel_source_bwd_dq.cpp) and the dK/dV kernel (kernel_source_bwd_dkdv.cpp).
+// the dQ kernel (kernel_source_bwd_dq.cpp), the dK/dV kernel (kernel_source_bwd_dkdv.cpp) and the
+// fused backward (kernel_source_bwd_fused.cpp).
 const std::string& kernel_template();
 const char* params_struct_source();
 const char* kernel_prelude();
@@ -206,5 +215,6 @@ const char* kernel_forward_persist();
 const char* kernel_backward_common();
 const char* kernel_backward_dq();
 const char* kernel_backward_dkdv();
+const char* kernel_backward_fused();
 
 }  // namespace kiln::flex::cuda

@@ -5,7 +5,8 @@
 // file holds the parameter block, the prelude and their assembly (kernel_template); the walks and
 // mod_score are in kernel_source_walks.cpp, the forward in kernel_source_fwd.cpp (and
 // kernel_source_persist.cpp), the backward kernels in kernel_source_bwd.cpp (shared part, flex_bwd_pre),
-// kernel_source_bwd_dq.cpp and kernel_source_bwd_dkdv.cpp.
+// kernel_source_bwd_dq.cpp and kernel_source_bwd_dkdv.cpp (and the fused backward,
+// kernel_source_bwd_fused.cpp).
 //
 // Tiles (mma.sync): a CTA is 4 warps; each warp owns 16 rows of a 64 x 64 score tile and
 // accumulates in fp32 registers (mma C fragments). Q/K/V/dO tiles sit in shared memory with rows
@@ -64,6 +65,8 @@ struct FlexParams {
   const void* mptr[KILN_MAX_BUFFERS];
   i64 msize[KILN_MAX_BUFFERS][3], mstride[KILN_MAX_BUFFERS][3];
   alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
+  float* dqacc;
+  unsigned* dqsem;
 };
 static_assert(sizeof(FlexParams) == KILN_PARAMS_SIZE, "host and device FlexParams differ");
 
@@ -355,7 +358,8 @@ __device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const 
 const std::string& kernel_template() {
   static const std::string source = std::string(kernel_prelude()) + wgmma_helpers_source() + kernel_walks() +
                                     kernel_forward_tiles() + kernel_forward() + kernel_forward_persist() +
-                                    kernel_backward_common() + kernel_backward_dq() + kernel_backward_dkdv();
+                                    kernel_backward_common() + kernel_backward_dq() + kernel_backward_dkdv() +
+                                    kernel_backward_fused();
   return source;
 }
 

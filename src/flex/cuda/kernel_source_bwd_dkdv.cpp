@@ -130,6 +130,7 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
+#if !BWD_FUSED  // the fused backward's flex_bwd_dkdv forms dQ too (kernel_source_bwd_fused.cpp)
 extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -362,6 +363,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
   }
   PROF_FLUSH(16);
 }
+#endif  // !BWD_FUSED
 
 // capgrad[x] = sum over slots (slot-major, then warp) of slots[.][x]: a fixed order.
 extern "C" __global__ void flex_capgrad_reduce(const FlexParams P) {

@@ -1,0 +1,306 @@
+// The fused backward (BWD_FUSED; KILN_FLEX_BWD_FUSED=1) as source text, pasted after the dK/dV kernel
+// by kernel_template() (kernel_source.cpp): flex_bwd_dkdv forms dQ as well, and flex_bwd_dq only
+// converts its fp32 sums.
+#include "flex/cuda/codegen.h"
+
+namespace kiln::flex::cuda {
+
+const char* kernel_backward_fused() {
+  return R"kiln_src(#if KILN_BUILD_BWD && BWD_FUSED
+// FlashAttention-3's backward without its atomics. The window rows' two backward kernels re-read K / V
+// (dQ) and Q / dO (dK/dV) for every 64-row tile and recompute S and dP in both: on the E = 128 window
+// the dQ kernel kept L2 74 % busy (H200, session 19, Nsight Compute). Here a CTA holds 128 kv rows
+// (two warpgroups of 64, K and V loaded once), streams the q tiles of its kv block through two Q / dO
+// buffers, and each step also forms dQ's part dS K: each warpgroup's dS^T (bf16, as dK's product
+// takes it) goes into a shared tile [128 kv x 64 q], and warpgroup w multiplies it (M-major) by K's
+// columns 64 w.. (N-major); the fp32 part goes through shared memory into FlexParams::dqacc by one
+// bulk reduction (cp.reduce.async.bulk .add.f32). The parts of a q tile are added in ascending kv
+// block order: thread 0 waits until the tile's semaphore counts this block's rank in the tile's kv
+// list, adds, waits for the writes and counts on. Each CTA walks its q tiles in descending order, so
+// the parts it waits for come from lower units (launched earlier), which reach that tile early in
+// their own walks. No atomics decide a sum: the same bits every run, and whatever the full / partial
+// classification (the elements' arithmetic is the dK/dV kernel's). flex_bwd_dq then writes dQ =
+// scale dqacc in T. Needs the merged lists (or no BlockMask), E = 128, blocks of 128 kv rows, TMA and
+// paired products, no captured-tensor gradients (the host's rule).
+#if HEAD_DIM != 128 || !BWD_TMA || !BWD_PAIRED || HAS_CAP_GRAD
+#error "the fused backward takes E = 128, the TMA backward's paired products and no captured-tensor gradients"
+#endif
+#define FUSED_THREADS (2 * NTHREADS)
+#define FUSED_KV 128  // kv rows a CTA
+
+// The q tiles of kv block jblk, head by head of the group, each head's tiles in descending order
+// (merged lists; every block, full, without a BlockMask).
+struct GroupWalkDesc {
+  const FlexParams& P;
+  i64 b, hk, jblk, gi, base, i, r, rlo;
+  bool part;
+  __device__ __forceinline__ void head() {
+    const i64 mcol = P.all_full ? 0 : mask_row(P, b, hk * P.G + gi) * P.nKVB + jblk;
+    base = mcol * P.q_all_m;
+    i = P.all_full ? P.nQB : P.q_all_num[mcol];
+    r = rlo = 0;  // no block open
+  }
+  __device__ __forceinline__ GroupWalkDesc(const FlexParams& p, i64 b_, i64 hk_, i64 jblk_)
+      : P(p), b(b_), hk(hk_), jblk(jblk_), gi(0), base(0), i(0), r(0), rlo(0), part(false) {
+    head();
+  }
+  __device__ __forceinline__ bool next(i64& g, i64& r0, bool& partial) {
+    for (;;) {
+      if (r > rlo) {
+        r -= TILE_M;
+        g = gi;
+        r0 = r;
+        partial = part;
+        return true;
+      }
+      if (i > 0) {
+        --i;
+        int blk = (int)i;
+        part = false;
+        if (!P.all_full) {
+          const int e = P.q_all_idx[base + i];
+          blk = e >> 1;
+          part = e & 1;
+        }
+        rlo = (i64)blk * P.QB;
+        const i64 end = rlo + P.QB < P.L ? rlo + P.QB : P.L;
+        r = rlo + (end - rlo + TILE_M - 1) / TILE_M * TILE_M;  // one past the block's last tile start
+        continue;
+      }
+      if (++gi >= P.G) return false;
+      head();
+    }
+  }
+};
+
+// How many kv blocks below jblk q block ib of (b, h) lists: the parts added to its tiles before jblk's.
+__device__ __forceinline__ unsigned kv_rank(const FlexParams& P, i64 b, i64 h, i64 ib, i64 jblk) {
+  if (P.all_full) return (unsigned)jblk;
+  const i64 row = mask_row(P, b, h) * P.nQB + ib;
+  const int* idx = P.kv_all_idx + row * P.kv_all_m;
+  int lo = 0, hi = P.kv_all_num[row];
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if ((idx[mid] >> 1) < jblk) lo = mid + 1;
+    else hi = mid;
+  }
+  return (unsigned)lo;
+}
+
+// d[64 x 64] (+)= A B over one k16 step, A M-major and B N-major (both from shared memory).
+__device__ __forceinline__ void wgmma_ss_tt_n64(float (*d)[4], u64 a, u64 b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_T "." WG_T " "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%"
+      "30,%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void fused_bar() { asm volatile("bar.sync 1, %0;" ::"n"(FUSED_THREADS) : "memory"); }
+
+// lse2 and delta of q rows r0.. of (b, h) row bh into rows (lse2, then delta), by cp.async from every thread.
+__device__ __forceinline__ void fused_load_rows(float* rows, const FlexParams& P, i64 bh, i64 r0) {
+  if (threadIdx.x >= 2 * TILE_M) return;
+  const int r = threadIdx.x % TILE_M;
+  const bool in = r0 + r < P.L;
+  const float* src = (threadIdx.x < TILE_M ? P.lse2 : P.delta) + (in ? bh * P.L + r0 + r : 0);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(rows + threadIdx.x)), "l"(src),
+               "r"(in ? 4 : 0)
+               : "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
+  extern __shared__ __align__(16) u16 smem[];
+  u16* Ks = wg_smem_base(smem);                    // [128 kv x E], one 128-row box
+  u16* Vs = Ks + FUSED_KV * HEAD_DIM;
+  u16* Qs = Vs + FUSED_KV * HEAD_DIM;              // two 64-row buffers
+  u16* dOs = Qs + 2 * TILE_M * HEAD_DIM;           // two 64-row buffers
+  u16* dSt = dOs + 2 * TILE_M * HEAD_DIM;          // [128 kv x 64 q], bf16, one swizzled panel
+  float* dQbuf = (float*)(dSt + FUSED_KV * TILE_M);  // [64 q x E] fp32, row-major (dqacc's layout)
+  float* rows_s = dQbuf + TILE_M * HEAD_DIM;       // two buffers of lse2 then delta (2 x 64 floats each)
+  __shared__ __align__(8) u64 bars[2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wg = warp >> 2,
+            wq = warp & 3;
+  const i64 u = blockIdx.x, tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
+  const i64 c0 = tile * FUSED_KV, jblk = c0 / P.KB, w0 = c0 + wg * 64;
+  const i64 cols[2] = {w0 + wq * 16 + g, w0 + wq * 16 + g + 8};  // this thread's kv rows
+  const bool kv_in = w0 + 64 <= P.S;
+  float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];
+#pragma unroll
+  for (int n = 0; n < HEAD_DIM / 8; ++n) {
+    dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
+    dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
+  }
+  u32 phase = 0;
+  if (threadIdx.x == 0) mbar_init_all(bars, 2);
+  __syncthreads();
+  GroupWalkDesc walk(P, b, hk, jblk);
+  i64 gi, r0;
+  bool partial;
+  bool more = walk.next(gi, r0, partial);
+  int cur = 0;
+  auto load_q_tile = [&](int buf, i64 gq, i64 row0) {
+    const i64 bh = b * P.Hq + hk * P.G + gq;
+    if (threadIdx.x == 0) {
+      tma_tile(Qs + buf * TILE_M * HEAD_DIM, P.qmap, &bars[buf], row0, bh, TILE_M, false);
+      tma_tile(dOs + buf * TILE_M * HEAD_DIM, P.domap, &bars[buf], row0, bh, TILE_M);
+    }
+    fused_load_rows(rows_s + buf * 2 * TILE_M, P, bh, row0);
+  };
+  if (more && threadIdx.x == 0) {  // K and V (128-row boxes) with the first q tile
+    tma_tile(Ks, P.kmap, &bars[0], c0, bhk, FUSED_KV, false);
+    tma_tile(Vs, P.vmap, &bars[0], c0, bhk, FUSED_KV, false);
+  }
+  if (more) load_q_tile(0, gi, r0);
+  cp_async_commit();
+  while (more) {
+    const i64 h = hk * P.G + gi, bh = b * P.Hq + h;
+    mbar_wait(&bars[cur], (phase >> cur) & 1);  // this tile's Q and dO (and K / V on the first) landed
+    phase ^= 1u << cur;
+    cp_async_wait<0>();  // its lse2 / delta rows
+    if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // dQbuf read
+    SMEM_PROXY_FENCE();
+    __syncthreads();  // ... for every thread; the other buffer, dSt and dQbuf are free
+    i64 gi_n, r0_n;
+    bool p_n;
+    const bool more_n = walk.next(gi_n, r0_n, p_n);
+    if (more_n) load_q_tile(cur ^ 1, gi_n, r0_n);
+    cp_async_commit();
+    const u16* Qc = Qs + cur * TILE_M * HEAD_DIM;
+    const u16* dOc = dOs + cur * TILE_M * HEAD_DIM;
+    const float* lse2_c = rows_s + cur * 2 * TILE_M;
+    float s[TILE_M / 8][4], dp[TILE_M / 8][4];
+    // S^T and dP^T of this warpgroup's 64 kv rows (rows 64 wg.. of the 128-row K and V tiles).
+    wg_abt_issue<64>(s, Ks, FUSED_KV, wg * 64, Qc);
+    wg_abt_issue<64>(dp, Vs, FUSED_KV, wg * 64, dOc);
+#if BWD_SPLIT_P
+    const bool interior = !partial && r0 + TILE_M <= P.L && kv_in;
+#if MASK_RANGES
+    Run runs[2];
+    if (!interior) dkdv_runs(P, b, h, r0, cols, partial, runs);
+#endif
+    wg_wait<1>();
+    reg_fence<TILE_M / 8>(s);
+    if (interior) {
+      dkdv_tile_p<true>(P, s, b, h, r0, cols, t, partial, lse2_c);
+    } else {
+#if MASK_RANGES
+      dkdv_tile_p<false, true>(P, s, b, h, r0, cols, t, partial, lse2_c, runs);
+#else
+      dkdv_tile_p<false>(P, s, b, h, r0, cols, t, partial, lse2_c);
+#endif
+    }
+    wg_wait<0>();
+    reg_fence<TILE_M / 8>(dp);
+    dkdv_tile_ds_from_p(dp, s, t, lse2_c + TILE_M);
+#else
+    wg_wait_all();
+    reg_fence<TILE_M / 8>(s);
+    reg_fence<TILE_M / 8>(dp);
+    dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, nullptr);
+#endif
+    {
+      u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
+      pack_rows<TILE_M>(pk_ds, dp);
+      pack_rows<TILE_M>(pk_p, s);
+      wg_pb_issue<TILE_M>(dk, pk_ds, Qc);  // dK += dS^T Q
+      wg_pb_issue<TILE_M>(dv, pk_p, dOc);  // dV += P^T dO
+      // dS^T, as the dK product takes it, into rows 64 wg.. of the shared [128 kv x 64 q] tile.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = wg * 64 + wq * 16 + g + 8 * r;
+#pragma unroll
+        for (int n = 0; n < TILE_M / 8; ++n)
+          *(u32*)((char*)dSt + row * 128 + ((n ^ (row & 7)) << 4) + 4 * t) = pk_ds[n][r];
+      }
+      wg_wait_all();
+      reg_fence<HEAD_DIM / 8>(dk);
+      reg_fence<HEAD_DIM / 8>(dv);
+      reg_fence_pk<TILE_M / 8>(pk_ds);
+      reg_fence_pk<TILE_M / 8>(pk_p);
+    }
+    fence_async_smem();  // the dS^T writes, before wgmma reads them
+    fused_bar();         // both warpgroups' halves are in
+    {
+      // dQ's part, columns 64 wg..: dS [64 q x 128 kv] (the dS^T tile, M-major) times K's panel wg (N-major).
+      float d[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.f;
+      const u32 aa = smem_addr(dSt), ba = smem_addr(Ks) + wg * FUSED_KV * 128;
+      reg_fence<8>(d);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < FUSED_KV / 16; ++kk)
+        wgmma_ss_tt_n64(d, sw_desc(aa + kk * 16 * 128, FUSED_KV * 128), sw_desc(ba + kk * 16 * 128, FUSED_KV * 128),
+                        kk > 0);
+      wg_commit();
+      wg_wait_all();
+      reg_fence<8>(d);
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *(float2*)(dQbuf + (wq * 16 + g + 8 * r) * HEAD_DIM + wg * 64 + n * 8 + 2 * t) = make_float2(d[n][2 * r], d[n][2 * r + 1]);
+    }
+    fence_async_smem();  // the part's writes, before the bulk reduction reads them
+    fused_bar();
+    if (threadIdx.x == 0) {
+      // This block's turn on the q tile's sum, then one bulk reduction of its valid rows.
+      const i64 nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
+      unsigned* sem = P.dqsem + bh * P.q_tiles + r0 / TILE_M;
+      const unsigned rank = kv_rank(P, b, h, r0 / P.QB, jblk);
+      unsigned seen;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
+      } while (seen != rank);
+      asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
+                       P.dqacc + (bh * P.L + r0) * HEAD_DIM),
+                   "r"(smem_addr(dQbuf)), "r"((int)(nrows * HEAD_DIM * 4))
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the sums are written
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sem) : "memory");
+    }
+    gi = gi_n;
+    r0 = r0_n;
+    partial = p_n;
+    more = more_n;
+    cur ^= 1;
+  }
+  cp_async_wait<0>();
+  const float sc = P.scale_f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (cols[r] >= P.S) continue;
+    u16* dkg = (u16*)P.dk + (bhk * P.S + cols[r]) * HEAD_DIM;
+    u16* dvg = (u16*)P.dv + (bhk * P.S + cols[r]) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      *(u32*)(dkg + n * 8 + 2 * t) = pack2(dk[n][2 * r] * sc, dk[n][2 * r + 1] * sc);
+      *(u32*)(dvg + n * 8 + 2 * t) = pack2(dv[n][2 * r], dv[n][2 * r + 1]);
+    }
+  }
+}
+
+// dQ = scale dqacc in T, 8 elements a thread.
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
+  const i64 i = ((i64)blockIdx.x * NTHREADS + threadIdx.x) * 8, n = P.B * P.Hq * P.L * HEAD_DIM;
+  if (i >= n) return;
+  const float4 a = *(const float4*)(P.dqacc + i), c = *(const float4*)(P.dqacc + i + 4);
+  const float sc = P.scale_f;
+  *(uint4*)((u16*)P.dq + i) =
+      make_uint4(pack2(a.x * sc, a.y * sc), pack2(a.z * sc, a.w * sc), pack2(c.x * sc, c.y * sc), pack2(c.z * sc, c.w * sc));
+}
+#endif  // KILN_BUILD_BWD && BWD_FUSED
+
+)kiln_src";
+}
+
+}  // namespace kiln::flex::cuda
