@@ -164,9 +164,8 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
     mbar_wait(&bars[cur], (phase >> cur) & 1);  // this tile's Q and dO (and K / V on the first) landed
     phase ^= 1u << cur;
     cp_async_wait<0>();  // its lse2 / delta rows
-    if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // dQbuf read
     SMEM_PROXY_FENCE();
-    __syncthreads();  // ... for every thread; the other buffer, dSt and dQbuf are free
+    __syncthreads();  // ... for every thread; the other buffer, dSt and dQbuf (its reduction waited for) are free
     i64 gi_n, r0_n;
     bool p_n;
     const bool more_n = walk.next(gi_n, r0_n, p_n);
@@ -259,6 +258,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
       do {
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
       } while (seen != rank);
+      asm volatile("fence.proxy.async.global;" ::: "memory");  // the acquire, before the async proxy's adds
       asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
                        P.dqacc + (bh * P.L + r0) * HEAD_DIM),
                    "r"(smem_addr(dQbuf)), "r"((int)(nrows * HEAD_DIM * 4))
