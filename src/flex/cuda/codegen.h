@@ -116,6 +116,9 @@ struct KernelConfig {
   // over 128-row kv units, and flex_bwd_dq converts its sums. E = 128, paired TMA products, no
   // captured-tensor gradients, merged lists; make_state also needs 128-row kv blocks.
   bool bwd_fused = false;
+  // A measurement only (KILN_FLEX_BWD_FUSED_UNORDERED=1): the fused backward's parts added in any order
+  // without waiting for each other (not deterministic: never a default).
+  bool bwd_fused_unordered = false;
   // Its kv rows a CTA.
   static constexpr int kFusedKv = 128;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead

@@ -26,6 +26,9 @@ const char* kernel_backward_fused() {
 #error "the fused backward takes E = 128, the TMA backward's paired products and no captured-tensor gradients"
 #endif
 #define FUSED_THREADS (2 * NTHREADS)
+#ifndef FUSED_UNORDERED
+#define FUSED_UNORDERED 0  // a measurement only: parts added in any order, no waits (not deterministic)
+#endif
 #define FUSED_KV 128  // kv rows a CTA
 
 // The q tiles of kv block jblk, head by head of the group, each head's tiles in descending order
@@ -164,6 +167,9 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
     mbar_wait(&bars[cur], (phase >> cur) & 1);  // this tile's Q and dO (and K / V on the first) landed
     phase ^= 1u << cur;
     cp_async_wait<0>();  // its lse2 / delta rows
+#if FUSED_UNORDERED
+    if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // dQbuf read
+#endif
     SMEM_PROXY_FENCE();
     __syncthreads();  // ... for every thread; the other buffer, dSt and dQbuf (its reduction waited for) are free
     i64 gi_n, r0_n;
@@ -253,20 +259,26 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
       // This block's turn on the q tile's sum, then one bulk reduction of its valid rows.
       const i64 nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
       unsigned* sem = P.dqsem + bh * P.q_tiles + r0 / TILE_M;
+#if !FUSED_UNORDERED
       const unsigned rank = kv_rank(P, b, h, r0 / P.QB, jblk);
       unsigned seen;
       do {
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
       } while (seen != rank);
       asm volatile("fence.proxy.async.global;" ::: "memory");  // the acquire, before the async proxy's adds
+#endif
       asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
                        P.dqacc + (bh * P.L + r0) * HEAD_DIM),
                    "r"(smem_addr(dQbuf)), "r"((int)(nrows * HEAD_DIM * 4))
                    : "memory");
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#if !FUSED_UNORDERED
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the sums are written
       asm volatile("fence.proxy.async.global;" ::: "memory");
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sem) : "memory");
+#else
+      (void)sem;
+#endif
     }
     gi = gi_n;
     r0 = r0_n;
@@ -275,6 +287,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
     cur ^= 1;
   }
   cp_async_wait<0>();
+  if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds
   const float sc = P.scale_f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
