@@ -445,14 +445,14 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     P.capgrad = capgrad.data_ptr<double>();
     grid = P.nslots;
   }
-  // The dK/dV kernel on a side stream beside the dQ kernel (they share only read-only inputs): each
-  // fills the other's last wave and launch gaps (H200, session 11, fwd+bwd: 16 documents 5.74 ->
-  // 5.46 ms, causal 4x16x8192 10.37 -> 10.18, window E 64 0.58 -> 0.56; the rest within noise).
-  // KILN_FLEX_BWD_CONCURRENT=0 runs them in turn, as does the profile (one kernel at a time).
   if (st.cfg.bwd_fused) {
     launch_fused_backward(st, P, stream);
     return read_error(st, err);
   }
+  // The dK/dV kernel on a side stream beside the dQ kernel (they share only read-only inputs): each
+  // fills the other's last wave and launch gaps (H200, session 11, fwd+bwd: 16 documents 5.74 ->
+  // 5.46 ms, causal 4x16x8192 10.37 -> 10.18, window E 64 0.58 -> 0.56; the rest within noise).
+  // KILN_FLEX_BWD_CONCURRENT=0 runs them in turn, as does the profile (one kernel at a time).
   std::optional<kiln::cuda::SideStream> side;
   if (!st.profile && env_flag("KILN_FLEX_BWD_CONCURRENT", true)) {
     side.emplace(st.device.index, stream);
