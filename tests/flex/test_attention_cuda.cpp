@@ -194,7 +194,9 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     const detail::Program cp = detail::compile(scores[1].expr);
     cfg.bwd_split_p = false;
     EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused = false;
+    cfg.bwd_fused_reducer = true;  // its adds by a reducer warpgroup
+    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
+    cfg.bwd_fused = cfg.bwd_fused_reducer = false;
     cfg.mask_ranges = cfg.fwd_keepbits = cfg.bwd_split_p = cfg.bwd_paired = cfg.bwd_tma = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
@@ -1135,13 +1137,18 @@ void check_fused_backward() {
   EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot))) << "full vs partial changes the fused backward";
 }
 
+// With the adds inline (thread 0) and by the reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1).
 TEST(FlexAttentionCuda, FusedBackwardMatchesReferenceAndIsDeterministic) {
   KILN_REQUIRE_CUDA();
   manual_seed(57);
   const ScopedEnv fused("KILN_FLEX_BWD_FUSED", "1");
-  check_fused_backward();
-  const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
-  check_fused_backward();
+  for (const char* reducer : {"0", "1"}) {
+    SCOPED_TRACE(std::string("reducer ") + reducer);
+    const ScopedEnv set("KILN_FLEX_BWD_FUSED_REDUCER", reducer);
+    check_fused_backward();
+    const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
+    check_fused_backward();
+  }
 }
 
 // Short rows at E = 128 (a window): by default the persistent forward runs on the caller's 128-blocks

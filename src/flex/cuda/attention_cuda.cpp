@@ -140,12 +140,12 @@ bool read_error(const State& st, const Tensor& err) {
 // What determines a configuration's source besides the mods' programs.
 std::string config_id(const KernelConfig& cfg) {
   char id[200];
-  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
+  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
                 cfg.profile, cfg.head_dim, cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt,
                 cfg.fwd_wgmma, cfg.bwd_wgmma, cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf,
                 cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma, cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead,
                 cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods, cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_fused,
-                cfg.bwd_fused_unordered,
+                cfg.bwd_fused_unordered, cfg.bwd_fused_reducer,
                 cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks, cfg.fast_mods && cfg.magic_i2f,
                 cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages, cfg.merged_walk, cfg.mask_ranges,
                 cfg.fwd_pingpong);
@@ -311,9 +311,10 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
   // The fused one: 128-row K and V, two Q / dO buffers, the dS^T tile [128 x 64], the fp32 part [64 x E]
   // and two buffers of lse2 / delta rows.
+  // (With the reducer, two parts.)
   if (cfg.bwd_fused)
     st->bwd_dkdv_smem = (2 * KernelConfig::kFusedKv + 4 * kTileM) * p.E * 2 + KernelConfig::kFusedKv * kTileM * 2 +
-                        kTileM * p.E * 4 + 4 * kTileM * 4 + 1024;
+                        (cfg.bwd_fused_reducer ? 2 : 1) * kTileM * p.E * 4 + 4 * kTileM * 4 + 1024;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, fwd_p ? &st->fwd_cfg : nullptr, device.index, st->fwd_smem, st->bwd_smem);
@@ -388,7 +389,8 @@ void launch_fused_backward(const State& st, const FlexParams& P, void* stream) {
   const Tensor sums = zeros({n}, dev.dtype(kFloat32)), turns = zeros({p.B * p.Hq * P.q_tiles}, dev.dtype(kInt32));
   F.dqacc = sums.data_ptr<float>();
   F.dqsem = reinterpret_cast<unsigned*>(turns.data_ptr<int32_t>());
-  launch(st.kernels->bwd_dkdv, p.B * p.Hkv * F.kv_tiles, 2 * kThreads, st.bwd_dkdv_smem, stream, &F);
+  const int threads = 2 * kThreads + (st.cfg.bwd_fused_reducer ? kThreads : 0);  // the reducer's warpgroup
+  launch(st.kernels->bwd_dkdv, p.B * p.Hkv * F.kv_tiles, threads, st.bwd_dkdv_smem, stream, &F);
   launch(st.kernels->bwd_dq, ceil_div(n / 8, kThreads), kThreads, 0, stream, &F);
 }
 

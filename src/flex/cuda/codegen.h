@@ -119,6 +119,9 @@ struct KernelConfig {
   // A measurement only (KILN_FLEX_BWD_FUSED_UNORDERED=1): the fused backward's parts added in any order
   // without waiting for each other (not deterministic: never a default).
   bool bwd_fused_unordered = false;
+  // The fused backward's adds by a reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1): two part
+  // buffers, the consumers never wait on a turn.
+  bool bwd_fused_reducer = false;
   // Its kv rows a CTA.
   static constexpr int kFusedKv = 128;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead

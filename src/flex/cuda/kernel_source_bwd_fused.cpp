@@ -29,6 +29,17 @@ const char* kernel_backward_fused() {
 #ifndef FUSED_UNORDERED
 #define FUSED_UNORDERED 0  // a measurement only: parts added in any order, no waits (not deterministic)
 #endif
+#ifndef FUSED_REDUCER
+#define FUSED_REDUCER 0  // the adds by a reducer warpgroup from two part buffers (KILN_FLEX_BWD_FUSED_REDUCER=1)
+#endif
+// FUSED_REDUCER: a third warpgroup whose one thread takes each step's turn and add, so the consumers
+// never wait on them (with the adds inline, thread 0's waits cost 0.3 ms of the E 128 window's 1.76:
+// H200, session 19, call 8); the consumers hand it a part through two buffers (part_full / part_empty
+// mbarriers). setmaxnreg moves the reducer's registers to the consumers.
+#define FUSED_CTA_THREADS (FUSED_THREADS + (FUSED_REDUCER ? 128 : 0))
+#define FUSED_PARTS (FUSED_REDUCER ? 2 : 1)  // dQ part buffers
+#define FUSED_REDUCER_REGS 24
+#define FUSED_CONSUMER_REGS 240
 #define FUSED_KV 128  // kv rows a CTA
 
 // The q tiles of kv block jblk, head by head of the group, each head's tiles in descending order
@@ -105,6 +116,33 @@ __device__ __forceinline__ void wgmma_ss_tt_n64(float (*d)[4], u64 a, u64 b, int
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// One part (this block's, in buf) into q tile r0 of (b, h) row bh: wait for the block's turn on the
+// tile, one bulk reduction of its valid rows, wait for its writes, pass the turn (by one thread).
+__device__ __forceinline__ void fused_add_part(const FlexParams& P, i64 b, i64 h, i64 r0, i64 jblk, const float* buf) {
+  const i64 bh = b * P.Hq + h, nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
+  unsigned* sem = P.dqsem + bh * P.q_tiles + r0 / TILE_M;
+#if !FUSED_UNORDERED
+  const unsigned rank = kv_rank(P, b, h, r0 / P.QB, jblk);
+  unsigned seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
+  } while (seen != rank);
+  asm volatile("fence.proxy.async.global;" ::: "memory");  // the acquire, before the async proxy's adds
+#endif
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
+                   P.dqacc + (bh * P.L + r0) * HEAD_DIM),
+               "r"(smem_addr(buf)), "r"((int)(nrows * HEAD_DIM * 4))
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#if !FUSED_UNORDERED
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the sums are written
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sem) : "memory");
+#else
+  (void)sem;
+#endif
+}
+
 __device__ __forceinline__ void fused_bar() { asm volatile("bar.sync 1, %0;" ::"n"(FUSED_THREADS) : "memory"); }
 
 // lse2 and delta of q rows r0.. of (b, h) row bh into rows (lse2, then delta), by cp.async from every thread.
@@ -118,16 +156,19 @@ __device__ __forceinline__ void fused_load_rows(float* rows, const FlexParams& P
                : "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
+extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
   u16* Ks = wg_smem_base(smem);                    // [128 kv x E], one 128-row box
   u16* Vs = Ks + FUSED_KV * HEAD_DIM;
   u16* Qs = Vs + FUSED_KV * HEAD_DIM;              // two 64-row buffers
   u16* dOs = Qs + 2 * TILE_M * HEAD_DIM;           // two 64-row buffers
   u16* dSt = dOs + 2 * TILE_M * HEAD_DIM;          // [128 kv x 64 q], bf16, one swizzled panel
-  float* dQbuf = (float*)(dSt + FUSED_KV * TILE_M);  // [64 q x E] fp32, row-major (dqacc's layout)
-  float* rows_s = dQbuf + TILE_M * HEAD_DIM;       // two buffers of lse2 then delta (2 x 64 floats each)
+  float* dQbuf = (float*)(dSt + FUSED_KV * TILE_M);  // FUSED_PARTS x [64 q x E] fp32, row-major (dqacc's layout)
+  float* rows_s = dQbuf + FUSED_PARTS * TILE_M * HEAD_DIM;  // two buffers of lse2 then delta (2 x 64 floats each)
   __shared__ __align__(8) u64 bars[2];
+#if FUSED_REDUCER
+  __shared__ __align__(8) u64 part_full[2], part_empty[2];  // a part written by the 8 consumer warps; added
+#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wg = warp >> 2,
             wq = warp & 3;
   const i64 u = blockIdx.x, tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
@@ -141,8 +182,36 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
     dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
   }
   u32 phase = 0;
-  if (threadIdx.x == 0) mbar_init_all(bars, 2);
-  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbar_init_all(bars, 2);
+#if FUSED_REDUCER
+    for (int i = 0; i < 2; ++i) {
+      mbar_init_count(&part_full[i], 2 * NWARPS);
+      mbar_init_count(&part_empty[i], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+  }
+  __syncthreads();  // the barriers are initialised; the consumers' block barriers below are named (fused_bar)
+#if FUSED_REDUCER
+  if (warp >= 2 * NWARPS) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FUSED_REDUCER_REGS));
+    if (threadIdx.x == FUSED_THREADS) {  // the same walk as the consumers', each step's part in turn
+      GroupWalkDesc rwalk(P, b, hk, jblk);
+      i64 rg, rr0;
+      bool rpart;
+      for (u32 rstep = 0; rwalk.next(rg, rr0, rpart); ++rstep) {
+        const int x = rstep & 1;
+        mbar_wait(&part_full[x], (rstep >> 1) & 1);
+        fused_add_part(P, b, hk * P.G + rg, rr0, jblk, dQbuf + x * TILE_M * HEAD_DIM);
+        mbar_arrive(&part_empty[x]);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FUSED_CONSUMER_REGS));
+  u32 step = 0;  // the consumers' step: its part buffer step & 1
+#endif
   GroupWalkDesc walk(P, b, hk, jblk);
   i64 gi, r0;
   bool partial;
@@ -163,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
   if (more) load_q_tile(0, gi, r0);
   cp_async_commit();
   while (more) {
-    const i64 h = hk * P.G + gi, bh = b * P.Hq + h;
+    const i64 h = hk * P.G + gi;
     mbar_wait(&bars[cur], (phase >> cur) & 1);  // this tile's Q and dO (and K / V on the first) landed
     phase ^= 1u << cur;
     cp_async_wait<0>();  // its lse2 / delta rows
@@ -171,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
     if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // dQbuf read
 #endif
     SMEM_PROXY_FENCE();
-    __syncthreads();  // ... for every thread; the other buffer, dSt and dQbuf (its reduction waited for) are free
+    fused_bar();  // ... for every consumer; the other buffer and dSt are free (and dQbuf without the reducer)
     i64 gi_n, r0_n;
     bool p_n;
     const bool more_n = walk.next(gi_n, r0_n, p_n);
@@ -232,6 +301,11 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
     }
     fence_async_smem();  // the dS^T writes, before wgmma reads them
     fused_bar();         // both warpgroups' halves are in
+#if FUSED_REDUCER
+    const int part = step & 1;  // the part buffer of this step
+#else
+    const int part = 0;
+#endif
     {
       // dQ's part, columns 64 wg..: dS [64 q x 128 kv] (the dS^T tile, M-major) times K's panel wg (N-major).
       float d[8][4];
@@ -247,39 +321,25 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
       wg_commit();
       wg_wait_all();
       reg_fence<8>(d);
+#if FUSED_REDUCER
+      mbar_wait(&part_empty[part], ((step >> 1) & 1) ^ 1);  // the reducer is done with this buffer's last part
+#endif
+      float* pb = dQbuf + part * TILE_M * HEAD_DIM;
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          *(float2*)(dQbuf + (wq * 16 + g + 8 * r) * HEAD_DIM + wg * 64 + n * 8 + 2 * t) = make_float2(d[n][2 * r], d[n][2 * r + 1]);
+          *(float2*)(pb + (wq * 16 + g + 8 * r) * HEAD_DIM + wg * 64 + n * 8 + 2 * t) = make_float2(d[n][2 * r], d[n][2 * r + 1]);
     }
     fence_async_smem();  // the part's writes, before the bulk reduction reads them
-    fused_bar();
-    if (threadIdx.x == 0) {
-      // This block's turn on the q tile's sum, then one bulk reduction of its valid rows.
-      const i64 nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
-      unsigned* sem = P.dqsem + bh * P.q_tiles + r0 / TILE_M;
-#if !FUSED_UNORDERED
-      const unsigned rank = kv_rank(P, b, h, r0 / P.QB, jblk);
-      unsigned seen;
-      do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
-      } while (seen != rank);
-      asm volatile("fence.proxy.async.global;" ::: "memory");  // the acquire, before the async proxy's adds
-#endif
-      asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
-                       P.dqacc + (bh * P.L + r0) * HEAD_DIM),
-                   "r"(smem_addr(dQbuf)), "r"((int)(nrows * HEAD_DIM * 4))
-                   : "memory");
-      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-#if !FUSED_UNORDERED
-      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the sums are written
-      asm volatile("fence.proxy.async.global;" ::: "memory");
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sem) : "memory");
+#if FUSED_REDUCER
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&part_full[part]);  // the reducer takes it from here
+    ++step;
 #else
-      (void)sem;
+    fused_bar();
+    if (threadIdx.x == 0) fused_add_part(P, b, h, r0, jblk, dQbuf);
 #endif
-    }
     gi = gi_n;
     r0 = r0_n;
     partial = p_n;
@@ -287,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) flex_bwd_dkdv(con
     cur ^= 1;
   }
   cp_async_wait<0>();
-  if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds
+  if (!FUSED_REDUCER && threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds
   const float sc = P.scale_f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

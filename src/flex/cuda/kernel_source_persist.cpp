@@ -95,17 +95,6 @@ struct FwdStageTile {
 #define FWD_TILE_END 4
 #define FWD_TILE_PARTIAL 8
 
-// One arrival on a barrier (a consumer warp's release, or the producer's end marker); n arrivals.
-__device__ __forceinline__ void mbar_arrive(u64* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_n(u64* bar, u32 n) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_init_count(u64* bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-
 // The unit's output rows (this thread's o, m, l; row_base as the default forward's) normalised into
 // buf (the unit's last V buffer, whose reads by P V every consumer warp has waited for), in the
 // swizzled 64-column panels of FWD_TILE_M rows the tensor maps use (16-byte chunk c of local row r

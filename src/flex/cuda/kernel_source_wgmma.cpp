@@ -124,6 +124,18 @@ __device__ __forceinline__ void mbar_init_all(u64* bars, int n) {
   for (int i = 0; i < n; ++i) mbar_init(&bars[i]);
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // the inits, before the async proxy uses them
 }
+// One arrival on a barrier (a consumer warp's release, a producer's end marker); n arrivals; a barrier
+// expecting `count` arrivals a phase.
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_n(u64* bar, u32 n) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_init_count(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
 // `arrive`: this tile's bytes complete the barrier's phase with the issuing thread's one arrival;
 // false adds them to the phase without arriving (a tile sharing a phase with a later one).
 __device__ __forceinline__ void tma_tile(u16* dst, const void* map, u64* bar, i64 row0, i64 bh, int rows,
