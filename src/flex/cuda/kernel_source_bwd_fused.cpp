@@ -140,6 +140,7 @@ __device__ __forceinline__ void fused_add_part(const FlexParams& P, i64 b, i64 h
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sem) : "memory");
 #else
   (void)sem;
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // buf may be rewritten (the adds go on)
 #endif
 }
 
@@ -206,6 +207,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
         fused_add_part(P, b, hk * P.G + rg, rr0, jblk, dQbuf + x * TILE_M * HEAD_DIM);
         mbar_arrive(&part_empty[x]);
       }
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds, before the CTA ends
     }
     return;
   }
@@ -236,9 +238,6 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
     mbar_wait(&bars[cur], (phase >> cur) & 1);  // this tile's Q and dO (and K / V on the first) landed
     phase ^= 1u << cur;
     cp_async_wait<0>();  // its lse2 / delta rows
-#if FUSED_UNORDERED
-    if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // dQbuf read
-#endif
     SMEM_PROXY_FENCE();
     fused_bar();  // ... for every consumer; the other buffer and dSt are free (and dQbuf without the reducer)
     i64 gi_n, r0_n;
