@@ -5,7 +5,7 @@
 //      128-byte-swizzled shared tile [128 kv x 64 q] as bf16;
 //   2. dQ [64 q x 128] = dS [64 q x 128 kv] K [128 kv x 128] by wgmma with both operands from shared
 //      memory, A M-major (the dS^T tile) and B N-major (K's rows are kv), warpgroup w taking columns
-//      64 w..;
+//      64 w.. (the generated wgmma_ss_tt_n64);
 //   3. the fp32 partials added into a global accumulator by one bulk reduction a CTA
 //      (cp.reduce.async.bulk .add.f32), CTAs taking turns by a semaphore (a fixed order), so the sum
 //      is bit for bit the host's fp32 sum of the partials in CTA order.
@@ -18,27 +18,13 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_host.h"
 #include "generated.cu"
 
 #if HEAD_DIM != 128
 #error "the probe splits E = 128 between two warpgroups"
 #endif
 constexpr int kKv = 128, kQ = 64, kE = HEAD_DIM, kCtas = 4;
-
-// d[64 x 64] (+)= A B over k16 step: A M-major, B N-major (tnsp-a = tnsp-b = 1).
-__device__ __forceinline__ void wgmma_ss_tt_n64(float (*d)[4], u64 a, u64 b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%"
-      "30,%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
 
 // One CTA a contribution: dst [kKv x kQ] fp32 (dS^T, rounded to bf16 here), k [kKv x kE] bf16.
 // Writes its partial dQ to part [kQ x kE] and adds it into acc in turn (sem: the turns taken).
@@ -106,17 +92,6 @@ extern "C" __global__ void __launch_bounds__(256) fused_probe(const float* dst, 
   }
 }
 
-static float bf(u16 x) {
-  uint32_t u = uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-static u16 to_bf(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u16((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 int main() {
   std::vector<float> dst((size_t)kCtas * kKv * kQ);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_host.h"
 #include "generated.cu"
 
 // One CTA: Q [FWD_TILE_M x E], K and V [FWD_TILE_N x E]; writes S [FWD_TILE_M x FWD_TILE_N] and
@@ -47,17 +48,6 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) probe(const u16* q, co
     }
 }
 
-static float bf(u16 x) {
-  uint32_t u = uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-static u16 to_bf(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u16((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 // Reports max error and, for the first wrong elements, where the expected value sits instead.
 static bool compare(const char* what, const std::vector<float>& got, const std::vector<double>& ref, int rows, int cols) {

@@ -346,18 +346,22 @@ std::string accumulator_operands(int count) {
 
 // The wgmma (sm_90a) calls, written out because each names every accumulator register:
 // wgmma_ss_n<N>: d[64 x N] (=|+=) A (smem desc, K-major) * B (smem desc, K-major), N = 64, 128;
+// wgmma_ss_tt_n64: d[64 x 64] (=|+=) A (smem desc, M-major) * B (smem desc, N-major) (the fused
+// backward's dQ part: its dS^T tile times K);
 // wgmma_rs_n<HEAD_DIM>: d[64 x HEAD_DIM] += A (registers) * B (smem desc, N-major, i.e. transposed).
 std::string wgmma_wrappers(const KernelConfig& cfg) {
   std::ostringstream os;
   os << "#define WG_T \"" << (cfg.bf16 ? "bf16" : "f16") << "\"\n";
-  for (int n : {64, 128}) {
+  const auto smem_operands = [&](const std::string& name, int n, const char* transposes) {
     const int acc = n / 2;  // accumulators a thread
-    os << "__device__ __forceinline__ void wgmma_ss_n" << n << "(float (*d)[4], u64 a, u64 b, int accumulate) {\n"
+    os << "__device__ __forceinline__ void " << name << "(float (*d)[4], u64 a, u64 b, int accumulate) {\n"
        << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << acc + 2 << ", 0;\\n\"\n"
        << "    \"wgmma.mma_async.sync.aligned.m64n" << n << "k16.f32.\" WG_T \".\" WG_T \" " << operand_list(0, acc)
-       << ", %" << acc << ", %" << acc + 1 << ", p, 1, 1, 0, 0;\\n}\\n\"\n"
+       << ", %" << acc << ", %" << acc + 1 << ", p, 1, 1, " << transposes << ";\\n}\\n\"\n"
        << "    : " << accumulator_operands(acc) << "\n    : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n}\n";
-  }
+  };
+  for (int n : {64, 128}) smem_operands("wgmma_ss_n" + std::to_string(n), n, "0, 0");
+  smem_operands("wgmma_ss_tt_n64", 64, "1, 1");
   const int acc = cfg.head_dim / 2;
   os << "__device__ __forceinline__ void wgmma_rs_n" << cfg.head_dim << "(float (*d)[4], const u32* a, u64 b) {\n"
      << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << acc + 5 << ", 0;\\n\"\n"

@@ -101,21 +101,6 @@ __device__ __forceinline__ unsigned kv_rank(const FlexParams& P, i64 b, i64 h, i
   return (unsigned)lo;
 }
 
-// d[64 x 64] (+)= A B over one k16 step, A M-major and B N-major (both from shared memory).
-__device__ __forceinline__ void wgmma_ss_tt_n64(float (*d)[4], u64 a, u64 b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_T "." WG_T " "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%"
-      "30,%31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
 // One part (this block's, in buf) into q tile r0 of (b, h) row bh: wait for the block's turn on the
 // tile, one bulk reduction of its valid rows, wait for its writes, pass the turn (by one thread).
 __device__ __forceinline__ void fused_add_part(const FlexParams& P, i64 b, i64 h, i64 r0, i64 jblk, const float* buf) {
