@@ -130,6 +130,65 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
+#if BWD_PAIRED
+// A tile whose S^T and dP^T were issued as a pair (S^T first): s becomes P and dp dS (split P: P while
+// dP^T is in flight), with the captured-tensor gradients into slot (the joint path's); `mark` runs once
+// both products are waited for (the profile's phase mark). rows: the tile's lse2, then its delta.
+template <class Mark>
+__device__ __forceinline__ void dkdv_pair_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], i64 b, i64 h, i64 r0,
+                                               const i64* cols, int lane, int t, bool partial, bool kv_in,
+                                               const float* rows, double* slot, Mark&& mark) {
+#if BWD_SPLIT_P
+  const bool interior = !partial && r0 + TILE_M <= P.L && kv_in;
+#if MASK_RANGES
+  Run runs[2];  // a tile that is not interior: its columns' runs, while the products are in flight
+  if (!interior) dkdv_runs(P, b, h, r0, cols, partial, runs);
+#endif
+  wg_wait<1>();  // S^T landed: its P while dP^T is in flight
+  reg_fence<TILE_M / 8>(s);
+  if (interior) {
+    dkdv_tile_p<true>(P, s, b, h, r0, cols, t, partial, rows);
+  } else {
+#if MASK_RANGES
+    dkdv_tile_p<false, true>(P, s, b, h, r0, cols, t, partial, rows, runs);
+#else
+    dkdv_tile_p<false>(P, s, b, h, r0, cols, t, partial, rows);
+#endif
+  }
+  wg_wait<0>();
+  reg_fence<TILE_M / 8>(dp);
+  mark();
+  dkdv_tile_ds_from_p(dp, s, t, rows + TILE_M);
+  (void)slot;  // split P: no captured-tensor gradients (SCORE_GRAD_ONE)
+  (void)lane;
+#else
+  wg_wait_all();
+  reg_fence<TILE_M / 8>(s);
+  reg_fence<TILE_M / 8>(dp);
+  mark();
+  dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, rows, rows + TILE_M, slot);
+#endif
+}
+
+// dK += dS^T Q and dV += P^T dO from the tile's dS (dp) and P (s), issued together and waited for;
+// `during(pk_ds)` runs while they are in flight, given dS^T packed as the dK product takes it.
+template <class During>
+__device__ __forceinline__ void dkdv_pair_dk_dv(float (*dk)[4], float (*dv)[4], const float (*s)[4],
+                                                const float (*dp)[4], const u16* Qc, const u16* dOc, During&& during) {
+  u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
+  pack_rows<TILE_M>(pk_ds, dp);
+  pack_rows<TILE_M>(pk_p, s);
+  wg_pb_issue<TILE_M>(dk, pk_ds, Qc);  // dK += dS^T Q
+  wg_pb_issue<TILE_M>(dv, pk_p, dOc);  // dV += P^T dO
+  during(pk_ds);
+  wg_wait_all();
+  reg_fence<HEAD_DIM / 8>(dk);
+  reg_fence<HEAD_DIM / 8>(dv);
+  reg_fence_pk<TILE_M / 8>(pk_ds);
+  reg_fence_pk<TILE_M / 8>(pk_p);
+}
+#endif
+
 #if !BWD_FUSED  // the fused backward's flex_bwd_dkdv forms dQ too (kernel_source_bwd_fused.cpp)
 extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
@@ -232,48 +291,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
         // S^T and dP^T issued together, then dK and dV: one wait for each pair.
         wg_abt_issue<64>(s, Kw, 64, 0, Qc);
         wg_abt_issue<64>(dp, Vw, 64, 0, dOc);
-#if BWD_SPLIT_P
-        const bool interior = !partial && r0 + TILE_M <= P.L && kv_in;
-#if MASK_RANGES
-        Run runs[2];  // a tile that is not interior: its columns' runs, while the products are in flight
-        if (!interior) dkdv_runs(P, b, h, r0, cols, partial, runs);
-#endif
-        wg_wait<1>();  // S^T landed: its P while dP^T is in flight
-        reg_fence<TILE_M / 8>(s);
-        if (interior) {
-          dkdv_tile_p<true>(P, s, b, h, r0, cols, t, partial, lse2_c);
-        } else {
-#if MASK_RANGES
-          dkdv_tile_p<false, true>(P, s, b, h, r0, cols, t, partial, lse2_c, runs);
-#else
-          dkdv_tile_p<false>(P, s, b, h, r0, cols, t, partial, lse2_c);
-#endif
-        }
-        wg_wait<0>();
-        reg_fence<TILE_M / 8>(dp);
-        PROF_MARK(4);
-        dkdv_tile_ds_from_p(dp, s, t, lse2_c + TILE_M);
-        (void)slot;  // split P: no captured-tensor gradients (SCORE_GRAD_ONE)
-#else
-        wg_wait_all();
-        reg_fence<TILE_M / 8>(s);
-        reg_fence<TILE_M / 8>(dp);
-        PROF_MARK(4);
-        dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, slot);
-#endif
+        dkdv_pair_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, slot, [&] { PROF_MARK(4); });
         PROF_MARK(5);
-        {
-          u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
-          pack_rows<TILE_M>(pk_ds, dp);
-          pack_rows<TILE_M>(pk_p, s);
-          wg_pb_issue<TILE_M>(dk, pk_ds, Qc);  // dK += dS^T Q
-          wg_pb_issue<TILE_M>(dv, pk_p, dOc);  // dV += P^T dO
-          wg_wait_all();
-          reg_fence<HEAD_DIM / 8>(dk);
-          reg_fence<HEAD_DIM / 8>(dv);
-          reg_fence_pk<TILE_M / 8>(pk_ds);
-          reg_fence_pk<TILE_M / 8>(pk_p);
-        }
+        dkdv_pair_dk_dv(dk, dv, s, dp, Qc, dOc, [](const u32 (*)[2]) {});
 #else
         BWD_ABT(s, Kw, Qc, LDSM_B_KV);
         PROF_MARK(2);

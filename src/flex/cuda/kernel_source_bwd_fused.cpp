@@ -237,38 +237,8 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
     // S^T and dP^T of this warpgroup's 64 kv rows (rows 64 wg.. of the 128-row K and V tiles).
     wg_abt_issue<64>(s, Ks, FUSED_KV, wg * 64, Qc);
     wg_abt_issue<64>(dp, Vs, FUSED_KV, wg * 64, dOc);
-#if BWD_SPLIT_P
-    const bool interior = !partial && r0 + TILE_M <= P.L && kv_in;
-#if MASK_RANGES
-    Run runs[2];
-    if (!interior) dkdv_runs(P, b, h, r0, cols, partial, runs);
-#endif
-    wg_wait<1>();
-    reg_fence<TILE_M / 8>(s);
-    if (interior) {
-      dkdv_tile_p<true>(P, s, b, h, r0, cols, t, partial, lse2_c);
-    } else {
-#if MASK_RANGES
-      dkdv_tile_p<false, true>(P, s, b, h, r0, cols, t, partial, lse2_c, runs);
-#else
-      dkdv_tile_p<false>(P, s, b, h, r0, cols, t, partial, lse2_c);
-#endif
-    }
-    wg_wait<0>();
-    reg_fence<TILE_M / 8>(dp);
-    dkdv_tile_ds_from_p(dp, s, t, lse2_c + TILE_M);
-#else
-    wg_wait_all();
-    reg_fence<TILE_M / 8>(s);
-    reg_fence<TILE_M / 8>(dp);
-    dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, nullptr);
-#endif
-    {
-      u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
-      pack_rows<TILE_M>(pk_ds, dp);
-      pack_rows<TILE_M>(pk_p, s);
-      wg_pb_issue<TILE_M>(dk, pk_ds, Qc);  // dK += dS^T Q
-      wg_pb_issue<TILE_M>(dv, pk_p, dOc);  // dV += P^T dO
+    dkdv_pair_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, nullptr, [] {});
+    dkdv_pair_dk_dv(dk, dv, s, dp, Qc, dOc, [&](const u32 (*pk_ds)[2]) {
       // dS^T, as the dK product takes it, into rows 64 wg.. of the shared [128 kv x 64 q] tile.
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -277,12 +247,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
         for (int n = 0; n < TILE_M / 8; ++n)
           *(u32*)((char*)dSt + row * 128 + ((n ^ (row & 7)) << 4) + 4 * t) = pk_ds[n][r];
       }
-      wg_wait_all();
-      reg_fence<HEAD_DIM / 8>(dk);
-      reg_fence<HEAD_DIM / 8>(dv);
-      reg_fence_pk<TILE_M / 8>(pk_ds);
-      reg_fence_pk<TILE_M / 8>(pk_p);
-    }
+    });
     fence_async_smem();  // the dS^T writes, before wgmma reads them
     fused_bar();         // both warpgroups' halves are in
 #if FUSED_REDUCER
