@@ -5,7 +5,7 @@
 //      128-byte-swizzled shared tile [128 kv x 64 q] as bf16;
 //   2. dQ [64 q x 128] = dS [64 q x 128 kv] K [128 kv x 128] by wgmma with both operands from shared
 //      memory, A M-major (the dS^T tile) and B N-major (K's rows are kv), warpgroup w taking columns
-//      64 w.. (the generated wgmma_ss_tt_n64);
+//      64 w.. (the kernels' wg_ab_tt);
 //   3. the fp32 partials added into a global accumulator by one bulk reduction a CTA
 //      (cp.reduce.async.bulk .add.f32), CTAs taking turns by a semaphore (a fixed order), so the sum
 //      is bit for bit the host's fp32 sum of the partials in CTA order.
@@ -54,17 +54,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_probe(const float* dst, 
   // 2. dQ[:, 64 wg ..] = dS K: k16 steps over kv; A at kv rows 16 kk.. of the dS^T panel, B at the
   //    same rows of K's panel wg.
   float d[8][4];
-#pragma unroll
-  for (int n = 0; n < 8; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.f;
-  const u32 aa = smem_addr(dSt), ba = smem_addr(Ks) + wg * kKv * 128;
-  reg_fence<8>(d);
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < kKv / 16; ++kk)
-    wgmma_ss_tt_n64(d, sw_desc(aa + kk * 16 * 128, kKv * 128), sw_desc(ba + kk * 16 * 128, kKv * 128), kk > 0);
-  wg_commit();
-  wg_wait_all();
-  reg_fence<8>(d);
+  wg_ab_tt<kKv>(d, smem_addr(dSt), smem_addr(Ks) + wg * kKv * 128);
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll

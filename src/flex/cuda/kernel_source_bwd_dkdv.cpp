@@ -130,6 +130,23 @@ __device__ __forceinline__ void dkdv_p_ds(const FlexParams& P, float (*s)[4], fl
 #endif
 }
 
+// This thread's two kv rows cols[r] of (b, kv head) row bhk of dK (scaled) and dV, in T (rows past S skipped).
+__device__ __forceinline__ void dkdv_store_rows(const FlexParams& P, const float (*dk)[4], const float (*dv)[4], i64 bhk,
+                                                const i64* cols, int t) {
+  const float sc = P.scale_f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (cols[r] >= P.S) continue;
+    u16* dkg = (u16*)P.dk + (bhk * P.S + cols[r]) * HEAD_DIM;
+    u16* dvg = (u16*)P.dv + (bhk * P.S + cols[r]) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      *(u32*)(dkg + n * 8 + 2 * t) = pack2(dk[n][2 * r] * sc, dk[n][2 * r + 1] * sc);
+      *(u32*)(dvg + n * 8 + 2 * t) = pack2(dv[n][2 * r], dv[n][2 * r + 1]);
+    }
+  }
+}
+
 #if BWD_PAIRED
 // A tile whose S^T and dP^T were issued as a pair (S^T first): s becomes P and dp dS (split P: P while
 // dP^T is in flight), with the captured-tensor gradients into slot (the joint path's); `mark` runs once
@@ -368,18 +385,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
     }
 #endif
     cp_async_wait<0>();  // K and V of a tile without q tiles must land before the next unit reuses Ks / Vs
-    const float sc = P.scale_f;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (cols[r] >= P.S) continue;
-      u16* dkg = (u16*)P.dk + (bhk * P.S + cols[r]) * HEAD_DIM;
-      u16* dvg = (u16*)P.dv + (bhk * P.S + cols[r]) * HEAD_DIM;
-#pragma unroll
-      for (int n = 0; n < HEAD_DIM / 8; ++n) {
-        *(u32*)(dkg + n * 8 + 2 * t) = pack2(dk[n][2 * r] * sc, dk[n][2 * r + 1] * sc);
-        *(u32*)(dvg + n * 8 + 2 * t) = pack2(dv[n][2 * r], dv[n][2 * r + 1]);
-      }
-    }
+    dkdv_store_rows(P, dk, dv, bhk, cols, t);
   }
   PROF_FLUSH(16);
 }

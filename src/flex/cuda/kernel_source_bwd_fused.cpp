@@ -258,18 +258,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
     {
       // dQ's part, columns 64 wg..: dS [64 q x 128 kv] (the dS^T tile, M-major) times K's panel wg (N-major).
       float d[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.f;
-      const u32 aa = smem_addr(dSt), ba = smem_addr(Ks) + wg * FUSED_KV * 128;
-      reg_fence<8>(d);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < FUSED_KV / 16; ++kk)
-        wgmma_ss_tt_n64(d, sw_desc(aa + kk * 16 * 128, FUSED_KV * 128), sw_desc(ba + kk * 16 * 128, FUSED_KV * 128),
-                        kk > 0);
-      wg_commit();
-      wg_wait_all();
-      reg_fence<8>(d);
+      wg_ab_tt<FUSED_KV>(d, smem_addr(dSt), smem_addr(Ks) + wg * FUSED_KV * 128);
 #if FUSED_REDUCER
       mbar_wait(&part_empty[part], ((step >> 1) & 1) ^ 1);  // the reducer is done with this buffer's last part
 #endif
@@ -297,18 +286,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
   }
   cp_async_wait<0>();
   if (!FUSED_REDUCER && threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds
-  const float sc = P.scale_f;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (cols[r] >= P.S) continue;
-    u16* dkg = (u16*)P.dk + (bhk * P.S + cols[r]) * HEAD_DIM;
-    u16* dvg = (u16*)P.dv + (bhk * P.S + cols[r]) * HEAD_DIM;
-#pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) {
-      *(u32*)(dkg + n * 8 + 2 * t) = pack2(dk[n][2 * r] * sc, dk[n][2 * r + 1] * sc);
-      *(u32*)(dvg + n * 8 + 2 * t) = pack2(dv[n][2 * r], dv[n][2 * r + 1]);
-    }
-  }
+  dkdv_store_rows(P, dk, dv, bhk, cols, t);
 }
 
 // dQ = scale dqacc in T, 8 elements a thread.
