@@ -194,9 +194,12 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     const detail::Program cp = detail::compile(scores[1].expr);
     cfg.bwd_split_p = false;
     EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused_reducer = true;  // its adds by a reducer warpgroup
+    cfg.bwd_fused_reducer = true;  // its adds by a reducer warpgroup, then in place
     EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused = cfg.bwd_fused_reducer = false;
+    cfg.bwd_fused_inplace = true;
+    EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_INPLACE 1"), std::string::npos);
+    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
+    cfg.bwd_fused = cfg.bwd_fused_reducer = cfg.bwd_fused_inplace = false;
     cfg.mask_ranges = cfg.fwd_keepbits = cfg.bwd_split_p = cfg.bwd_paired = cfg.bwd_tma = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
@@ -1116,10 +1119,11 @@ void check_fused_backward() {
   c.Hq = 4;
   c.L = 700;
   c.S = 900;
-  const MaskMod causal = causal_mask(), late = MaskMod([](Expr, Expr, Expr q, Expr kv) { return kv < q - 69; }),
+  // late: q rows below 301 attend nothing, so q blocks 0 and 1 list no kv block (tiles without parts).
+  const MaskMod causal = causal_mask(), late = MaskMod([](Expr, Expr, Expr q, Expr kv) { return kv < q - 300; }),
                 window = sliding_window_mask(300);
   check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
-  check_cuda(c, kFloat16, &late, [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < q - 69; }, ScoreMod(),
+  check_cuda(c, kFloat16, &late, [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < q - 300; }, ScoreMod(),
              nullptr);
   check_cuda(c, kBFloat16, &window, [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 300; },
              ScoreMod(), nullptr);
@@ -1137,14 +1141,17 @@ void check_fused_backward() {
   EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot))) << "full vs partial changes the fused backward";
 }
 
-// With the adds inline (thread 0) and by the reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1).
+// With the adds inline (thread 0), by the reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1), and by it
+// in place (KILN_FLEX_BWD_FUSED_INPLACE=1: first parts stored, last ones converted, q tiles without
+// parts zeroed apart).
 TEST(FlexAttentionCuda, FusedBackwardMatchesReferenceAndIsDeterministic) {
   KILN_REQUIRE_CUDA();
   manual_seed(57);
   const ScopedEnv fused("KILN_FLEX_BWD_FUSED", "1");
-  for (const char* reducer : {"0", "1"}) {
-    SCOPED_TRACE(std::string("reducer ") + reducer);
-    const ScopedEnv set("KILN_FLEX_BWD_FUSED_REDUCER", reducer);
+  for (const int mode : {0, 1, 2}) {
+    SCOPED_TRACE("mode " + std::to_string(mode));
+    const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", mode >= 1 ? "1" : "0"),
+        inplace("KILN_FLEX_BWD_FUSED_INPLACE", mode == 2 ? "1" : "0");
     check_fused_backward();
     const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
     check_fused_backward();
@@ -1401,6 +1408,12 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
     p.all_full = true;
     EXPECT_TRUE(config(9).bwd_fused);
     EXPECT_FALSE(config(9, 100).bwd_fused) << "captured-tensor gradients";
+    {
+      const ScopedEnv in_place("KILN_FLEX_BWD_FUSED_INPLACE", "1");
+      EXPECT_FALSE(config(9).bwd_fused_inplace) << "in place needs the reducer";
+      const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", "1");
+      EXPECT_TRUE(config(9).bwd_fused_inplace);
+    }
     p.E = p.Ev = 64;
     EXPECT_FALSE(config(9).bwd_fused) << "E = 64";
     p.E = p.Ev = 128;

@@ -140,12 +140,12 @@ bool read_error(const State& st, const Tensor& err) {
 // What determines a configuration's source besides the mods' programs.
 std::string config_id(const KernelConfig& cfg) {
   char id[200];
-  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
+  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
                 cfg.profile, cfg.head_dim, cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt,
                 cfg.fwd_wgmma, cfg.bwd_wgmma, cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf,
                 cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma, cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead,
                 cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods, cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_fused,
-                cfg.bwd_fused_unordered, cfg.bwd_fused_reducer,
+                cfg.bwd_fused_unordered, cfg.bwd_fused_reducer, cfg.bwd_fused_inplace,
                 cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks, cfg.fast_mods && cfg.magic_i2f,
                 cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages, cfg.merged_walk, cfg.mask_ranges,
                 cfg.fwd_pingpong);
@@ -375,7 +375,8 @@ namespace {
 
 // The fused backward (KernelConfig::bwd_fused) after the preprocess: flex_bwd_dkdv over 128-row kv
 // units (on the caller's blocks where the backward's are halved; 128-row K / V boxes) adds dQ's fp32
-// parts into zeroed sums in a fixed order, and flex_bwd_dq writes dQ from them.
+// parts into zeroed sums in a fixed order, and flex_bwd_dq writes dQ from them (bwd_fused_inplace: the
+// reducer writes dQ, flex_bwd_dq only the zeros of q tiles without parts).
 void launch_fused_backward(const State& st, const FlexParams& P, void* stream) {
   const cpu::Problem& p = st.p;
   const TensorOptions dev = TensorOptions().device(st.device);
@@ -386,12 +387,16 @@ void launch_fused_backward(const State& st, const FlexParams& P, void* stream) {
   encode_tile_map(F.kmap, F.k, bf16, p.B * p.Hkv, p.S, p.E, KernelConfig::kFusedKv);
   encode_tile_map(F.vmap, F.v, bf16, p.B * p.Hkv, p.S, p.E, KernelConfig::kFusedKv);
   const int64_t n = p.B * p.Hq * p.L * p.E;
-  const Tensor sums = zeros({n}, dev.dtype(kFloat32)), turns = zeros({p.B * p.Hq * P.q_tiles}, dev.dtype(kInt32));
+  // The sums need zeros unless each tile's first part is stored (bwd_fused_inplace).
+  const Tensor sums = st.cfg.bwd_fused_inplace ? empty({n}, dev.dtype(kFloat32)) : zeros({n}, dev.dtype(kFloat32));
+  const Tensor turns = zeros({p.B * p.Hq * P.q_tiles}, dev.dtype(kInt32));
   F.dqacc = sums.data_ptr<float>();
   F.dqsem = reinterpret_cast<unsigned*>(turns.data_ptr<int32_t>());
   const int threads = 2 * kThreads + (st.cfg.bwd_fused_reducer ? kThreads : 0);  // the reducer's warpgroup
   launch(st.kernels->bwd_dkdv, p.B * p.Hkv * F.kv_tiles, threads, st.bwd_dkdv_smem, stream, &F);
-  launch(st.kernels->bwd_dq, ceil_div(n / 8, kThreads), kThreads, 0, stream, &F);
+  // flex_bwd_dq: the convert pass, or (in place) dQ's zeros for q tiles that list no kv block.
+  const int64_t dq_grid = st.cfg.bwd_fused_inplace ? p.B * p.Hq * P.q_tiles : ceil_div(n / 8, kThreads);
+  launch(st.kernels->bwd_dq, dq_grid, kThreads, 0, stream, &F);
 }
 
 }  // namespace

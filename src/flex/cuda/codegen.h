@@ -122,6 +122,9 @@ struct KernelConfig {
   // The fused backward's adds by a reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1): two part
   // buffers, the consumers never wait on a turn.
   bool bwd_fused_reducer = false;
+  // With the reducer and the ordered adds: a q tile's first part stored and its last converted into dQ by
+  // the reducer warp, no zero / convert passes (KILN_FLEX_BWD_FUSED_INPLACE=1).
+  bool bwd_fused_inplace = false;
   // Its kv rows a CTA.
   static constexpr int kFusedKv = 128;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead

@@ -36,9 +36,18 @@ const char* kernel_backward_fused() {
 // never wait on them (with the adds inline, thread 0's waits cost 0.3 ms of the E 128 window's 1.76:
 // H200, session 19, call 8); the consumers hand it a part through two buffers (part_full / part_empty
 // mbarriers). setmaxnreg moves the reducer's registers to the consumers.
+#ifndef FUSED_INPLACE
+#define FUSED_INPLACE 0  // with the reducer: no zero / convert passes (KILN_FLEX_BWD_FUSED_INPLACE=1)
+#endif
+#if FUSED_INPLACE && (!FUSED_REDUCER || FUSED_UNORDERED)
+#error "FUSED_INPLACE takes the reducer warpgroup and the ordered adds"
+#endif
+// FUSED_INPLACE: a q tile's first part is stored rather than added (the sums need no zeroing) and the
+// reducer warp converts a tile into dQ once its last part is in (no convert pass); flex_bwd_dq then
+// only zeroes the dQ of q tiles whose kv list is empty.
 #define FUSED_CTA_THREADS (FUSED_THREADS + (FUSED_REDUCER ? 128 : 0))
 #define FUSED_PARTS (FUSED_REDUCER ? 2 : 1)  // dQ part buffers
-#define FUSED_REDUCER_REGS 24
+#define FUSED_REDUCER_REGS 32  // (65536 - 32 x 128) / 256 = 240 for the consumers
 #define FUSED_CONSUMER_REGS 240
 #define FUSED_KV 128  // kv rows a CTA
 
@@ -101,9 +110,15 @@ __device__ __forceinline__ unsigned kv_rank(const FlexParams& P, i64 b, i64 h, i
   return (unsigned)lo;
 }
 
+// How many kv blocks q block ib of (b, h) lists: the parts its tiles' sums take.
+__device__ __forceinline__ unsigned kv_count(const FlexParams& P, i64 b, i64 h, i64 ib) {
+  return P.all_full ? (unsigned)P.nKVB : (unsigned)P.kv_all_num[mask_row(P, b, h) * P.nQB + ib];
+}
+
 // One part (this block's, in buf) into q tile r0 of (b, h) row bh: wait for the block's turn on the
-// tile, one bulk reduction of its valid rows, wait for its writes, pass the turn (by one thread).
-__device__ __forceinline__ void fused_add_part(const FlexParams& P, i64 b, i64 h, i64 r0, i64 jblk, const float* buf) {
+// tile, one bulk reduction of its valid rows (FUSED_INPLACE: a store for the first), wait for its
+// writes, pass the turn (by one thread). Returns whether it was the tile's last (FUSED_INPLACE).
+__device__ __forceinline__ bool fused_add_part(const FlexParams& P, i64 b, i64 h, i64 r0, i64 jblk, const float* buf) {
   const i64 bh = b * P.Hq + h, nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
   unsigned* sem = P.dqsem + bh * P.q_tiles + r0 / TILE_M;
 #if !FUSED_UNORDERED
@@ -114,10 +129,18 @@ __device__ __forceinline__ void fused_add_part(const FlexParams& P, i64 b, i64 h
   } while (seen != rank);
   asm volatile("fence.proxy.async.global;" ::: "memory");  // the acquire, before the async proxy's adds
 #endif
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
-                   P.dqacc + (bh * P.L + r0) * HEAD_DIM),
-               "r"(smem_addr(buf)), "r"((int)(nrows * HEAD_DIM * 4))
-               : "memory");
+  float* dst = P.dqacc + (bh * P.L + r0) * HEAD_DIM;
+  const int bytes = (int)(nrows * HEAD_DIM * 4);
+#if FUSED_INPLACE
+  if (rank == 0)
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(buf)),
+                 "r"(bytes)
+                 : "memory");
+  else
+#endif
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+                 "r"(smem_addr(buf)), "r"(bytes)
+                 : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 #if !FUSED_UNORDERED
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the sums are written
@@ -127,7 +150,29 @@ __device__ __forceinline__ void fused_add_part(const FlexParams& P, i64 b, i64 h
   (void)sem;
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // buf may be rewritten (the adds go on)
 #endif
+#if FUSED_INPLACE
+  return rank + 1 == kv_count(P, b, h, r0 / P.QB);
+#else
+  return false;
+#endif
 }
+
+#if FUSED_INPLACE
+// dQ = scale sums of q tile r0 of (b, h) row bh in T, by the 32 lanes of a warp (the sums complete and
+// visible to lane 0, then __syncwarp; read through L2, never cached in L1 before).
+__device__ __forceinline__ void fused_convert_tile(const FlexParams& P, i64 bh, i64 r0, int lane) {
+  const i64 nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M, base = (bh * P.L + r0) * HEAD_DIM;
+  const float sc = P.scale_f;
+  for (i64 i = lane * 4; i < nrows * HEAD_DIM; i += 32 * 4) {
+    float x, y, z, w;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(x), "=f"(y), "=f"(z), "=f"(w)
+                 : "l"(P.dqacc + base + i)
+                 : "memory");
+    *(uint2*)((u16*)P.dq + base + i) = make_uint2(pack2(x * sc, y * sc), pack2(z * sc, w * sc));
+  }
+}
+#endif
 
 __device__ __forceinline__ void fused_bar() { asm volatile("bar.sync 1, %0;" ::"n"(FUSED_THREADS) : "memory"); }
 
@@ -182,17 +227,26 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
 #if FUSED_REDUCER
   if (warp >= 2 * NWARPS) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FUSED_REDUCER_REGS));
-    if (threadIdx.x == FUSED_THREADS) {  // the same walk as the consumers', each step's part in turn
+    if (warp == 2 * NWARPS) {  // its lane 0: the same walk as the consumers', each step's part in turn
       GroupWalkDesc rwalk(P, b, hk, jblk);
       i64 rg, rr0;
       bool rpart;
       for (u32 rstep = 0; rwalk.next(rg, rr0, rpart); ++rstep) {
         const int x = rstep & 1;
-        mbar_wait(&part_full[x], (rstep >> 1) & 1);
-        fused_add_part(P, b, hk * P.G + rg, rr0, jblk, dQbuf + x * TILE_M * HEAD_DIM);
-        mbar_arrive(&part_empty[x]);
+        bool last = false;
+        if (lane == 0) {
+          mbar_wait(&part_full[x], (rstep >> 1) & 1);
+          last = fused_add_part(P, b, hk * P.G + rg, rr0, jblk, dQbuf + x * TILE_M * HEAD_DIM);
+          mbar_arrive(&part_empty[x]);
+        }
+        __syncwarp();  // lane 0's view of the tile's sums (its acquire and its writes), for every lane
+#if FUSED_INPLACE
+        if (__shfl_sync(0xffffffffu, last ? 1 : 0, 0)) fused_convert_tile(P, b * P.Hq + hk * P.G + rg, rr0, lane);
+#else
+        (void)last;
+#endif
       }
-      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds, before the CTA ends
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds
     }
     return;
   }
@@ -289,6 +343,16 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
   dkdv_store_rows(P, dk, dv, bhk, cols, t);
 }
 
+#if FUSED_INPLACE
+// Zero dQ for the q tiles whose kv list is empty (no part converts them): one CTA a (b, h, q tile).
+extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
+  const i64 tile = blockIdx.x % P.q_tiles, bh = blockIdx.x / P.q_tiles, r0 = tile * TILE_M;
+  if (P.all_full || kv_count(P, bh / P.Hq, bh % P.Hq, r0 / P.QB) != 0) return;
+  const i64 nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
+  u32* dg = (u32*)((u16*)P.dq + (bh * P.L + r0) * HEAD_DIM);
+  for (i64 i = threadIdx.x; i < nrows * HEAD_DIM / 2; i += NTHREADS) dg[i] = 0u;
+}
+#else
 // dQ = scale dqacc in T, 8 elements a thread.
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
   const i64 i = ((i64)blockIdx.x * NTHREADS + threadIdx.x) * 8, n = P.B * P.Hq * P.L * HEAD_DIM;
@@ -298,6 +362,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexPar
   *(uint4*)((u16*)P.dq + i) =
       make_uint4(pack2(a.x * sc, a.y * sc), pack2(a.z * sc, a.w * sc), pack2(c.x * sc, c.y * sc), pack2(c.z * sc, c.w * sc));
 }
+#endif  // FUSED_INPLACE
 #endif  // KILN_BUILD_BWD && BWD_FUSED
 
 )kiln_src";
