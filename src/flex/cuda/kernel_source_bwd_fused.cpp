@@ -21,7 +21,8 @@ const char* kernel_backward_fused() {
 // their own walks. No atomics decide a sum: the same bits every run, and whatever the full / partial
 // classification (the elements' arithmetic is the dK/dV kernel's). flex_bwd_dq then writes dQ =
 // scale dqacc in T. Needs the merged lists (or no BlockMask), E = 128, blocks of 128 kv rows, TMA and
-// paired products, no captured-tensor gradients (the host's rule).
+// paired products, no captured-tensor gradients (the host's rule). A measurement switch: its first
+// version was slower than the two kernels (docs/benchmarks.md, session 19).
 #if HEAD_DIM != 128 || !BWD_TMA || !BWD_PAIRED || HAS_CAP_GRAD
 #error "the fused backward takes E = 128, the TMA backward's paired products and no captured-tensor gradients"
 #endif
@@ -32,8 +33,8 @@ const char* kernel_backward_fused() {
 #ifndef FUSED_REDUCER
 #define FUSED_REDUCER 0  // the adds by a reducer warpgroup from two part buffers (KILN_FLEX_BWD_FUSED_REDUCER=1)
 #endif
-// FUSED_REDUCER: a third warpgroup whose one thread takes each step's turn and add, so the consumers
-// never wait on them (with the adds inline, thread 0's waits cost 0.3 ms of the E 128 window's 1.76:
+// FUSED_REDUCER: a third warpgroup whose first warp's lane 0 takes each step's turn and add, so the
+// consumers never wait on them (with the adds inline, thread 0's waits cost 0.3 ms of the E 128 window's 1.76:
 // H200, session 19, call 8); the consumers hand it a part through two buffers (part_full / part_empty
 // mbarriers). setmaxnreg moves the reducer's registers to the consumers.
 #ifndef FUSED_INPLACE
