@@ -56,7 +56,8 @@ __device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4
 // lse2 and delta of q rows r0.. of (b, h) into smem (lse2_s, then delta_s right after it) by
 // cp.async in the caller's group: no thread waits for them here (a plain load stalled each q
 // tile of dK/dV for a global round trip). Rows past L read 0: their elements are out of bounds,
-// so y = -inf and p = 0 whatever lse2 is.
+// so y = -inf and p = 0 whatever lse2 is. A thread past the first 2 TILE_M loads nothing (the fused
+// backward's second warpgroup).
 __device__ __forceinline__ void load_rows(float* lse2_s, const FlexParams& P, i64 bh, i64 r0) {
   for (int i = threadIdx.x; i < 2 * TILE_M; i += NTHREADS) {
     const int r = i % TILE_M;

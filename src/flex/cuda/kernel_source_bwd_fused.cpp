@@ -177,16 +177,6 @@ __device__ __forceinline__ void fused_convert_tile(const FlexParams& P, i64 bh, 
 
 __device__ __forceinline__ void fused_bar() { asm volatile("bar.sync 1, %0;" ::"n"(FUSED_THREADS) : "memory"); }
 
-// lse2 and delta of q rows r0.. of (b, h) row bh into rows (lse2, then delta), by cp.async from every thread.
-__device__ __forceinline__ void fused_load_rows(float* rows, const FlexParams& P, i64 bh, i64 r0) {
-  if (threadIdx.x >= 2 * TILE_M) return;
-  const int r = threadIdx.x % TILE_M;
-  const bool in = r0 + r < P.L;
-  const float* src = (threadIdx.x < TILE_M ? P.lse2 : P.delta) + (in ? bh * P.L + r0 + r : 0);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(rows + threadIdx.x)), "l"(src),
-               "r"(in ? 4 : 0)
-               : "memory");
-}
 
 extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   extern __shared__ __align__(16) u16 smem[];
@@ -265,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
       tma_tile(Qs + buf * TILE_M * HEAD_DIM, P.qmap, &bars[buf], row0, bh, TILE_M, false);
       tma_tile(dOs + buf * TILE_M * HEAD_DIM, P.domap, &bars[buf], row0, bh, TILE_M);
     }
-    fused_load_rows(rows_s + buf * 2 * TILE_M, P, bh, row0);
+    load_rows(rows_s + buf * 2 * TILE_M, P, bh, row0);  // by the first 128 consumer threads
   };
   if (more && threadIdx.x == 0) {  // K and V (128-row boxes) with the first q tile
     tma_tile(Ks, P.kmap, &bars[0], c0, bhk, FUSED_KV, false);
