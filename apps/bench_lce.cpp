@@ -7,8 +7,11 @@
 //                  over ONE [N, V] chunk (materialised logits and dz), what an unfused op holds;
 //   gemm3:         the three GEMMs alone (logits, dx, dW; no loss; logits in the input dtype, dz a
 //                  random normal [N, V] drawn once, as torch's gemm3 baseline);
-//   phases:        (CUDA) one speed chunk's GEMMs and kernels timed one by one (cuda_phases).
+//   phases:        (CUDA) one speed chunk's GEMMs and kernels timed one by one (cuda_phases);
+//   algos:         (CUDA) cuBLASLt's ranked algorithms for the op's GEMMs (bench_lce_algos.cpp).
 #include "bench_lce.h"
+
+#include "bench_lce_algos.h"
 
 #include <algorithm>
 #include <chrono>
@@ -258,6 +261,7 @@ int run_bench_lce(int argc, char** argv) {
     }
 #ifdef KILN_WITH_CUDA
     if (dev.is_cuda() && a.wants("phases")) cuda_phases(a, x, w, y);
+    if (dev.is_cuda() && a.wants("algos")) cuda_gemm_algos(x.detach(), w.detach(), y, a.json);
 #endif
     // The three GEMMs of a fused forward+backward, alone, on random operands as torch's baseline
     // (a dz of zeros, from a fresh allocation, runs the tensor cores cooler and ~10 % faster).

@@ -470,6 +470,40 @@ TEST(LinalgCuda, RawGemmBf16ToFp32WithBiasAndBeta) {
   const Tensor ref = ref_mm(a.t(), b.t()) * 0.5 + c0.to(kFloat64) * -1.0 + bias.to(kFloat64);
   EXPECT_CLOSE(gc.cpu(), ref, 1e-5);
 }
+
+// Every algorithm the heuristic ranks computes the product (bench_lce --variants algos times them);
+// rank 0 is what gemm() runs, bit for bit.
+TEST(LinalgCuda, RankedCandidatesAllComputeTheProduct) {
+  KILN_REQUIRE_CUDA();
+  const int64_t m = 384, n = 256, k = 1024;
+  const Tensor a = randn({m, k}, kBFloat16), b = randn({n, k}, kBFloat16);
+  const Tensor ga = a.cuda(), gb = b.cuda();
+  const Tensor ref = ref_mm(a, b.t());
+  auto params = [&](const Tensor& c) {
+    cuda::GemmParams p;
+    p.trans_b = true;
+    p.m = m, p.n = n, p.k = k;
+    p.a = ga.data_ptr(), p.lda = k, p.b = gb.data_ptr(), p.ldb = k, p.c = c.data_ptr(), p.ldc = n;
+    p.ab_type = kBFloat16, p.c_type = kFloat32;
+    p.stream = cuda::current_stream(0).handle();
+    return p;
+  };
+  Tensor plain = empty({m, n}, TensorOptions().dtype(kFloat32).device(Device("cuda")));
+  cuda::gemm(params(plain));
+  const auto candidates = cuda::gemm_candidates(params(plain), 8);
+  ASSERT_FALSE(candidates.empty());
+  for (const cuda::GemmCandidate& c : candidates) {
+    SCOPED_TRACE(c.config);
+    Tensor out = full({m, n}, 7.0f, TensorOptions().dtype(kFloat32).device(Device("cuda")));  // beta 0 ignores it
+    cuda::gemm_with_candidate(params(out), c.rank);
+    EXPECT_LE(c.workspace, cuda::gemm_workspace_bytes());
+    EXPECT_CLOSE(out.cpu(), ref, 1e-4);
+    if (c.rank == 0) {
+      EXPECT_EQ(out.to_vector(), plain.to_vector());
+    }
+  }
+  EXPECT_THROW(cuda::gemm_with_candidate(params(plain), 1000), Error);
+}
 #endif
 
 }  // namespace

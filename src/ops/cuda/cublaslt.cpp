@@ -5,10 +5,17 @@
 // steady-state cost of a call is one hash lookup and cublasLtMatmul.
 #include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/storage.h"
@@ -63,6 +70,8 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
   bool fused_bias = false;
+  std::array<uint32_t, 3> align{};  // A, B, C byte alignments the heuristic was asked for
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // the heuristic's ranking, fetched on demand
   std::mutex mu;  // the bias pointer is a descriptor attribute: set + launch must not interleave
 
   ~Plan() {
@@ -93,9 +102,42 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return l;
 }
 
-// Top heuristic algorithm for `plan`. Returns the heuristic's status; NOT_SUPPORTED stands for
-// "no algorithm" (cuBLASLt reports that both ways).
-cublasStatus_t pick_algo(const Problem& q, Plan& plan, const std::array<uint32_t, 3>& align) {
+// KILN_GEMM_PICK="m,n,k,ta,tb=rank;..." (a measurement switch, bench_lce --variants algos): runs
+// the heuristic's rank-th algorithm instead of its first for problems of that shape. Parsed once;
+// a malformed entry throws. Each pinned shape keeps one algorithm for the process, so its bits stay fixed.
+using PickKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+const std::map<PickKey, int>& pinned_ranks() {
+  static const std::map<PickKey, int> picks = [] {
+    std::map<PickKey, int> out;
+    const char* env = std::getenv("KILN_GEMM_PICK");
+    std::stringstream all(env ? env : "");
+    std::string item;
+    while (std::getline(all, item, ';')) {
+      if (item.empty()) continue;
+      int64_t m = 0, n = 0, k = 0, ta = 0, tb = 0;
+      int rank = -1;
+      char c1 = 0, c2 = 0, c3 = 0, c4 = 0, eq = 0;
+      std::stringstream one(item);
+      one >> m >> c1 >> n >> c2 >> k >> c3 >> ta >> c4 >> tb >> eq >> rank;
+      KILN_CHECK(one && c1 == ',' && c2 == ',' && c3 == ',' && c4 == ',' && eq == '=' && rank >= 0 && one.eof(),
+                 "gemm", "KILN_GEMM_PICK entry '", item, "' is not m,n,k,trans_a,trans_b=rank");
+      out[{m, n, k, ta, tb}] = rank;
+    }
+    return out;
+  }();
+  return picks;
+}
+
+int pinned_rank(const GemmParams& p) {
+  const auto& picks = pinned_ranks();
+  const auto it = picks.find({p.m, p.n, p.k, p.trans_a ? 1 : 0, p.trans_b ? 1 : 0});
+  return it == picks.end() ? 0 : it->second;
+}
+
+// The heuristic's ranking for `plan`, at most `count` algorithms, best first. Returns the
+// heuristic's status; NOT_SUPPORTED stands for "no algorithm" (cuBLASLt reports that both ways).
+cublasStatus_t rank_algos(const Problem& q, const Plan& plan, const std::array<uint32_t, 3>& align, int count,
+                          std::vector<cublasLtMatmulHeuristicResult_t>& out) {
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)> guard(
@@ -111,20 +153,32 @@ cublasStatus_t pick_algo(const Problem& q, Plan& plan, const std::array<uint32_t
                                                          sizeof(uint32_t)));
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2],
                                                          sizeof(uint32_t)));
-  cublasLtMatmulHeuristicResult_t result{};
+  out.assign(static_cast<size_t>(count), cublasLtMatmulHeuristicResult_t{});
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(q.p.device), plan.desc, plan.la, plan.lb,
-                                                           plan.lc, plan.lc, pref, 1, &result, &found);
+                                                           plan.lc, plan.lc, pref, count, out.data(), &found);
+  out.resize(st == CUBLAS_STATUS_SUCCESS ? static_cast<size_t>(found) : 0);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
-  if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-  plan.algo = result.algo;
-  plan.workspace = result.workspaceSize;
+  return found == 0 ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_SUCCESS;
+}
+
+// The heuristic's first algorithm for `plan` (or the KILN_GEMM_PICK rank for its shape).
+cublasStatus_t pick_algo(const Problem& q, Plan& plan, const std::array<uint32_t, 3>& align) {
+  const int rank = pinned_rank(q.p);
+  std::vector<cublasLtMatmulHeuristicResult_t> ranked;
+  const cublasStatus_t st = rank_algos(q, plan, align, rank + 1, ranked);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  KILN_CHECK(rank < static_cast<int>(ranked.size()), "gemm", "KILN_GEMM_PICK asks for rank ", rank, " of m=", q.p.m,
+             " n=", q.p.n, " k=", q.p.k, " but cuBLASLt offers ", ranked.size(), " algorithms");
+  plan.algo = ranked[static_cast<size_t>(rank)].algo;
+  plan.workspace = ranked[static_cast<size_t>(rank)].workspaceSize;
   return CUBLAS_STATUS_SUCCESS;
 }
 
 std::unique_ptr<Plan> make_plan(const Problem& q, const std::array<uint32_t, 3>& align) {
   const GemmParams& p = q.p;
   auto plan = std::make_unique<Plan>();
+  plan->align = align;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, q.compute, q.scale));
   const cublasOperation_t op_a = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // the operands swap places
   const cublasOperation_t op_b = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -228,31 +282,42 @@ void* cublaslt_workspace(int device, cudaStream_t stream) {
   return ws;
 }
 
-void gemm(const GemmParams& p) {
+namespace {
+
+// The call normalised (leading dims fixed, batch strides zeroed for one matrix), or nothing to
+// multiply: m, n or batch 0 returns false; k == 0 applies C = beta * C (+ bias) and returns false.
+bool normalise(const GemmParams& p, std::optional<Problem>& q) {
   KILN_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 0, "gemm", "negative size m=", p.m, " n=", p.n,
              " k=", p.k, " batch=", p.batch);
   KILN_CHECK(p.batch <= INT32_MAX, "gemm", "batch ", p.batch, " exceeds cuBLASLt's 32-bit batch count");
   check_types(p);
-  if (p.m == 0 || p.n == 0 || p.batch == 0) return;
-  DeviceGuard guard(p.device);
-  const auto stream = static_cast<cudaStream_t>(p.stream);
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return false;
   if (p.k == 0) {  // no product: C = beta * C (+ bias)
-    add_bias_rows(p.c_type, p.c, p.ldc, p.stride_c, p.batch, p.m, p.n, p.beta, p.bias_type, p.bias, stream);
-    return;
+    DeviceGuard guard(p.device);
+    add_bias_rows(p.c_type, p.c, p.ldc, p.stride_c, p.batch, p.m, p.n, p.beta, p.bias_type, p.bias,
+                  static_cast<cudaStream_t>(p.stream));
+    return false;
   }
   const bool one = p.batch == 1;
   const bool f64 = p.ab_type == kFloat64;
-  const Problem q{p,
-                  p.trans_a ? fix_ld(p.k, p.m, p.lda, "lda") : fix_ld(p.m, p.k, p.lda, "lda"),
-                  p.trans_b ? fix_ld(p.n, p.k, p.ldb, "ldb") : fix_ld(p.k, p.n, p.ldb, "ldb"),
-                  fix_ld(p.m, p.n, p.ldc, "ldc"),
-                  one ? 0 : p.stride_a,
-                  one ? 0 : p.stride_b,
-                  one ? 0 : p.stride_c,
-                  f64 ? CUBLAS_COMPUTE_64F
-                      : (p.allow_tf32 && p.ab_type == kFloat32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F),
-                  f64 ? CUDA_R_64F : CUDA_R_32F};
-  Plan& plan = plan_for(q);
+  q.emplace(Problem{p,
+                    p.trans_a ? fix_ld(p.k, p.m, p.lda, "lda") : fix_ld(p.m, p.k, p.lda, "lda"),
+                    p.trans_b ? fix_ld(p.n, p.k, p.ldb, "ldb") : fix_ld(p.k, p.n, p.ldb, "ldb"),
+                    fix_ld(p.m, p.n, p.ldc, "ldc"),
+                    one ? 0 : p.stride_a,
+                    one ? 0 : p.stride_b,
+                    one ? 0 : p.stride_c,
+                    f64 ? CUBLAS_COMPUTE_64F
+                        : (p.allow_tf32 && p.ab_type == kFloat32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F),
+                    f64 ? CUDA_R_64F : CUDA_R_32F});
+  return true;
+}
+
+// One cublasLtMatmul of the normalised problem with `algo` (needing `workspace` bytes).
+void launch(const Problem& q, Plan& plan, const cublasLtMatmulAlgo_t& algo, size_t workspace) {
+  const GemmParams& p = q.p;
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  const bool f64 = p.ab_type == kFloat64;
   double beta = p.beta;
   if (p.bias && !plan.fused_bias) {
     add_bias_rows(p.c_type, p.c, q.ldc, q.sc, p.batch, p.m, p.n, beta, p.bias_type, p.bias, stream);
@@ -261,7 +326,7 @@ void gemm(const GemmParams& p) {
   const float alpha32 = static_cast<float>(p.alpha), beta32 = static_cast<float>(beta);
   const void* alpha_ptr = f64 ? static_cast<const void*>(&p.alpha) : &alpha32;
   const void* beta_ptr = f64 ? static_cast<const void*>(&beta) : &beta32;
-  void* ws = plan.workspace > 0 ? cublaslt_workspace(p.device, stream) : nullptr;
+  void* ws = workspace > 0 ? cublaslt_workspace(p.device, stream) : nullptr;
   std::unique_lock<std::mutex> lock(plan.mu, std::defer_lock);
   if (plan.fused_bias) {
     lock.lock();
@@ -269,7 +334,71 @@ void gemm(const GemmParams& p) {
         cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
   }
   KILN_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(p.device), plan.desc, alpha_ptr, p.b, plan.la, p.a, plan.lb,
-                                   beta_ptr, p.c, plan.lc, p.c, plan.lc, &plan.algo, ws, plan.workspace, stream));
+                                   beta_ptr, p.c, plan.lc, p.c, plan.lc, &algo, ws, workspace, stream));
+}
+
+// The plan's ranking of up to `count` algorithms, fetched once (a larger count fetches again).
+std::vector<cublasLtMatmulHeuristicResult_t> ranking(const Problem& q, Plan& plan, int count) {
+  std::lock_guard<std::mutex> lock(plan.mu);
+  if (static_cast<int>(plan.candidates.size()) < count) {
+    std::vector<cublasLtMatmulHeuristicResult_t> ranked;
+    const cublasStatus_t st = rank_algos(q, plan, plan.align, count, ranked);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+      KILN_FAIL("cublasLt", "cublasLtMatmulAlgoGetHeuristic failed: ", cublasLtGetStatusName(st));
+    plan.candidates = std::move(ranked);
+  }
+  return plan.candidates;
+}
+
+std::string describe(const cublasLtMatmulAlgo_t& algo) {
+  auto attr = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
+    uint32_t v = 0;  // every attribute read here is 32 bits or narrower, little-endian
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, a, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS) return -1LL;
+    return static_cast<long long>(v);
+  };
+  std::ostringstream o;
+  o << "algo " << attr(CUBLASLT_ALGO_CONFIG_ID) << " tile " << attr(CUBLASLT_ALGO_CONFIG_TILE_ID) << " stages "
+    << attr(CUBLASLT_ALGO_CONFIG_STAGES_ID) << " splitk " << attr(CUBLASLT_ALGO_CONFIG_SPLITK_NUM) << " reduction "
+    << attr(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) << " swizzle " << attr(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)
+    << " custom " << attr(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION) << " cluster "
+    << attr(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+  return o.str();
+}
+
+}  // namespace
+
+void gemm(const GemmParams& p) {
+  std::optional<Problem> q;
+  if (!normalise(p, q)) return;
+  DeviceGuard guard(p.device);
+  Plan& plan = plan_for(*q);
+  launch(*q, plan, plan.algo, plan.workspace);
+}
+
+std::vector<GemmCandidate> gemm_candidates(const GemmParams& p, int max_count) {
+  KILN_CHECK(max_count > 0, "gemm", "gemm_candidates needs max_count > 0, got ", max_count);
+  std::optional<Problem> q;
+  if (!normalise(p, q)) return {};
+  DeviceGuard guard(p.device);
+  Plan& plan = plan_for(*q);
+  std::vector<GemmCandidate> out;
+  const auto ranked = ranking(*q, plan, max_count);
+  for (size_t r = 0; r < ranked.size() && static_cast<int>(r) < max_count; ++r)
+    out.push_back({static_cast<int>(r), ranked[r].workspaceSize, ranked[r].wavesCount, describe(ranked[r].algo)});
+  return out;
+}
+
+void gemm_with_candidate(const GemmParams& p, int rank) {
+  std::optional<Problem> q;
+  if (!normalise(p, q)) return;
+  DeviceGuard guard(p.device);
+  Plan& plan = plan_for(*q);
+  const auto ranked = ranking(*q, plan, rank + 1);
+  KILN_CHECK(rank >= 0 && rank < static_cast<int>(ranked.size()), "gemm", "no candidate of rank ", rank, " for m=",
+             p.m, " n=", p.n, " k=", p.k, " (cuBLASLt offers ", ranked.size(), ")");
+  const cublasLtMatmulHeuristicResult_t& r = ranked[static_cast<size_t>(rank)];
+  launch(*q, plan, r.algo, r.workspaceSize);
 }
 
 }  // namespace kiln::cuda

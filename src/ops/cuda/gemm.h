@@ -32,6 +32,8 @@
 // Errors (unsupported combination, cuBLASLt failure) throw kiln::Error naming the call.
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kiln/dtype.h"
 
@@ -67,5 +69,21 @@ void gemm(const GemmParams& p);
 size_t gemm_workspace_bytes();
 // Number of cached plans (all devices): lets tests and benchmarks check that repeated calls reuse one.
 size_t gemm_cached_plans();
+
+// Algorithm choice, for measurement (bench_lce --variants algos). cuBLASLt's heuristic ranks the
+// algorithms for a problem; gemm() runs its first unless the environment pins another rank for
+// that shape: KILN_GEMM_PICK="m,n,k,trans_a,trans_b=rank;..." (read once per process; the pinned
+// algorithm then serves every call of that shape, so results stay bitwise reproducible).
+struct GemmCandidate {
+  int rank = 0;            // 0: the heuristic's first choice, what gemm() runs by default
+  size_t workspace = 0;    // bytes it needs (at most gemm_workspace_bytes())
+  float waves = 0;         // the heuristic's wave count estimate
+  std::string config;      // "algo A tile T stages S splitk K reduction R swizzle W custom C cluster L"
+};
+// Up to max_count candidates for p's problem, best-ranked first (none when m, n or batch is 0;
+// k == 0 applies C = beta * C and returns none).
+std::vector<GemmCandidate> gemm_candidates(const GemmParams& p, int max_count);
+// p run with the candidate of that rank (throws kiln::Error when there is none).
+void gemm_with_candidate(const GemmParams& p, int rank);
 
 }  // namespace kiln::cuda

@@ -1,0 +1,13 @@
+#pragma once
+// `kiln bench lce --variants algos` (CUDA only): cuBLASLt's ranked algorithms for the fused op's
+// GEMMs at one shape, each timed alone, and the KILN_GEMM_PICK value that pins the fastest.
+#ifdef KILN_WITH_CUDA
+#include "kiln/tensor.h"
+
+namespace kiln::apps {
+
+// x: [N, H] bf16/fp16 on CUDA; w: [V, H]; y: [N] int64 (the shapes the op's chunk sizes come from).
+void cuda_gemm_algos(const Tensor& x, const Tensor& w, const Tensor& y, bool json);
+
+}  // namespace kiln::apps
+#endif

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Does a different cuBLASLt algorithm serve the fused loss's GEMMs better? (carry [".device"],
+# binaries from scripts/device/pack.sh). At LCE_SHAPE (default 8192 x 4096 x 128256 bf16):
+# test_ops' ranked-candidate test, `bench_lce --variants algos` (every ranked candidate of each
+# GEMM timed alone; its last line is the KILN_GEMM_PICK value), torch's baselines, then PASSES
+# (default 2) interleaved passes of speed, memory and gemm3 with the defaults and with that pick.
+# Logs to stdout and $OUT/lce_algos.log; the sweep's lines also to $OUT/lce_algos.jsonl.
+set -uo pipefail
+LOG_NAME=lce_algos.log
+. scripts/device/prelude.sh
+L=/tmp/kiln-bin/bin/bench_lce
+shape=${LCE_SHAPE:-"--tokens 8192 --hidden 4096 --vocab 128256"}
+log "commit $(cat .device/commit)  shape $shape"
+timeout 120 build-gpu/tests/test_ops --gtest_filter='LinalgCuda.*' > "$OUT/test_linalg_cuda.log" 2>&1
+log "test_ops LinalgCuda: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_linalg_cuda.log" | head -3 | tr '\n' ' ')"
+timeout 300 $L --device cuda --dtype bf16 --json $shape --variants algos > "$OUT/lce_algos.jsonl" 2>&1
+grep -E '"algo_best"|"algo_pick"|rror' "$OUT/lce_algos.jsonl" | while read -r l; do log "sweep $l"; done
+pick=$(grep '"algo_pick"' "$OUT/lce_algos.jsonl" | sed -E 's/.*"env": "([^"]*)".*/\1/')
+[ -z "${SKIP_TORCH:-}" ] && timeout 200 python3 .device/torch_baselines.py lce $shape 2>&1 | grep variant | while read -r l; do log "torch $l"; done
+for pass in $(seq "${PASSES:-2}"); do
+  for setting in default pick; do
+    if [ $setting = pick ] && [ -z "$pick" ]; then continue; fi
+    ( [ $setting = pick ] && export KILN_GEMM_PICK="$pick"
+      timeout 200 $L --device cuda --dtype bf16 --json --iters 5 $shape --variants speed,memory,gemm3 2>&1 ) |
+      while read -r l; do log "pass $pass $setting $l"; done
+  done
+done
