@@ -3,7 +3,8 @@
 # binaries from scripts/device/pack.sh). At LCE_SHAPE (default 8192 x 4096 x 128256 bf16):
 # test_ops' ranked-candidate test, `bench_lce --variants algos` (every ranked candidate of each
 # GEMM timed alone; its last line is the KILN_GEMM_PICK value), torch's baselines, then PASSES
-# (default 2) interleaved passes of speed, memory and gemm3 with the defaults and with that pick.
+# (default 2) interleaved passes of speed, memory and gemm3 with the defaults and with that pick,
+# then the memory strategy at other tile widths (MEM_VOCAB).
 # Logs to stdout and $OUT/lce_algos.log; the sweep's lines also to $OUT/lce_algos.jsonl.
 set -uo pipefail
 LOG_NAME=lce_algos.log
@@ -24,4 +25,10 @@ for pass in $(seq "${PASSES:-2}"); do
       timeout 200 $L --device cuda --dtype bf16 --json --iters 5 $shape --variants speed,memory,gemm3 2>&1 ) |
       while read -r l; do log "pass $pass $setting $l"; done
   done
+done
+# The memory strategy's tile width (its fp32 dx accumulator is read and written once a tile):
+# MEM_VOCAB widths beside the default (peaks above the bound at wider tiles; for the trade-off only).
+for vc in ${MEM_VOCAB:-4096 7680}; do
+  timeout 120 $L --device cuda --dtype bf16 --json --iters 5 $shape --variants memory --chunk-vocab "$vc" 2>&1 |
+    while read -r l; do log "memory chunk-vocab $vc $l"; done
 done

@@ -199,7 +199,10 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     cfg.bwd_fused_inplace = true;
     EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_INPLACE 1"), std::string::npos);
     EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused = cfg.bwd_fused_reducer = cfg.bwd_fused_inplace = false;
+    cfg.bwd_fused_ascending = true;  // q tiles walked upward, turns from the highest kv block
+    EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_ASCENDING 1"), std::string::npos);
+    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
+    cfg.bwd_fused = cfg.bwd_fused_reducer = cfg.bwd_fused_inplace = cfg.bwd_fused_ascending = false;
     cfg.mask_ranges = cfg.fwd_keepbits = cfg.bwd_split_p = cfg.bwd_paired = cfg.bwd_tma = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
@@ -1143,15 +1146,16 @@ void check_fused_backward() {
 
 // With the adds inline (thread 0), by the reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1), and by it
 // in place (KILN_FLEX_BWD_FUSED_INPLACE=1: first parts stored, last ones converted, q tiles without
-// parts zeroed apart).
+// parts zeroed apart); modes 3 and 4 are 0 and 2 in the ascending order (KILN_FLEX_BWD_FUSED_ASCENDING=1).
 TEST(FlexAttentionCuda, FusedBackwardMatchesReferenceAndIsDeterministic) {
   KILN_REQUIRE_CUDA();
   manual_seed(57);
   const ScopedEnv fused("KILN_FLEX_BWD_FUSED", "1");
-  for (const int mode : {0, 1, 2}) {
+  for (const int mode : {0, 1, 2, 3, 4}) {
     SCOPED_TRACE("mode " + std::to_string(mode));
-    const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", mode >= 1 ? "1" : "0"),
-        inplace("KILN_FLEX_BWD_FUSED_INPLACE", mode == 2 ? "1" : "0");
+    const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", mode == 1 || mode == 2 || mode == 4 ? "1" : "0"),
+        inplace("KILN_FLEX_BWD_FUSED_INPLACE", mode == 2 || mode == 4 ? "1" : "0"),
+        ascending("KILN_FLEX_BWD_FUSED_ASCENDING", mode >= 3 ? "1" : "0");
     check_fused_backward();
     const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
     check_fused_backward();
@@ -1414,6 +1418,11 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
       const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", "1");
       EXPECT_TRUE(config(9).bwd_fused_inplace);
     }
+    {
+      const ScopedEnv ascending("KILN_FLEX_BWD_FUSED_ASCENDING", "1");
+      EXPECT_TRUE(config(9).bwd_fused_ascending);
+    }
+    EXPECT_FALSE(config(9).bwd_fused_ascending);
     p.E = p.Ev = 64;
     EXPECT_FALSE(config(9).bwd_fused) << "E = 64";
     p.E = p.Ev = 128;

@@ -125,6 +125,9 @@ struct KernelConfig {
   // With the reducer and the ordered adds: a q tile's first part stored and its last converted into dQ by
   // the reducer warp, no zero / convert passes (KILN_FLEX_BWD_FUSED_INPLACE=1).
   bool bwd_fused_inplace = false;
+  // The fused backward's q tiles walked upward, each tile's parts from the highest kv block down, units
+  // launched from a head's highest kv block (KILN_FLEX_BWD_FUSED_ASCENDING=1; the causal row's order).
+  bool bwd_fused_ascending = false;
   // Its kv rows a CTA.
   static constexpr int kFusedKv = 128;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead

@@ -46,6 +46,16 @@ const char* kernel_backward_fused() {
 // FUSED_INPLACE: a q tile's first part is stored rather than added (the sums need no zeroing) and the
 // reducer warp converts a tile into dQ once its last part is in (no convert pass); flex_bwd_dq then
 // only zeroes the dQ of q tiles whose kv list is empty.
+#ifndef FUSED_ASCENDING
+#define FUSED_ASCENDING 0  // q tiles walked upward, parts taken from the highest kv block down (KILN_FLEX_BWD_FUSED_ASCENDING=1)
+#endif
+// FUSED_ASCENDING: with the descending walk and ascending turns a causal head's kv block j reaches its
+// first tile (the last q tile, whose turns run 0..j) only after block j - 1 has added there: a wave
+// of j idle steps per CTA, ~half a causal head's work (the fused causal row 9.8 -> 14.1 ms; H200,
+// session 19, call 8). Walking upward, a unit's first tile is the one where no higher block adds
+// (causal: its diagonal), and the higher blocks it waits for reach each later tile earlier in their
+// own walks. Units are launched from the highest kv block of a head down, so every wait is on a CTA
+// launched earlier (no CTA waits on one that may not be resident yet).
 #define FUSED_CTA_THREADS (FUSED_THREADS + (FUSED_REDUCER ? 128 : 0))
 #define FUSED_PARTS (FUSED_REDUCER ? 2 : 1)  // dQ part buffers
 #define FUSED_REDUCER_REGS 32  // (65536 - 32 x 128) / 256 = 240 for the consumers
@@ -97,6 +107,55 @@ struct GroupWalkDesc {
   }
 };
 
+// The q tiles of kv block jblk, head by head of the group, each head's tiles in ascending order.
+struct GroupWalkAsc {
+  const FlexParams& P;
+  i64 b, hk, jblk, gi, base, i, n, r, rend;
+  bool part;
+  __device__ __forceinline__ void head() {
+    const i64 mcol = P.all_full ? 0 : mask_row(P, b, hk * P.G + gi) * P.nKVB + jblk;
+    base = mcol * P.q_all_m;
+    n = P.all_full ? P.nQB : P.q_all_num[mcol];
+    i = r = rend = 0;  // no block open
+  }
+  __device__ __forceinline__ GroupWalkAsc(const FlexParams& p, i64 b_, i64 hk_, i64 jblk_)
+      : P(p), b(b_), hk(hk_), jblk(jblk_), gi(0), base(0), i(0), n(0), r(0), rend(0), part(false) {
+    head();
+  }
+  __device__ __forceinline__ bool next(i64& g, i64& r0, bool& partial) {
+    for (;;) {
+      if (r < rend) {
+        g = gi;
+        r0 = r;
+        partial = part;
+        r += TILE_M;
+        return true;
+      }
+      if (i < n) {
+        int blk = (int)i;
+        part = false;
+        if (!P.all_full) {
+          const int e = P.q_all_idx[base + i];
+          blk = e >> 1;
+          part = e & 1;
+        }
+        ++i;
+        r = (i64)blk * P.QB;
+        rend = r + P.QB < P.L ? r + P.QB : P.L;
+        continue;
+      }
+      if (++gi >= P.G) return false;
+      head();
+    }
+  }
+};
+
+#if FUSED_ASCENDING
+typedef GroupWalkAsc FusedWalk;
+#else
+typedef GroupWalkDesc FusedWalk;
+#endif
+
 // How many kv blocks below jblk q block ib of (b, h) lists: the parts added to its tiles before jblk's.
 __device__ __forceinline__ unsigned kv_rank(const FlexParams& P, i64 b, i64 h, i64 ib, i64 jblk) {
   if (P.all_full) return (unsigned)jblk;
@@ -116,6 +175,16 @@ __device__ __forceinline__ unsigned kv_count(const FlexParams& P, i64 b, i64 h, 
   return P.all_full ? (unsigned)P.nKVB : (unsigned)P.kv_all_num[mask_row(P, b, h) * P.nQB + ib];
 }
 
+// Kv block jblk's turn on q block ib's tiles of (b, h): its place among the blocks the q block lists,
+// counted from the lowest (or, FUSED_ASCENDING, from the highest).
+__device__ __forceinline__ unsigned part_turn(const FlexParams& P, i64 b, i64 h, i64 ib, i64 jblk) {
+#if FUSED_ASCENDING
+  return kv_count(P, b, h, ib) - 1u - kv_rank(P, b, h, ib, jblk);
+#else
+  return kv_rank(P, b, h, ib, jblk);
+#endif
+}
+
 // One part (this block's, in buf) into q tile r0 of (b, h) row bh: wait for the block's turn on the
 // tile, one bulk reduction of its valid rows (FUSED_INPLACE: a store for the first), wait for its
 // writes, pass the turn (by one thread). Returns whether it was the tile's last (FUSED_INPLACE).
@@ -123,7 +192,7 @@ __device__ __forceinline__ bool fused_add_part(const FlexParams& P, i64 b, i64 h
   const i64 bh = b * P.Hq + h, nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
   unsigned* sem = P.dqsem + bh * P.q_tiles + r0 / TILE_M;
 #if !FUSED_UNORDERED
-  const unsigned rank = kv_rank(P, b, h, r0 / P.QB, jblk);
+  const unsigned rank = part_turn(P, b, h, r0 / P.QB, jblk);
   unsigned seen;
   do {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
@@ -193,7 +262,8 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
 #endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wg = warp >> 2,
             wq = warp & 3;
-  const i64 u = blockIdx.x, tile = u % P.kv_tiles, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
+  const i64 u = blockIdx.x, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
+  const i64 tile = FUSED_ASCENDING ? P.kv_tiles - 1 - u % P.kv_tiles : u % P.kv_tiles;  // launch order: see FUSED_ASCENDING
   const i64 c0 = tile * FUSED_KV, jblk = c0 / P.KB, w0 = c0 + wg * 64;
   const i64 cols[2] = {w0 + wq * 16 + g, w0 + wq * 16 + g + 8};  // this thread's kv rows
   const bool kv_in = w0 + 64 <= P.S;
@@ -219,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
   if (warp >= 2 * NWARPS) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FUSED_REDUCER_REGS));
     if (warp == 2 * NWARPS) {  // its lane 0: the same walk as the consumers', each step's part in turn
-      GroupWalkDesc rwalk(P, b, hk, jblk);
+      FusedWalk rwalk(P, b, hk, jblk);
       i64 rg, rr0;
       bool rpart;
       for (u32 rstep = 0; rwalk.next(rg, rr0, rpart); ++rstep) {
@@ -244,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FUSED_CONSUMER_REGS));
   u32 step = 0;  // the consumers' step: its part buffer step & 1
 #endif
-  GroupWalkDesc walk(P, b, hk, jblk);
+  FusedWalk walk(P, b, hk, jblk);
   i64 gi, r0;
   bool partial;
   bool more = walk.next(gi, r0, partial);
