@@ -7,7 +7,8 @@
 //                  over ONE [N, V] chunk (materialised logits and dz), what an unfused op holds;
 //   gemm3:         the three GEMMs alone (logits, dx, dW; no loss; logits in the input dtype, dz a
 //                  random normal [N, V] drawn once, as torch's gemm3 baseline);
-//   phases:        (CUDA) one speed chunk's GEMMs and kernels timed one by one (cuda_phases);
+//   phases:        (CUDA) one speed chunk's and one memory tile's GEMMs and kernels timed one by one
+//                  (cuda_phases);
 //   algos:         (CUDA) cuBLASLt's ranked algorithms for the op's GEMMs (bench_lce_algos.cpp).
 #include "bench_lce.h"
 
@@ -101,6 +102,28 @@ void print(const Args& a, const char* variant, const Result& r, int64_t grad_byt
 }
 
 #ifdef KILN_WITH_CUDA
+// Each phase alone with CUDA events: one warm-up, the median of 5.
+void time_phases(const std::vector<std::pair<const char*, std::function<void()>>>& phases, const char* strategy,
+                 int64_t tokens, int64_t classes, DType tt) {
+  for (const auto& [name, fn] : phases) {
+    fn();
+    std::vector<float> ts;
+    for (int i = 0; i < 5; ++i) {
+      cuda::Event e0, e1;
+      e0.record();
+      fn();
+      e1.record();
+      e1.synchronize();
+      ts.push_back(e0.elapsed_ms(e1));
+    }
+    std::sort(ts.begin(), ts.end());
+    std::printf("{\"variant\": \"phase\", \"strategy\": \"%s\", \"phase\": \"%s\", \"tokens\": %lld, "
+                "\"classes\": %lld, \"tile\": \"%s\", \"ms\": %.4f}\n",
+                strategy, name, static_cast<long long>(tokens), static_cast<long long>(classes), dtype_name(tt), ts[2]);
+  }
+  std::fflush(stdout);
+}
+
 // Where a fused step's time goes: the phases of one speed-strategy chunk over the whole
 // vocabulary (--chunk-tokens, default the op's own chunk for this shape), each timed alone with
 // CUDA events (median of 5). Tiles of the op's type (16-bit for 16-bit inputs unless
@@ -162,21 +185,36 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
       {"logits_gemm_16bit", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, other.data_ptr(), t,
                                      ld, 0.0); }},
   };
-  for (const auto& [name, fn] : phases) {
-    fn();
-    std::vector<float> ts;
-    for (int i = 0; i < 5; ++i) {
-      cuda::Event e0, e1;
-      e0.record();
-      fn();
-      e1.record();
-      e1.synchronize();
-      ts.push_back(e0.elapsed_ms(e1));
-    }
-    std::sort(ts.begin(), ts.end());
-    std::printf("{\"variant\": \"phase\", \"phase\": \"%s\", \"tokens\": %lld, \"tile\": \"%s\", \"ms\": %.4f}\n", name,
-                static_cast<long long>(N), dtype_name(tt), ts[2]);
-  }
+  time_phases(phases, "speed", N, V, tt);
+  // One memory-strategy tile [Nm, Vc] (the op's own sizes): its GEMMs and passes, and how many
+  // such tiles the op runs (its forward: logits + stats; its backward: logits + grad + dx + dW).
+  LinearCrossEntropyOptions mo;
+  mo.strategy = LceStrategy::Memory;
+  const auto ms = nn::functional::linear_cross_entropy_with_stats(x, w, y, mo);
+  const int64_t Nm = std::min(ms.chunk_tokens, a.n), Vc = ms.chunk_vocab, ldm = lce::tile_stride(Vc, tt),
+                ldmz = ldm * static_cast<int64_t>(element_size(tt) / element_size(dzt));  // dz over the tile
+  const bool one_chunk = Nm >= a.n;  // dW slices stored in T, else summed in a fp32 slice
+  Tensor zm = empty({Nm, ldm}, TensorOptions().dtype(tt).device(x.device())), dxa = empty({Nm, H}, f32).zero_();
+  Tensor mstate = empty({4, Nm}, f32), mlse = full({Nm}, 12.0, f32);  // any finite lse: the grad pass's cost
+  lce::Consts km = k;
+  km.n = Nm;
+  void* zmp = zm.data_ptr();
+  const std::vector<std::pair<const char*, std::function<void()>>> mphases = {
+      {"logits_gemm", [&] { mm(false, true, Nm, Vc, H, x.data_ptr(), H, w.data_ptr(), H, t, zmp, tt, ldm, 0.0); }},
+      {"stats", [&] { lce_k::stats(t, tt, zmp, Nm, Vc, ldm, 0, nullptr, nullptr, yp, km, true, mstate.data_ptr(), Nm,
+                                   stream); }},
+      {"grad", [&] { lce_k::grad(t, tt, zmp, Nm, Vc, ldm, 0, 0, nullptr, nullptr, yp, mlse.data_ptr(), nullptr, false,
+                                 tot.data_ptr(), km, zmp, ldmz, stream); }},
+      {"dx_gemm_acc_f32", [&] { mm(false, false, Nm, H, Vc, zmp, ldmz, w.data_ptr(), H, dzt, dxa.data_ptr(), kFloat32,
+                                   H, 1.0); }},
+      {"dw_gemm", [&] { mm(true, false, Vc, H, Nm, zmp, ldmz, x.data_ptr(), H, dzt,
+                           one_chunk ? dw.data_ptr() : dwa.data_ptr(), one_chunk ? t : kFloat32, H,
+                           one_chunk ? 0.0 : 1.0); }},
+  };
+  time_phases(mphases, "memory", Nm, Vc, tt);
+  std::printf("{\"variant\": \"memory_tiles\", \"tokens\": %lld, \"classes\": %lld, \"tiles\": %lld}\n",
+              static_cast<long long>(Nm), static_cast<long long>(Vc),
+              static_cast<long long>(((a.n + Nm - 1) / Nm) * ((V + Vc - 1) / Vc)));
   std::fflush(stdout);
 }
 #endif

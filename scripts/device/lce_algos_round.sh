@@ -4,7 +4,8 @@
 # test_ops' ranked-candidate test, `bench_lce --variants algos` (every ranked candidate of each
 # GEMM timed alone; its last line is the KILN_GEMM_PICK value), torch's baselines, then PASSES
 # (default 2) interleaved passes of speed, memory and gemm3 with the defaults and with that pick,
-# then the memory strategy at other tile widths (MEM_VOCAB).
+# then the memory strategy at other tile widths (MEM_VOCAB), then the phases of a speed chunk and a
+# memory tile.
 # Logs to stdout and $OUT/lce_algos.log; the sweep's lines also to $OUT/lce_algos.jsonl.
 set -uo pipefail
 LOG_NAME=lce_algos.log
@@ -32,3 +33,5 @@ for vc in ${MEM_VOCAB:-4096 7680}; do
   timeout 120 $L --device cuda --dtype bf16 --json --iters 5 $shape --variants memory --chunk-vocab "$vc" 2>&1 |
     while read -r l; do log "memory chunk-vocab $vc $l"; done
 done
+# One speed chunk's and one memory tile's phases (GEMMs and passes, each alone), with the defaults.
+timeout 120 $L --device cuda --dtype bf16 --json $shape --variants phases 2>&1 | while read -r l; do log "phases $l"; done
