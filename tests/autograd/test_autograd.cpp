@@ -75,8 +75,9 @@ TEST(Autograd, MaterializeGradsFalseLeavesUnusedOutputsUndefined) {
     bool second_defined = false;
     autograd::record("test_two_outputs", {a, b}, {x}, [&](const std::vector<Tensor>& g) {
       second_defined = g[1].defined();
-      if (second_defined)
+      if (second_defined) {
         for (double v : g[1].to_vector()) EXPECT_EQ(v, 0.0);
+      }
       return std::vector<Tensor>{mul(g[0], 3.0)};
     }, materialize);
     sum(a).backward();

@@ -32,22 +32,7 @@ using testing::ScoreFn;
 
 #ifdef KILN_WITH_CUDA
 
-// Sets an environment variable for a scope (restores or removes it afterwards).
-struct ScopedEnv {
-  std::string name, old;
-  bool had = false;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* o = std::getenv(n)) {
-      old = o;
-      had = true;
-    }
-    setenv(n, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had) setenv(name.c_str(), old.c_str(), 1);
-    else unsetenv(name.c_str());
-  }
-};
+using kiln::testing::ScopedEnv;
 
 // A fresh cache directory for one test (removed at the end).
 struct TempCacheDir {

@@ -235,11 +235,11 @@ TEST(FlexBlockMask, MergedListsInterleaveFullAndPartialBlocks) {
     const BlockMask merged = detail::merge_block_lists(bm);
     const std::vector<int> kind = block_classes(bm);  // [B, H, nQ, nKV]: 0 none, 1 partial, 2 full
     const int64_t nQ = (L + bs - 1) / bs, nKV = (S + bs - 1) / bs;
-    // Row r of lists (num, idx) against the blocks kind(x) lists for x < n, ascending.
-    const auto expect_row = [](const Tensor& num, const Tensor& idx, int64_t r, int64_t n, const auto& kind) {
+    // Row r of lists (num, idx) against the blocks class_of(x) lists for x < n, ascending.
+    const auto expect_row = [](const Tensor& num, const Tensor& idx, int64_t r, int64_t n, const auto& class_of) {
       std::vector<double> want;
       for (int64_t x = 0; x < n; ++x)
-        if (const int k = kind(x)) want.push_back(static_cast<double>(2 * x + (k == 1)));
+        if (const int k = class_of(x)) want.push_back(static_cast<double>(2 * x + (k == 1)));
       const std::vector<double> nv = num.to_vector(), iv = idx.to_vector();
       const int64_t m = idx.size(3);
       ASSERT_EQ(nv[r], static_cast<double>(want.size())) << "row " << r;

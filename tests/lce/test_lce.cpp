@@ -629,6 +629,33 @@ TEST(LinearCrossEntropyCuda, OverlapsAgainstReference) {
   }
 }
 
+// KILN_LCE_SHORT_ROWS=1 (a measurement switch): the row passes of the memory strategy's tiles in
+// 64-thread blocks. Against the reference, the same bits run to run.
+TEST(LinearCrossEntropyCuda, ShortRowBlocksAgainstReference) {
+  KILN_REQUIRE_CUDA();
+  const testing::ScopedEnv short_rows("KILN_LCE_SHORT_ROWS", "1");
+  for (DType dt : {kFloat32, kBFloat16})
+    for (bool peaked : {false, true}) check_all(dt, LceStrategy::Memory, peaked, Device("cuda"));
+  Case c;
+  c.n = 300;
+  c.h = 64;
+  c.v = 9000;  // tiles of up to 8192 classes take the short blocks, the rest the long ones
+  c.bias = c.cw = true;
+  c.eps = 0.1;
+  c.z = 1e-3;
+  manual_seed(14);
+  RefIn in = make_inputs(c, kBFloat16);
+  in.logits = ref_logits(kBFloat16, Device("cuda"));
+  const RefOut ref = lce_test::reference(in, {1.0});
+  for (int64_t vocab_chunk : {1000, 9000}) {
+    const LceRun a = run(in, kBFloat16, LceStrategy::Memory, {1.0}, Device("cuda"), 128, vocab_chunk);
+    expect_matches(a, in, ref, kBFloat16, detail::str_cat("vocabulary tiles of ", vocab_chunk));
+    const LceRun b = run(in, kBFloat16, LceStrategy::Memory, {1.0}, Device("cuda"), 128, vocab_chunk);
+    EXPECT_TRUE(bytes(a.loss) == bytes(b.loss) && bytes(a.dx) == bytes(b.dx) && bytes(a.dw) == bytes(b.dw) &&
+                bytes(a.db) == bytes(b.db));
+  }
+}
+
 TEST(LinearCrossEntropyCuda, SpeedRetainGraphGivesSameGradients) {
   KILN_REQUIRE_CUDA();
   check_speed_retain_graph(Device("cuda"));

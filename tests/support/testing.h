@@ -3,6 +3,7 @@
 // finite-difference gradient checks, and the CPU-vs-CUDA harness.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -10,6 +11,26 @@
 #include "kiln/kiln.h"
 
 namespace kiln::testing {
+
+// Sets an environment variable for a scope (restores or removes it afterwards): the measurement
+// switches that are read per call.
+struct ScopedEnv {
+  std::string name, old;
+  bool had = false;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* o = std::getenv(n)) {
+      old = o;
+      had = true;
+    }
+    setenv(n, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+};
 
 // ||out - ref|| / ||ref|| in float64 over all elements; +inf if any NaN/inf appears in out
 // where ref is finite, or if shapes differ.
