@@ -3,7 +3,8 @@
 # binaries from scripts/device/pack.sh). At LCE_SHAPE (default 8192 x 4096 x 128256 bf16):
 # test_ops' ranked-candidate test, `bench_lce --variants algos` (every ranked candidate of each
 # GEMM timed alone; its last line is the KILN_GEMM_PICK value), torch's baselines, then PASSES
-# (default 2) interleaved passes of speed, memory and gemm3 with the defaults and with that pick,
+# (default 2) interleaved passes of speed, memory and gemm3 with the defaults and with that pick (and
+# the memory strategy with KILN_LCE_SHORT_ROWS=1),
 # then the memory strategy at other tile widths (MEM_VOCAB), then the phases of a speed chunk and a
 # memory tile.
 # Logs to stdout and $OUT/lce_algos.log; the sweep's lines also to $OUT/lce_algos.jsonl.
@@ -20,10 +21,13 @@ grep -E '"algo_best"|"algo_pick"|rror' "$OUT/lce_algos.jsonl" | while read -r l;
 pick=$(grep '"algo_pick"' "$OUT/lce_algos.jsonl" | sed -E 's/.*"env": "([^"]*)".*/\1/')
 [ -z "${SKIP_TORCH:-}" ] && timeout 200 python3 .device/torch_baselines.py lce $shape 2>&1 | grep variant | while read -r l; do log "torch $l"; done
 for pass in $(seq "${PASSES:-2}"); do
-  for setting in default pick; do
+  for setting in default pick short_rows; do
     if [ $setting = pick ] && [ -z "$pick" ]; then continue; fi
+    variants=speed,memory,gemm3
+    [ $setting = short_rows ] && variants=memory  # KILN_LCE_SHORT_ROWS: the memory strategy's tiles only
     ( [ $setting = pick ] && export KILN_GEMM_PICK="$pick"
-      timeout 200 $L --device cuda --dtype bf16 --json --iters 5 $shape --variants speed,memory,gemm3 2>&1 ) |
+      [ $setting = short_rows ] && export KILN_LCE_SHORT_ROWS=1
+      timeout 200 $L --device cuda --dtype bf16 --json --iters 5 $shape --variants $variants 2>&1 ) |
       while read -r l; do log "pass $pass $setting $l"; done
   done
 done
@@ -35,3 +39,5 @@ for vc in ${MEM_VOCAB:-4096 7680}; do
 done
 # One speed chunk's and one memory tile's phases (GEMMs and passes, each alone), with the defaults.
 timeout 120 $L --device cuda --dtype bf16 --json $shape --variants phases 2>&1 | while read -r l; do log "phases $l"; done
+KILN_LCE_SHORT_ROWS=1 timeout 120 $L --device cuda --dtype bf16 --json $shape --variants phases 2>&1 |
+  grep '"memory"' | while read -r l; do log "phases short_rows $l"; done
