@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Does a different cuBLASLt algorithm serve the fused loss's GEMMs better? (carry [".device"],
 # binaries from scripts/device/pack.sh). At LCE_SHAPE (default 8192 x 4096 x 128256 bf16):
-# test_ops' ranked-candidate test, `bench_lce --variants algos` (every ranked candidate of each
+# test_ops' LinalgCuda tests (the ranked candidates') and test_lce's CUDA tests, `bench_lce --variants algos` (every ranked candidate of each
 # GEMM timed alone; its last line is the KILN_GEMM_PICK value), torch's baselines, then PASSES
 # (default 2) interleaved passes of speed, memory and gemm3 with the defaults and with that pick (and
 # the memory strategy with KILN_LCE_SHORT_ROWS=1),
@@ -16,6 +16,9 @@ shape=${LCE_SHAPE:-"--tokens 8192 --hidden 4096 --vocab 128256"}
 log "commit $(cat .device/commit)  shape $shape"
 timeout 120 build-gpu/tests/test_ops --gtest_filter='LinalgCuda.*' > "$OUT/test_linalg_cuda.log" 2>&1
 log "test_ops LinalgCuda: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_linalg_cuda.log" | head -3 | tr '\n' ' ')"
+timeout 240 build-gpu/tests/test_lce --gtest_filter='*Cuda*' > "$OUT/test_lce_cuda.log" 2>&1
+log "test_lce CUDA: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_lce_cuda.log" | head -3 | tr '\n' ' ')"
+grep -E "Failure" -A8 "$OUT/test_lce_cuda.log" "$OUT/test_linalg_cuda.log" | head -40 | tee -a "$OUT/lce_algos.log"
 timeout 300 $L --device cuda --dtype bf16 --json $shape --variants algos > "$OUT/lce_algos.jsonl" 2>&1
 grep -E '"algo_best"|"algo_pick"|rror' "$OUT/lce_algos.jsonl" | while read -r l; do log "sweep $l"; done
 pick=$(grep '"algo_pick"' "$OUT/lce_algos.jsonl" | sed -E 's/.*"env": "([^"]*)".*/\1/')
