@@ -4,7 +4,7 @@
 # test_ops' LinalgCuda tests (the ranked candidates') and test_lce's CUDA tests, `bench_lce --variants algos` (every ranked candidate of each
 # GEMM timed alone; its last line is the KILN_GEMM_PICK value), torch's baselines, then PASSES
 # (default 2) interleaved passes of speed, memory and gemm3 with the defaults and with that pick (and
-# the memory strategy with KILN_LCE_SHORT_ROWS=1),
+# the memory strategy with KILN_LCE_SHORT_ROWS=1, the speed strategy at SPEED_CHUNKS tokens),
 # then the memory strategy at other tile widths (MEM_VOCAB), then the phases of a speed chunk and a
 # memory tile.
 # Logs to stdout and $OUT/lce_algos.log; the sweep's lines also to $OUT/lce_algos.jsonl.
@@ -32,6 +32,11 @@ for pass in $(seq "${PASSES:-2}"); do
       [ $setting = short_rows ] && export KILN_LCE_SHORT_ROWS=1
       timeout 200 $L --device cuda --dtype bf16 --json --iters 5 $shape --variants $variants 2>&1 ) |
       while read -r l; do log "pass $pass $setting $l"; done
+  done
+  # Speed chunks in whole 128-row GEMM tiles (the default rounds to 64: 2752 = 21.5 tiles at 8192 x 128256).
+  for ct in ${SPEED_CHUNKS:-2816}; do
+    timeout 120 $L --device cuda --dtype bf16 --json --iters 5 $shape --variants speed --chunk-tokens "$ct" 2>&1 |
+      while read -r l; do log "pass $pass chunk-tokens $ct $l"; done
   done
 done
 # The memory strategy's tile width (its fp32 dx accumulator is read and written once a tile):
