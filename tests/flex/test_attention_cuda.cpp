@@ -187,7 +187,12 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     cfg.bwd_fused_ascending = true;  // q tiles walked upward, turns from the highest kv block
     EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_ASCENDING 1"), std::string::npos);
     EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused = cfg.bwd_fused_reducer = cfg.bwd_fused_inplace = cfg.bwd_fused_ascending = false;
+    cfg.bwd_fused_persist = true;  // persistent, with the reducer, then with the adds inline
+    EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_PERSIST 1"), std::string::npos);
+    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
+    cfg.bwd_fused_reducer = cfg.bwd_fused_inplace = false;
+    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
+    cfg.bwd_fused = cfg.bwd_fused_ascending = cfg.bwd_fused_persist = false;
     cfg.mask_ranges = cfg.fwd_keepbits = cfg.bwd_split_p = cfg.bwd_paired = cfg.bwd_tma = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
@@ -1131,16 +1136,19 @@ void check_fused_backward() {
 
 // With the adds inline (thread 0), by the reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1), and by it
 // in place (KILN_FLEX_BWD_FUSED_INPLACE=1: first parts stored, last ones converted, q tiles without
-// parts zeroed apart); modes 3 and 4 are 0 and 2 in the ascending order (KILN_FLEX_BWD_FUSED_ASCENDING=1).
+// parts zeroed apart); modes 3 and 4 are 0 and 2 in the ascending order (KILN_FLEX_BWD_FUSED_ASCENDING=1),
+// 5 and 6 are 0 and 4 persistent (KILN_FLEX_BWD_FUSED_PERSIST=1).
 TEST(FlexAttentionCuda, FusedBackwardMatchesReferenceAndIsDeterministic) {
   KILN_REQUIRE_CUDA();
   manual_seed(57);
   const ScopedEnv fused("KILN_FLEX_BWD_FUSED", "1");
-  for (const int mode : {0, 1, 2, 3, 4}) {
+  for (const int mode : {0, 1, 2, 3, 4, 5, 6}) {
     SCOPED_TRACE("mode " + std::to_string(mode));
-    const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", mode == 1 || mode == 2 || mode == 4 ? "1" : "0"),
-        inplace("KILN_FLEX_BWD_FUSED_INPLACE", mode == 2 || mode == 4 ? "1" : "0"),
-        ascending("KILN_FLEX_BWD_FUSED_ASCENDING", mode >= 3 ? "1" : "0");
+    const bool in_place = mode == 2 || mode == 4 || mode == 6;
+    const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", mode == 1 || in_place ? "1" : "0"),
+        inplace("KILN_FLEX_BWD_FUSED_INPLACE", in_place ? "1" : "0"),
+        ascending("KILN_FLEX_BWD_FUSED_ASCENDING", mode == 3 || mode == 4 || mode == 6 ? "1" : "0"),
+        persist("KILN_FLEX_BWD_FUSED_PERSIST", mode >= 5 ? "1" : "0");
     check_fused_backward();
     const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
     check_fused_backward();
@@ -1404,10 +1412,12 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
       EXPECT_TRUE(config(9).bwd_fused_inplace);
     }
     {
-      const ScopedEnv ascending("KILN_FLEX_BWD_FUSED_ASCENDING", "1");
+      const ScopedEnv ascending("KILN_FLEX_BWD_FUSED_ASCENDING", "1"), persist("KILN_FLEX_BWD_FUSED_PERSIST", "1");
       EXPECT_TRUE(config(9).bwd_fused_ascending);
+      EXPECT_TRUE(config(9).bwd_fused_persist);
     }
     EXPECT_FALSE(config(9).bwd_fused_ascending);
+    EXPECT_FALSE(config(9).bwd_fused_persist);
     p.E = p.Ev = 64;
     EXPECT_FALSE(config(9).bwd_fused) << "E = 64";
     p.E = p.Ev = 128;

@@ -128,6 +128,9 @@ struct KernelConfig {
   // The fused backward's q tiles walked upward, each tile's parts from the highest kv block down, units
   // launched from a head's highest kv block (KILN_FLEX_BWD_FUSED_ASCENDING=1; the causal row's order).
   bool bwd_fused_ascending = false;
+  // The fused backward persistent: one CTA an SM takes units in turn, the next unit's loads beside the
+  // last unit's dK / dV stores (KILN_FLEX_BWD_FUSED_PERSIST=1).
+  bool bwd_fused_persist = false;
   // Its kv rows a CTA.
   static constexpr int kFusedKv = 128;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead

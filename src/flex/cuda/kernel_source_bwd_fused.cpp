@@ -47,7 +47,7 @@ const char* kernel_backward_fused() {
 // reducer warp converts a tile into dQ once its last part is in (no convert pass); flex_bwd_dq then
 // only zeroes the dQ of q tiles whose kv list is empty.
 #ifndef FUSED_ASCENDING
-#define FUSED_ASCENDING 0  // q tiles walked upward, parts taken from the highest kv block down (KILN_FLEX_BWD_FUSED_ASCENDING=1)
+#define FUSED_ASCENDING 0  // q tiles walked upward, parts from the highest kv block down (KILN_FLEX_BWD_FUSED_ASCENDING=1)
 #endif
 // FUSED_ASCENDING: with the descending walk and ascending turns a causal head's kv block j reaches its
 // first tile (the last q tile, whose turns run 0..j) only after block j - 1 has added there: a wave
@@ -56,10 +56,33 @@ const char* kernel_backward_fused() {
 // (causal: its diagonal), and the higher blocks it waits for reach each later tile earlier in their
 // own walks. Units are launched from the highest kv block of a head down, so every wait is on a CTA
 // launched earlier (no CTA waits on one that may not be resident yet).
+#ifndef FUSED_PERSIST
+#define FUSED_PERSIST 0  // one CTA an SM walks units blockIdx.x, + gridDim.x, ... (KILN_FLEX_BWD_FUSED_PERSIST=1)
+#endif
+// FUSED_PERSIST: a window row's unit is ~6 steps, so each CTA's launch, its K / V load and its dK / dV
+// stores were exposed once a unit (one CTA an SM, nothing beside it). Persistent, a CTA issues the next
+// unit's K, V and first Q tile and then stores the last unit's dK / dV. Every unit waits only on
+// lower units (launched earlier, or taken earlier in each CTA's sequence), so with all CTAs resident
+// no wait is on a unit that cannot start.
+// FUSED_FOR_UNITS(U) { ... }: the body for each of this CTA's units U (one CTA a unit: first_unit,
+// blockIdx.x's, formed before the warpgroups part: its 64-bit divisions spilled in the reducer's 32
+// registers).
+#if FUSED_PERSIST
+#define FUSED_FOR_UNITS(U) \
+  for (i64 U##_u = blockIdx.x; U##_u < P.B * P.Hkv * P.kv_tiles; U##_u += gridDim.x) \
+    if (const FusedUnit U(P, U##_u); true)
+#else
+#define FUSED_FOR_UNITS(U) if (const FusedUnit& U = first_unit; true)  // a CTA a unit
+#endif
 #define FUSED_CTA_THREADS (FUSED_THREADS + (FUSED_REDUCER ? 128 : 0))
 #define FUSED_PARTS (FUSED_REDUCER ? 2 : 1)  // dQ part buffers
+#if FUSED_PERSIST  // the reducer's walk over units spilled 124-160 bytes at 32, still 20 at 48
+#define FUSED_REDUCER_REGS 56  // (65536 - 56 x 128) / 256 = 224 for the consumers
+#define FUSED_CONSUMER_REGS 224
+#else
 #define FUSED_REDUCER_REGS 32  // (65536 - 32 x 128) / 256 = 240 for the consumers
 #define FUSED_CONSUMER_REGS 240
+#endif
 #define FUSED_KV 128  // kv rows a CTA
 
 // The q tiles of kv block jblk, head by head of the group, each head's tiles in descending order
@@ -155,6 +178,20 @@ typedef GroupWalkAsc FusedWalk;
 #else
 typedef GroupWalkDesc FusedWalk;
 #endif
+
+// Unit u: 128 kv rows c0.. (kv block jblk) of kv head hk of batch b, row bhk of K / V; units are
+// launched (or, persistent, taken) head by head, in a head from kv block 0 up (FUSED_ASCENDING: down).
+struct FusedUnit {
+  i64 bhk, b, hk, c0, jblk;
+  __device__ __forceinline__ FusedUnit(const FlexParams& P, i64 u) {
+    bhk = u / P.kv_tiles;
+    b = bhk / P.Hkv;
+    hk = bhk % P.Hkv;
+    const i64 tile = FUSED_ASCENDING ? P.kv_tiles - 1 - u % P.kv_tiles : u % P.kv_tiles;
+    c0 = tile * FUSED_KV;
+    jblk = c0 / P.KB;
+  }
+};
 
 // How many kv blocks below jblk q block ib of (b, h) lists: the parts added to its tiles before jblk's.
 __device__ __forceinline__ unsigned kv_rank(const FlexParams& P, i64 b, i64 h, i64 ib, i64 jblk) {
@@ -262,18 +299,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
 #endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wg = warp >> 2,
             wq = warp & 3;
-  const i64 u = blockIdx.x, bhk = u / P.kv_tiles, b = bhk / P.Hkv, hk = bhk % P.Hkv;
-  const i64 tile = FUSED_ASCENDING ? P.kv_tiles - 1 - u % P.kv_tiles : u % P.kv_tiles;  // launch order: see FUSED_ASCENDING
-  const i64 c0 = tile * FUSED_KV, jblk = c0 / P.KB, w0 = c0 + wg * 64;
-  const i64 cols[2] = {w0 + wq * 16 + g, w0 + wq * 16 + g + 8};  // this thread's kv rows
-  const bool kv_in = w0 + 64 <= P.S;
-  float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];
-#pragma unroll
-  for (int n = 0; n < HEAD_DIM / 8; ++n) {
-    dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
-    dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
-  }
-  u32 phase = 0;
+  const FusedUnit first_unit(P, blockIdx.x);
   if (threadIdx.x == 0) {
     mbar_init_all(bars, 2);
 #if FUSED_REDUCER
@@ -288,24 +314,28 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
 #if FUSED_REDUCER
   if (warp >= 2 * NWARPS) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FUSED_REDUCER_REGS));
-    if (warp == 2 * NWARPS) {  // its lane 0: the same walk as the consumers', each step's part in turn
-      FusedWalk rwalk(P, b, hk, jblk);
-      i64 rg, rr0;
-      bool rpart;
-      for (u32 rstep = 0; rwalk.next(rg, rr0, rpart); ++rstep) {
-        const int x = rstep & 1;
-        bool last = false;
-        if (lane == 0) {
-          mbar_wait(&part_full[x], (rstep >> 1) & 1);
-          last = fused_add_part(P, b, hk * P.G + rg, rr0, jblk, dQbuf + x * TILE_M * HEAD_DIM);
-          mbar_arrive(&part_empty[x]);
-        }
-        __syncwarp();  // lane 0's view of the tile's sums (its acquire and its writes), for every lane
+    if (warp == 2 * NWARPS) {  // its lane 0: the same walks as the consumers', each step's part in turn
+      u32 rstep = 0;
+      FUSED_FOR_UNITS(U) {
+        FusedWalk rwalk(P, U.b, U.hk, U.jblk);
+        i64 rg, rr0;
+        bool rpart;
+        for (; rwalk.next(rg, rr0, rpart); ++rstep) {
+          const int x = rstep & 1;
+          bool last = false;
+          if (lane == 0) {
+            mbar_wait(&part_full[x], (rstep >> 1) & 1);
+            last = fused_add_part(P, U.b, U.hk * P.G + rg, rr0, U.jblk, dQbuf + x * TILE_M * HEAD_DIM);
+            mbar_arrive(&part_empty[x]);
+          }
+          __syncwarp();  // lane 0's view of the tile's sums (its acquire and its writes), for every lane
 #if FUSED_INPLACE
-        if (__shfl_sync(0xffffffffu, last ? 1 : 0, 0)) fused_convert_tile(P, b * P.Hq + hk * P.G + rg, rr0, lane);
+          if (__shfl_sync(0xffffffffu, last ? 1 : 0, 0))
+            fused_convert_tile(P, U.b * P.Hq + U.hk * P.G + rg, rr0, lane);
 #else
-        (void)last;
+          (void)last;
 #endif
+        }
       }
       if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds
     }
@@ -314,94 +344,134 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FUSED_CONSUMER_REGS));
   u32 step = 0;  // the consumers' step: its part buffer step & 1
 #endif
-  FusedWalk walk(P, b, hk, jblk);
-  i64 gi, r0;
-  bool partial;
-  bool more = walk.next(gi, r0, partial);
-  int cur = 0;
-  auto load_q_tile = [&](int buf, i64 gq, i64 row0) {
-    const i64 bh = b * P.Hq + hk * P.G + gq;
-    if (threadIdx.x == 0) {
-      tma_tile(Qs + buf * TILE_M * HEAD_DIM, P.qmap, &bars[buf], row0, bh, TILE_M, false);
-      tma_tile(dOs + buf * TILE_M * HEAD_DIM, P.domap, &bars[buf], row0, bh, TILE_M);
+  float dk[HEAD_DIM / 8][4], dv[HEAD_DIM / 8][4];
+  auto zero_dk_dv = [&] {
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
+      dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
     }
-    load_rows(rows_s + buf * 2 * TILE_M, P, bh, row0);  // by the first 128 consumer threads
   };
-  if (more && threadIdx.x == 0) {  // K and V (128-row boxes) with the first q tile
-    tma_tile(Ks, P.kmap, &bars[0], c0, bhk, FUSED_KV, false);
-    tma_tile(Vs, P.vmap, &bars[0], c0, bhk, FUSED_KV, false);
-  }
-  if (more) load_q_tile(0, gi, r0);
-  cp_async_commit();
-  while (more) {
-    const i64 h = hk * P.G + gi;
-    mbar_wait(&bars[cur], (phase >> cur) & 1);  // this tile's Q and dO (and K / V on the first) landed
-    phase ^= 1u << cur;
-    cp_async_wait<0>();  // its lse2 / delta rows
-    SMEM_PROXY_FENCE();
-    fused_bar();  // ... for every consumer; the other buffer and dSt are free (and dQbuf without the reducer)
-    i64 gi_n, r0_n;
-    bool p_n;
-    const bool more_n = walk.next(gi_n, r0_n, p_n);
-    if (more_n) load_q_tile(cur ^ 1, gi_n, r0_n);
-    cp_async_commit();
-    const u16* Qc = Qs + cur * TILE_M * HEAD_DIM;
-    const u16* dOc = dOs + cur * TILE_M * HEAD_DIM;
-    const float* lse2_c = rows_s + cur * 2 * TILE_M;
-    float s[TILE_M / 8][4], dp[TILE_M / 8][4];
-    // S^T and dP^T of this warpgroup's 64 kv rows (rows 64 wg.. of the 128-row K and V tiles).
-    wg_abt_issue<64>(s, Ks, FUSED_KV, wg * 64, Qc);
-    wg_abt_issue<64>(dp, Vs, FUSED_KV, wg * 64, dOc);
-    dkdv_pair_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, nullptr, [] {});
-    dkdv_pair_dk_dv(dk, dv, s, dp, Qc, dOc, [&](const u32 (*pk_ds)[2]) {
-      // dS^T, as the dK product takes it, into rows 64 wg.. of the shared [128 kv x 64 q] tile.
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = wg * 64 + wq * 16 + g + 8 * r;
-#pragma unroll
-        for (int n = 0; n < TILE_M / 8; ++n)
-          *(u32*)((char*)dSt + row * 128 + ((n ^ (row & 7)) << 4) + 4 * t) = pk_ds[n][r];
+  zero_dk_dv();
+  u32 phase = 0;
+  int cur = 0;
+  auto drain = [&] {  // the last loads and (inline adds) bulk reductions, before the kernel ends
+    cp_async_wait<0>();
+    if (!FUSED_REDUCER && threadIdx.x == 0)
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds
+  };
+#if FUSED_PERSIST
+  i64 done_bhk = -1, done_cols[2] = {0, 0};  // the last unit's: its dK / dV go out as the next unit's loads fly
+#endif
+  FUSED_FOR_UNITS(U) {
+    const i64 b = U.b, hk = U.hk, jblk = U.jblk, w0 = U.c0 + wg * 64;
+    const i64 cols[2] = {w0 + wq * 16 + g, w0 + wq * 16 + g + 8};  // this thread's kv rows
+    const bool kv_in = w0 + 64 <= P.S;
+    FusedWalk walk(P, b, hk, jblk);
+    i64 gi, r0;
+    bool partial;
+    bool more = walk.next(gi, r0, partial);
+    auto load_q_tile = [&](int buf, i64 gq, i64 row0) {
+      const i64 bh = b * P.Hq + hk * P.G + gq;
+      if (threadIdx.x == 0) {
+        tma_tile(Qs + buf * TILE_M * HEAD_DIM, P.qmap, &bars[buf], row0, bh, TILE_M, false);
+        tma_tile(dOs + buf * TILE_M * HEAD_DIM, P.domap, &bars[buf], row0, bh, TILE_M);
       }
-    });
-    fence_async_smem();  // the dS^T writes, before wgmma reads them
-    fused_bar();         // both warpgroups' halves are in
-#if FUSED_REDUCER
-    const int part = step & 1;  // the part buffer of this step
-#else
-    const int part = 0;
-#endif
-    {
-      // dQ's part, columns 64 wg..: dS [64 q x 128 kv] (the dS^T tile, M-major) times K's panel wg (N-major).
-      float d[8][4];
-      wg_ab_tt<FUSED_KV>(d, smem_addr(dSt), smem_addr(Ks) + wg * FUSED_KV * 128);
-#if FUSED_REDUCER
-      mbar_wait(&part_empty[part], ((step >> 1) & 1) ^ 1);  // the reducer is done with this buffer's last part
-#endif
-      float* pb = dQbuf + part * TILE_M * HEAD_DIM;
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          *(float2*)(pb + (wq * 16 + g + 8 * r) * HEAD_DIM + wg * 64 + n * 8 + 2 * t) = make_float2(d[n][2 * r], d[n][2 * r + 1]);
+      load_rows(rows_s + buf * 2 * TILE_M, P, bh, row0);  // by the first 128 consumer threads
+    };
+    if (more && threadIdx.x == 0) {  // K and V (128-row boxes) with the first q tile
+      tma_tile(Ks, P.kmap, &bars[cur], U.c0, U.bhk, FUSED_KV, false);
+      tma_tile(Vs, P.vmap, &bars[cur], U.c0, U.bhk, FUSED_KV, false);
     }
-    fence_async_smem();  // the part's writes, before the bulk reduction reads them
-#if FUSED_REDUCER
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&part_full[part]);  // the reducer takes it from here
-    ++step;
-#else
-    fused_bar();
-    if (threadIdx.x == 0) fused_add_part(P, b, h, r0, jblk, dQbuf);
+    if (more) load_q_tile(cur, gi, r0);
+    cp_async_commit();
+#if FUSED_PERSIST
+    if (done_bhk >= 0) {
+      dkdv_store_rows(P, dk, dv, done_bhk, done_cols, t);
+      zero_dk_dv();
+    }
+    done_bhk = U.bhk;
+    done_cols[0] = cols[0];
+    done_cols[1] = cols[1];
 #endif
-    gi = gi_n;
-    r0 = r0_n;
-    partial = p_n;
-    more = more_n;
-    cur ^= 1;
-  }
-  cp_async_wait<0>();
-  if (!FUSED_REDUCER && threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds
-  dkdv_store_rows(P, dk, dv, bhk, cols, t);
+    while (more) {
+      const i64 h = hk * P.G + gi;
+      mbar_wait(&bars[cur], (phase >> cur) & 1);  // this tile's Q and dO (and K / V on the first) landed
+      phase ^= 1u << cur;
+      cp_async_wait<0>();  // its lse2 / delta rows
+      SMEM_PROXY_FENCE();
+      fused_bar();  // ... for every consumer; the other buffer and dSt are free (and dQbuf without the reducer)
+      i64 gi_n, r0_n;
+      bool p_n;
+      const bool more_n = walk.next(gi_n, r0_n, p_n);
+      if (more_n) load_q_tile(cur ^ 1, gi_n, r0_n);
+      cp_async_commit();
+      const u16* Qc = Qs + cur * TILE_M * HEAD_DIM;
+      const u16* dOc = dOs + cur * TILE_M * HEAD_DIM;
+      const float* lse2_c = rows_s + cur * 2 * TILE_M;
+      float s[TILE_M / 8][4], dp[TILE_M / 8][4];
+      // S^T and dP^T of this warpgroup's 64 kv rows (rows 64 wg.. of the 128-row K and V tiles).
+      wg_abt_issue<64>(s, Ks, FUSED_KV, wg * 64, Qc);
+      wg_abt_issue<64>(dp, Vs, FUSED_KV, wg * 64, dOc);
+      dkdv_pair_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, nullptr, [] {});
+      dkdv_pair_dk_dv(dk, dv, s, dp, Qc, dOc, [&](const u32 (*pk_ds)[2]) {
+        // dS^T, as the dK product takes it, into rows 64 wg.. of the shared [128 kv x 64 q] tile.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = wg * 64 + wq * 16 + g + 8 * r;
+#pragma unroll
+          for (int n = 0; n < TILE_M / 8; ++n)
+            *(u32*)((char*)dSt + row * 128 + ((n ^ (row & 7)) << 4) + 4 * t) = pk_ds[n][r];
+        }
+      });
+      fence_async_smem();  // the dS^T writes, before wgmma reads them
+      fused_bar();         // both warpgroups' halves are in
+#if FUSED_REDUCER
+      const int part = step & 1;  // the part buffer of this step
+#else
+      const int part = 0;
+#endif
+      {
+        // dQ's part, columns 64 wg..: dS [64 q x 128 kv] (the dS^T tile, M-major) times K's panel wg (N-major).
+        float d[8][4];
+        wg_ab_tt<FUSED_KV>(d, smem_addr(dSt), smem_addr(Ks) + wg * FUSED_KV * 128);
+#if FUSED_REDUCER
+        mbar_wait(&part_empty[part], ((step >> 1) & 1) ^ 1);  // the reducer is done with this buffer's last part
+#endif
+        float* pb = dQbuf + part * TILE_M * HEAD_DIM;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            *(float2*)(pb + (wq * 16 + g + 8 * r) * HEAD_DIM + wg * 64 + n * 8 + 2 * t) =
+                make_float2(d[n][2 * r], d[n][2 * r + 1]);
+      }
+      fence_async_smem();  // the part's writes, before the bulk reduction reads them
+#if FUSED_REDUCER
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&part_full[part]);  // the reducer takes it from here
+      ++step;
+#else
+      fused_bar();
+      if (threadIdx.x == 0) fused_add_part(P, b, h, r0, jblk, dQbuf);
+#endif
+      gi = gi_n;
+      r0 = r0_n;
+      partial = p_n;
+      more = more_n;
+      cur ^= 1;
+    }
+#if FUSED_PERSIST
+    fused_bar();  // every consumer's last products are done: K, V and the Q / dO buffers take the next unit
+#else
+    drain();
+    dkdv_store_rows(P, dk, dv, U.bhk, cols, t);
+#endif
+  }  // units
+#if FUSED_PERSIST
+  drain();
+  if (done_bhk >= 0) dkdv_store_rows(P, dk, dv, done_bhk, done_cols, t);
+#endif
 }
 
 #if FUSED_INPLACE
