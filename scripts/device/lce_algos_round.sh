@@ -2,7 +2,7 @@
 # Does a different cuBLASLt algorithm serve the fused loss's GEMMs better? (carry [".device"],
 # binaries from scripts/device/pack.sh). At LCE_SHAPE (default 8192 x 4096 x 128256 bf16):
 # test_ops' LinalgCuda tests (the ranked candidates') and test_lce's CUDA tests, `bench_lce --variants algos` (every ranked candidate of each
-# GEMM timed alone; its last line is the KILN_GEMM_PICK value), torch's baselines, then PASSES
+# GEMM timed alone; its last line is the KILN_GEMM_PICK value; then at SWEEP_SHAPES), torch's baselines, then PASSES
 # (default 2) interleaved passes of speed, memory and gemm3 with the defaults and with that pick (and
 # the memory strategy with KILN_LCE_SHORT_ROWS=1, the speed strategy at SPEED_CHUNKS tokens),
 # then the memory strategy at other tile widths (MEM_VOCAB), then the phases of a speed chunk and a
@@ -22,6 +22,14 @@ grep -E "Failure" -A8 "$OUT/test_lce_cuda.log" "$OUT/test_linalg_cuda.log" | hea
 timeout 300 $L --device cuda --dtype bf16 --json $shape --variants algos > "$OUT/lce_algos.jsonl" 2>&1
 grep -E '"algo_best"|"algo_pick"|rror' "$OUT/lce_algos.jsonl" | while read -r l; do log "sweep $l"; done
 pick=$(grep '"algo_pick"' "$OUT/lce_algos.jsonl" | sed -E 's/.*"env": "([^"]*)".*/\1/')
+# The sweep alone at the issue's other shapes (SWEEP_SHAPES, ";"-separated; "-" for none).
+IFS=';' read -ra other_shapes <<< "${SWEEP_SHAPES:---tokens 8192 --hidden 2304 --vocab 256000;--tokens 32768 --hidden 4096 --vocab 128256}"
+for sh in "${other_shapes[@]}"; do
+  [ "$sh" = - ] && continue
+  timeout 300 $L --device cuda --dtype bf16 --json $sh --variants algos > "$OUT/lce_algos_other.jsonl" 2>&1
+  grep -E '"algo_best"|"algo_pick"|rror' "$OUT/lce_algos_other.jsonl" | while read -r l; do log "sweep $sh $l"; done
+  cat "$OUT/lce_algos_other.jsonl" >> "$OUT/lce_algos_all.jsonl"
+done
 [ -z "${SKIP_TORCH:-}" ] && timeout 200 python3 .device/torch_baselines.py lce $shape 2>&1 | grep variant | while read -r l; do log "torch $l"; done
 for pass in $(seq "${PASSES:-2}"); do
   for setting in default pick short_rows; do
