@@ -190,6 +190,7 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
   // such tiles the op runs (its forward: logits + stats; its backward: logits + grad + dx + dW).
   LinearCrossEntropyOptions mo;
   mo.strategy = LceStrategy::Memory;
+  mo.chunk_vocab = a.chunk_vocab;  // 0: the op's own width
   const auto ms = nn::functional::linear_cross_entropy_with_stats(x, w, y, mo);
   const int64_t Nm = std::min(ms.chunk_tokens, a.n), Vc = ms.chunk_vocab, ldm = lce::tile_stride(Vc, tt),
                 ldmz = ldm * static_cast<int64_t>(element_size(tt) / element_size(dzt));  // dz over the tile
@@ -299,7 +300,7 @@ int run_bench_lce(int argc, char** argv) {
     }
 #ifdef KILN_WITH_CUDA
     if (dev.is_cuda() && a.wants("phases")) cuda_phases(a, x, w, y);
-    if (dev.is_cuda() && a.wants("algos")) cuda_gemm_algos(x.detach(), w.detach(), y, a.json);
+    if (dev.is_cuda() && a.wants("algos")) cuda_gemm_algos(x, w, y, a.json);
 #endif
     // The three GEMMs of a fused forward+backward, alone, on random operands as torch's baseline
     // (a dz of zeros, from a fresh allocation, runs the tensor cores cooler and ~10 % faster).

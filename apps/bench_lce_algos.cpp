@@ -59,10 +59,10 @@ cuda::GemmParams params(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const
 }  // namespace
 
 void cuda_gemm_algos(const Tensor& x, const Tensor& w, const Tensor& y, bool json) {
-  NoGradGuard ng;
   const int64_t N = x.size(0), H = x.size(1), V = w.size(0);
   const DType t = x.dtype(), tt = lce::cuda_tile_dtype(t);
   KILN_CHECK(tt == t, "bench lce", "--variants algos covers 16-bit tiles only (KILN_LCE_TILE32 is set?)");
+  // The op's own chunks, from a run with gradients (x and w require them: without, no speed chunks).
   using nn::functional::LceStrategy;
   nn::functional::LinearCrossEntropyOptions o;
   o.strategy = LceStrategy::Speed;
@@ -70,6 +70,7 @@ void cuda_gemm_algos(const Tensor& x, const Tensor& w, const Tensor& y, bool jso
   o.strategy = LceStrategy::Memory;
   const auto mem = nn::functional::linear_cross_entropy_with_stats(x, w, y, o);
   const int64_t Nm = mem.chunk_tokens, Vc = mem.chunk_vocab;
+  NoGradGuard ng;
   const bool one_chunk = Nm >= N;  // the memory strategy stores dW slices in T, else sums them in fp32
   const int64_t lds = lce::tile_stride(V, tt), ldm = lce::tile_stride(Vc, tt);
   const TensorOptions ot = x.options(), f32 = x.options().dtype(kFloat32);

@@ -6,7 +6,8 @@
 
 namespace kiln::apps {
 
-// x: [N, H] bf16/fp16 on CUDA; w: [V, H]; y: [N] int64 (the shapes the op's chunk sizes come from).
+// x: [N, H] bf16/fp16 on CUDA and w: [V, H], both requiring grad (the op's chunks depend on it);
+// y: [N] int64.
 void cuda_gemm_algos(const Tensor& x, const Tensor& w, const Tensor& y, bool json);
 
 }  // namespace kiln::apps
