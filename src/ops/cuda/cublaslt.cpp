@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -284,20 +284,14 @@ void* cublaslt_workspace(int device, cudaStream_t stream) {
 
 namespace {
 
-// The call normalised (leading dims fixed, batch strides zeroed for one matrix), or nothing to
-// multiply: m, n or batch 0 returns false; k == 0 applies C = beta * C (+ bias) and returns false.
+// The call validated and normalised (leading dims fixed, batch strides zeroed for one matrix);
+// false when there is no product to run (m, n, batch or k is 0).
 bool normalise(const GemmParams& p, std::optional<Problem>& q) {
   KILN_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 0, "gemm", "negative size m=", p.m, " n=", p.n,
              " k=", p.k, " batch=", p.batch);
   KILN_CHECK(p.batch <= INT32_MAX, "gemm", "batch ", p.batch, " exceeds cuBLASLt's 32-bit batch count");
   check_types(p);
-  if (p.m == 0 || p.n == 0 || p.batch == 0) return false;
-  if (p.k == 0) {  // no product: C = beta * C (+ bias)
-    DeviceGuard guard(p.device);
-    add_bias_rows(p.c_type, p.c, p.ldc, p.stride_c, p.batch, p.m, p.n, p.beta, p.bias_type, p.bias,
-                  static_cast<cudaStream_t>(p.stream));
-    return false;
-  }
+  if (p.m == 0 || p.n == 0 || p.batch == 0 || p.k == 0) return false;
   const bool one = p.batch == 1;
   const bool f64 = p.ab_type == kFloat64;
   q.emplace(Problem{p,
@@ -370,7 +364,14 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
 
 void gemm(const GemmParams& p) {
   std::optional<Problem> q;
-  if (!normalise(p, q)) return;
+  if (!normalise(p, q)) {
+    if (p.k == 0 && p.m > 0 && p.n > 0 && p.batch > 0) {  // no product: C = beta * C (+ bias)
+      DeviceGuard guard(p.device);
+      add_bias_rows(p.c_type, p.c, p.ldc, p.stride_c, p.batch, p.m, p.n, p.beta, p.bias_type, p.bias,
+                    static_cast<cudaStream_t>(p.stream));
+    }
+    return;
+  }
   DeviceGuard guard(p.device);
   Plan& plan = plan_for(*q);
   launch(*q, plan, plan.algo, plan.workspace);
@@ -391,7 +392,8 @@ std::vector<GemmCandidate> gemm_candidates(const GemmParams& p, int max_count) {
 
 void gemm_with_candidate(const GemmParams& p, int rank) {
   std::optional<Problem> q;
-  if (!normalise(p, q)) return;
+  KILN_CHECK(normalise(p, q), "gemm", "gemm_with_candidate needs a product: m=", p.m, " n=", p.n, " k=", p.k,
+             " batch=", p.batch);
   DeviceGuard guard(p.device);
   Plan& plan = plan_for(*q);
   const auto ranked = ranking(*q, plan, rank + 1);

@@ -80,10 +80,10 @@ struct GemmCandidate {
   float waves = 0;         // the heuristic's wave count estimate
   std::string config;      // "algo A tile T stages S splitk K reduction R swizzle W custom C cluster L"
 };
-// Up to max_count candidates for p's problem, best-ranked first (none when m, n or batch is 0;
-// k == 0 applies C = beta * C and returns none).
+// Up to max_count candidates for p's problem, best-ranked first (none when m, n, k or batch is 0).
 std::vector<GemmCandidate> gemm_candidates(const GemmParams& p, int max_count);
-// p run with the candidate of that rank (throws kiln::Error when there is none).
+// p run with the candidate of that rank (throws kiln::Error when there is none, or no product: a
+// dimension of 0).
 void gemm_with_candidate(const GemmParams& p, int rank);
 
 }  // namespace kiln::cuda
