@@ -7,7 +7,7 @@
 // Usage: flex_source HEAD_DIM causal|document|window [switches, comma-separated]
 // Switches: persist, mask_bits, keepbits, kbuf1, walk_ahead, softcap, alibi, wide, m64, n64, bkbuf1,
 // unpaired, nosplitp, relbias, nofold, barrier, stages3, twolists, ranges, pingpong, fused, reducer, inplace,
-// ascending, fpersist.
+// ascending, fpersist, tmasums.
 // softcap: 30 tanh(s / 30); alibi: score + slopes[h] (kv - q); wide: without fast_mods
 // (KILN_FLEX_FAST_MODS=0: 64-bit ints, IEEE divisions, tanhf); m64 / n64: a forward tile of 64 q
 // rows / 64 kv columns instead of 128 at E = 128; bkbuf1: the dQ kernel's one K / V stage;
@@ -17,7 +17,8 @@
 // twolists: KILN_FLEX_MERGED_WALK=0; ranges: mask runs (KILN_FLEX_MASK_RANGES, default on; off here
 // unless given, like keepbits); fused: KILN_FLEX_BWD_FUSED=1 (E = 128, no relbias); reducer:
 // with KILN_FLEX_BWD_FUSED_REDUCER=1; inplace: and KILN_FLEX_BWD_FUSED_INPLACE=1; ascending: with
-// KILN_FLEX_BWD_FUSED_ASCENDING=1; fpersist: with KILN_FLEX_BWD_FUSED_PERSIST=1.
+// KILN_FLEX_BWD_FUSED_ASCENDING=1; fpersist: with KILN_FLEX_BWD_FUSED_PERSIST=1;
+// tmasums: with KILN_FLEX_BWD_FUSED_TMA_SUMS=1.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   cfg.bwd_fused_inplace = cfg.bwd_fused_reducer && has("inplace");
   cfg.bwd_fused_ascending = cfg.bwd_fused && has("ascending");
   cfg.bwd_fused_persist = cfg.bwd_fused && has("fpersist");
+  cfg.bwd_fused_tma_sums = cfg.bwd_fused && has("tmasums");
   cfg.mask_bits = has("mask_bits");
   cfg.fwd_keepbits = has("keepbits");
   cfg.walk_ahead = has("walk_ahead");

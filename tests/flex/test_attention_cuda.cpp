@@ -192,7 +192,10 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
     cfg.bwd_fused_reducer = cfg.bwd_fused_inplace = false;
     EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused = cfg.bwd_fused_ascending = cfg.bwd_fused_persist = false;
+    cfg.bwd_fused_tma_sums = true;  // swizzled parts, bulk tensor reductions
+    EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_TMA_SUMS 1"), std::string::npos);
+    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
+    cfg.bwd_fused = cfg.bwd_fused_ascending = cfg.bwd_fused_persist = cfg.bwd_fused_tma_sums = false;
     cfg.mask_ranges = cfg.fwd_keepbits = cfg.bwd_split_p = cfg.bwd_paired = cfg.bwd_tma = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
@@ -1137,18 +1140,20 @@ void check_fused_backward() {
 // With the adds inline (thread 0), by the reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1), and by it
 // in place (KILN_FLEX_BWD_FUSED_INPLACE=1: first parts stored, last ones converted, q tiles without
 // parts zeroed apart); modes 3 and 4 are 0 and 2 in the ascending order (KILN_FLEX_BWD_FUSED_ASCENDING=1),
-// 5 and 6 are 0 and 4 persistent (KILN_FLEX_BWD_FUSED_PERSIST=1).
+// 5 and 6 are 0 and 4 persistent (KILN_FLEX_BWD_FUSED_PERSIST=1), 7 and 8 are 0 and 6 with swizzled
+// parts added by bulk tensor reductions (KILN_FLEX_BWD_FUSED_TMA_SUMS=1).
 TEST(FlexAttentionCuda, FusedBackwardMatchesReferenceAndIsDeterministic) {
   KILN_REQUIRE_CUDA();
   manual_seed(57);
   const ScopedEnv fused("KILN_FLEX_BWD_FUSED", "1");
-  for (const int mode : {0, 1, 2, 3, 4, 5, 6}) {
+  for (const int mode : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
     SCOPED_TRACE("mode " + std::to_string(mode));
-    const bool in_place = mode == 2 || mode == 4 || mode == 6;
+    const bool in_place = mode == 2 || mode == 4 || mode == 6 || mode == 8;
     const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", mode == 1 || in_place ? "1" : "0"),
         inplace("KILN_FLEX_BWD_FUSED_INPLACE", in_place ? "1" : "0"),
-        ascending("KILN_FLEX_BWD_FUSED_ASCENDING", mode == 3 || mode == 4 || mode == 6 ? "1" : "0"),
-        persist("KILN_FLEX_BWD_FUSED_PERSIST", mode >= 5 ? "1" : "0");
+        ascending("KILN_FLEX_BWD_FUSED_ASCENDING", mode == 3 || mode == 4 || mode == 6 || mode == 8 ? "1" : "0"),
+        persist("KILN_FLEX_BWD_FUSED_PERSIST", mode == 5 || mode == 6 || mode == 8 ? "1" : "0"),
+        tma_sums("KILN_FLEX_BWD_FUSED_TMA_SUMS", mode >= 7 ? "1" : "0");
     check_fused_backward();
     const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
     check_fused_backward();
@@ -1412,12 +1417,15 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
       EXPECT_TRUE(config(9).bwd_fused_inplace);
     }
     {
-      const ScopedEnv ascending("KILN_FLEX_BWD_FUSED_ASCENDING", "1"), persist("KILN_FLEX_BWD_FUSED_PERSIST", "1");
+      const ScopedEnv ascending("KILN_FLEX_BWD_FUSED_ASCENDING", "1"), persist("KILN_FLEX_BWD_FUSED_PERSIST", "1"),
+          tma_sums("KILN_FLEX_BWD_FUSED_TMA_SUMS", "1");
       EXPECT_TRUE(config(9).bwd_fused_ascending);
       EXPECT_TRUE(config(9).bwd_fused_persist);
+      EXPECT_TRUE(config(9).bwd_fused_tma_sums);
     }
     EXPECT_FALSE(config(9).bwd_fused_ascending);
     EXPECT_FALSE(config(9).bwd_fused_persist);
+    EXPECT_FALSE(config(9).bwd_fused_tma_sums);
     p.E = p.Ev = 64;
     EXPECT_FALSE(config(9).bwd_fused) << "E = 64";
     p.E = p.Ev = 128;

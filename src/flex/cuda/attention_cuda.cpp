@@ -140,7 +140,7 @@ bool read_error(const State& st, const Tensor& err) {
 // What determines a configuration's source besides the mods' programs.
 std::string config_id(const KernelConfig& cfg) {
   char id[200];
-  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d%d%d", cfg.bf16,
+  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d", cfg.bf16,
                 cfg.profile, cfg.head_dim, cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt,
                 cfg.fwd_wgmma, cfg.bwd_wgmma, cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf,
                 cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma, cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead,
@@ -148,7 +148,7 @@ std::string config_id(const KernelConfig& cfg) {
                 cfg.bwd_fused_unordered, cfg.bwd_fused_reducer, cfg.bwd_fused_inplace,
                 cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks, cfg.fast_mods && cfg.magic_i2f,
                 cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages, cfg.merged_walk, cfg.mask_ranges,
-                cfg.fwd_pingpong, cfg.bwd_fused_ascending, cfg.bwd_fused_persist);
+                cfg.fwd_pingpong, cfg.bwd_fused_ascending, cfg.bwd_fused_persist, cfg.bwd_fused_tma_sums);
   return id;
 }
 
@@ -391,6 +391,7 @@ void launch_fused_backward(const State& st, const FlexParams& P, void* stream) {
   const Tensor sums = st.cfg.bwd_fused_inplace ? empty({n}, dev.dtype(kFloat32)) : zeros({n}, dev.dtype(kFloat32));
   const Tensor turns = zeros({p.B * p.Hq * P.q_tiles}, dev.dtype(kInt32));
   F.dqacc = sums.data_ptr<float>();
+  if (st.cfg.bwd_fused_tma_sums) encode_sums_map(F.dqmap, F.dqacc, p.B * p.Hq, p.L, p.E);
   F.dqsem = reinterpret_cast<unsigned*>(turns.data_ptr<int32_t>());
   const int threads = 2 * kThreads + (st.cfg.bwd_fused_reducer ? kThreads : 0);  // the reducer's warpgroup
   int64_t grid = p.B * p.Hkv * F.kv_tiles;  // a CTA a unit

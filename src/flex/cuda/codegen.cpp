@@ -418,6 +418,7 @@ std::string generate_source(const detail::Program* score, const detail::Program*
     os << "#define FUSED_INPLACE 1\n";
   if (cfg.bwd_fused && cfg.bwd_fused_ascending) os << "#define FUSED_ASCENDING 1\n";
   if (cfg.bwd_fused && cfg.bwd_fused_persist) os << "#define FUSED_PERSIST 1\n";
+  if (cfg.bwd_fused && cfg.bwd_fused_tma_sums) os << "#define FUSED_TMA_SUMS 1\n";
   os << "#define BWD_DKDV_MIN_BLOCKS " << cfg.bwd_dkdv_min_blocks << "\n";
   os << "#define BWD_DQ_MIN_BLOCKS " << cfg.bwd_dq_min_blocks << "\n";
   os << "#define FWD_MIN_BLOCKS " << cfg.fwd_min_blocks << "\n";

@@ -55,8 +55,9 @@ struct FlexParams {
   // KILN_FLEX_FWD_TMA / KILN_FLEX_BWD_TMA: CUtensorMaps of q and dout [B*Hq, L, E], k and v
   // [B*Hkv, S, E] (64-column boxes, 128-byte swizzle; the forward's rows per box, then the
   // backward's), read by bulk tensor copies; omap: out's, written by the persistent forward's bulk
-  // tensor stores; unused otherwise.
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
+  // tensor stores; dqmap: the fused backward's fp32 sums [B*Hq, L, E] (32-column boxes of 64 rows,
+  // 128-byte swizzle) for its bulk tensor reductions (bwd_fused_tma_sums); unused otherwise.
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128], dqmap[128];
   float* dqacc;     // bwd_fused: dQ's fp32 sums [B, Hq, L, E], zeroed before the dK/dV kernel adds into them
   unsigned* dqsem;  // bwd_fused: the parts added to each 64-row q tile of each (b, h) so far, zeroed
 };
@@ -131,6 +132,10 @@ struct KernelConfig {
   // The fused backward persistent: one CTA an SM takes units in turn, the next unit's loads beside the
   // last unit's dK / dV stores (KILN_FLEX_BWD_FUSED_PERSIST=1).
   bool bwd_fused_persist = false;
+  // The fused backward's dQ parts staged in shared memory with the 128-byte swizzle and added by bulk
+  // tensor reductions through FlexParams::dqmap (KILN_FLEX_BWD_FUSED_TMA_SUMS=1): the plain row-major
+  // part took its 8 rows a store into the same 8 banks.
+  bool bwd_fused_tma_sums = false;
   // Its kv rows a CTA.
   static constexpr int kFusedKv = 128;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead

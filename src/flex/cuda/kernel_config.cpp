@@ -284,6 +284,7 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
                           env_flag("KILN_FLEX_BWD_FUSED_INPLACE", false);
   cfg.bwd_fused_ascending = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_ASCENDING", false);
   cfg.bwd_fused_persist = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_PERSIST", false);
+  cfg.bwd_fused_tma_sums = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_TMA_SUMS", false);
   // Short rows at E = 64 (where the forward takes 64 x 64 tiles, fewer than 6 blocks a row) run more
   // CTAs an SM: the forward held to 93 registers (5 CTAs instead of 4) and the wgmma dK/dV kernel to
   // 168 (3 instead of 2; not with captured-tensor gradients, which spill ~800 bytes there); no

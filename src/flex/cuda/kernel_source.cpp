@@ -64,7 +64,7 @@ struct FlexParams {
   i64 ssize[KILN_MAX_BUFFERS][3], sstride[KILN_MAX_BUFFERS][3], sgoff[KILN_MAX_BUFFERS];
   const void* mptr[KILN_MAX_BUFFERS];
   i64 msize[KILN_MAX_BUFFERS][3], mstride[KILN_MAX_BUFFERS][3];
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128], dqmap[128];
   float* dqacc;
   unsigned* dqsem;
 };

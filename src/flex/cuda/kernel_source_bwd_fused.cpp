@@ -74,6 +74,14 @@ const char* kernel_backward_fused() {
 #else
 #define FUSED_FOR_UNITS(U) if (const FusedUnit& U = first_unit; true)  // a CTA a unit
 #endif
+#ifndef FUSED_TMA_SUMS
+#define FUSED_TMA_SUMS 0  // parts staged swizzled, added by bulk tensor reductions (KILN_FLEX_BWD_FUSED_TMA_SUMS=1)
+#endif
+// FUSED_TMA_SUMS: a part staged row-major for the plain bulk reduction takes each of its 16 float2
+// stores a warp into 8 banks (rows 512 bytes apart: 8-way conflicts, 8 wavefronts for 256 bytes).
+// Staged as four [64 x 32] fp32 panels with the 128-byte swizzle, a store's 8 rows land in 8
+// different 16-byte chunks (2 wavefronts), and four bulk tensor reductions through FlexParams::dqmap
+// add the panels (the map's bounds clip a head's last short tile).
 #define FUSED_CTA_THREADS (FUSED_THREADS + (FUSED_REDUCER ? 128 : 0))
 #define FUSED_PARTS (FUSED_REDUCER ? 2 : 1)  // dQ part buffers
 #if FUSED_PERSIST  // the reducer's walk over units spilled 124-160 bytes at 32, still 20 at 48
@@ -236,6 +244,25 @@ __device__ __forceinline__ bool fused_add_part(const FlexParams& P, i64 b, i64 h
   } while (seen != rank);
   asm volatile("fence.proxy.async.global;" ::: "memory");  // the acquire, before the async proxy's adds
 #endif
+#if FUSED_TMA_SUMS
+  (void)nrows;
+#pragma unroll
+  for (int p = 0; p < HEAD_DIM / 32; ++p) {  // panel p: columns 32 p.. of the tile's rows
+    const u32 src = smem_addr(buf + p * TILE_M * 32);
+#if FUSED_INPLACE
+    if (rank == 0)
+      asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(P.dqmap),
+                   "r"(p * 32), "r"((int)r0), "r"((int)bh), "r"(src)
+                   : "memory");
+    else
+#endif
+      asm volatile(
+          "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
+              P.dqmap),
+          "r"(p * 32), "r"((int)r0), "r"((int)bh), "r"(src)
+          : "memory");
+  }
+#else
   float* dst = P.dqacc + (bh * P.L + r0) * HEAD_DIM;
   const int bytes = (int)(nrows * HEAD_DIM * 4);
 #if FUSED_INPLACE
@@ -248,6 +275,7 @@ __device__ __forceinline__ bool fused_add_part(const FlexParams& P, i64 b, i64 h
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
                  "r"(smem_addr(buf)), "r"(bytes)
                  : "memory");
+#endif
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 #if !FUSED_UNORDERED
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the sums are written
@@ -291,7 +319,8 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
   u16* Qs = Vs + FUSED_KV * HEAD_DIM;              // two 64-row buffers
   u16* dOs = Qs + 2 * TILE_M * HEAD_DIM;           // two 64-row buffers
   u16* dSt = dOs + 2 * TILE_M * HEAD_DIM;          // [128 kv x 64 q], bf16, one swizzled panel
-  float* dQbuf = (float*)(dSt + FUSED_KV * TILE_M);  // FUSED_PARTS x [64 q x E] fp32, row-major (dqacc's layout)
+  float* dQbuf = (float*)(dSt + FUSED_KV * TILE_M);  // FUSED_PARTS x [64 q x E] fp32: row-major (dqacc's layout)
+                                                     // or FUSED_TMA_SUMS's four swizzled [64 x 32] panels
   float* rows_s = dQbuf + FUSED_PARTS * TILE_M * HEAD_DIM;  // two buffers of lse2 then delta (2 x 64 floats each)
   __shared__ __align__(8) u64 bars[2];
 #if FUSED_REDUCER
@@ -442,9 +471,18 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
 #pragma unroll
         for (int n = 0; n < 8; ++n)
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *(float2*)(pb + (wq * 16 + g + 8 * r) * HEAD_DIM + wg * 64 + n * 8 + 2 * t) =
-                make_float2(d[n][2 * r], d[n][2 * r + 1]);
+          for (int r = 0; r < 2; ++r) {
+            const int row = wq * 16 + g + 8 * r;
+#if FUSED_TMA_SUMS
+            // Column wg 64 + 8 n + 2 t: panel 2 wg + n / 4, 16-byte chunk 2 (n % 4) + t / 2 of the row,
+            // swizzled by row % 8 (= g).
+            const int chunk = ((n & 3) * 2 + (t >> 1)) ^ g;
+            float* at = pb + (wg * 2 + (n >> 2)) * TILE_M * 32 + row * 32 + chunk * 4 + 2 * (t & 1);
+#else
+            float* at = pb + row * HEAD_DIM + wg * 64 + n * 8 + 2 * t;
+#endif
+            *(float2*)at = make_float2(d[n][2 * r], d[n][2 * r + 1]);
+          }
       }
       fence_async_smem();  // the part's writes, before the bulk reduction reads them
 #if FUSED_REDUCER

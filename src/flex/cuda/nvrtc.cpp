@@ -319,17 +319,34 @@ const FlexKernels& load_kernels_by_id(const std::string& id, const std::function
   return k;
 }
 
-void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int64_t rows, int64_t cols, int box_rows) {
-  KILN_CHECK(cols == 64 || cols == 128, kOp, "TMA tiles take 64 or 128 columns, got ", cols);
+namespace {
+
+// A row-major [outer, rows, cols] tensor of elem_bytes-byte elements at base: boxes of
+// {box_cols, box_rows, 1}, the 128-byte swizzle, zeros past the bounds.
+void encode_3d(void* map, CUtensorMapDataType type, const void* base, size_t elem_bytes, int64_t outer, int64_t rows,
+               int64_t cols, int box_cols, int box_rows) {
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols * 2), static_cast<cuuint64_t>(rows * cols * 2)};
-  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1}, elem[3] = {1, 1, 1};
-  KILN_CU_CHECK(driver().encode_tiled(static_cast<CUtensorMap*>(map),
-                                      bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-                                      const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * elem_bytes,
+                                 static_cast<cuuint64_t>(rows * cols) * elem_bytes};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1},
+                   elem[3] = {1, 1, 1};
+  KILN_CU_CHECK(driver().encode_tiled(static_cast<CUtensorMap*>(map), type, 3, const_cast<void*>(base), dims, strides,
+                                      box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+}  // namespace
+
+void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int64_t rows, int64_t cols, int box_rows) {
+  KILN_CHECK(cols == 64 || cols == 128, kOp, "TMA tiles take 64 or 128 columns, got ", cols);
+  encode_3d(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base, 2, outer, rows, cols,
+            64, box_rows);
+}
+
+void encode_sums_map(void* map, float* base, int64_t outer, int64_t rows, int64_t cols) {
+  KILN_CHECK(cols == 128, kOp, "the fused backward's sums take 128 columns, got ", cols);
+  encode_3d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, base, 4, outer, rows, cols, 32, 64);
 }
 
 int max_active_blocks(void* function, int block, int64_t smem) {
