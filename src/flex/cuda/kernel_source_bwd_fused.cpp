@@ -294,17 +294,26 @@ __device__ __forceinline__ bool fused_add_part(const FlexParams& P, i64 b, i64 h
 
 #if FUSED_INPLACE
 // dQ = scale sums of q tile r0 of (b, h) row bh in T, by the 32 lanes of a warp (the sums complete and
-// visible to lane 0, then __syncwarp; read through L2, never cached in L1 before).
-__device__ __forceinline__ void fused_convert_tile(const FlexParams& P, i64 bh, i64 r0, int lane) {
+// visible to lane 0's async proxy): lane 0 copies them into `scratch` (the part buffer just added) by
+// one bulk copy completing on `bar` (its phase `parity`), then the lanes convert from shared memory.
+// The loads straight from L2, one 16-byte vector a lane at a time, left ~64 L2 round trips a tile
+// on the reducer's path.
+__device__ __forceinline__ void fused_convert_tile(const FlexParams& P, i64 bh, i64 r0, int lane, float* scratch,
+                                                   u64* bar, u32 parity) {
   const i64 nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M, base = (bh * P.L + r0) * HEAD_DIM;
+  const int bytes = (int)(nrows * HEAD_DIM * 4);
+  if (lane == 0) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(scratch)),
+                 "l"(P.dqacc + base), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+  }
+  mbar_wait(bar, parity);
   const float sc = P.scale_f;
   for (i64 i = lane * 4; i < nrows * HEAD_DIM; i += 32 * 4) {
-    float x, y, z, w;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(x), "=f"(y), "=f"(z), "=f"(w)
-                 : "l"(P.dqacc + base + i)
-                 : "memory");
-    *(uint2*)((u16*)P.dq + base + i) = make_uint2(pack2(x * sc, y * sc), pack2(z * sc, w * sc));
+    const float4 v = *(const float4*)(scratch + i);
+    *(uint2*)((u16*)P.dq + base + i) = make_uint2(pack2(v.x * sc, v.y * sc), pack2(v.z * sc, v.w * sc));
   }
 }
 #endif
@@ -326,6 +335,9 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
 #if FUSED_REDUCER
   __shared__ __align__(8) u64 part_full[2], part_empty[2];  // a part written by the 8 consumer warps; added
 #endif
+#if FUSED_INPLACE
+  __shared__ __align__(8) u64 conv_bar;  // a finished tile's sums, copied into shared memory to convert
+#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wg = warp >> 2,
             wq = warp & 3;
   const FusedUnit first_unit(P, blockIdx.x);
@@ -336,6 +348,9 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
       mbar_init_count(&part_full[i], 2 * NWARPS);
       mbar_init_count(&part_empty[i], 1);
     }
+#if FUSED_INPLACE
+    mbar_init_count(&conv_bar, 1);
+#endif
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
   }
@@ -345,6 +360,9 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(FUSED_REDUCER_REGS));
     if (warp == 2 * NWARPS) {  // its lane 0: the same walks as the consumers', each step's part in turn
       u32 rstep = 0;
+#if FUSED_INPLACE
+      u32 converts = 0;
+#endif
       FUSED_FOR_UNITS(U) {
         FusedWalk rwalk(P, U.b, U.hk, U.jblk);
         i64 rg, rr0;
@@ -352,18 +370,21 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
         for (; rwalk.next(rg, rr0, rpart); ++rstep) {
           const int x = rstep & 1;
           bool last = false;
+          float* buf = dQbuf + x * TILE_M * HEAD_DIM;
           if (lane == 0) {
             mbar_wait(&part_full[x], (rstep >> 1) & 1);
-            last = fused_add_part(P, U.b, U.hk * P.G + rg, rr0, U.jblk, dQbuf + x * TILE_M * HEAD_DIM);
-            mbar_arrive(&part_empty[x]);
+            last = fused_add_part(P, U.b, U.hk * P.G + rg, rr0, U.jblk, buf);
           }
-          __syncwarp();  // lane 0's view of the tile's sums (its acquire and its writes), for every lane
 #if FUSED_INPLACE
-          if (__shfl_sync(0xffffffffu, last ? 1 : 0, 0))
-            fused_convert_tile(P, U.b * P.Hq + U.hk * P.G + rg, rr0, lane);
+          if (__shfl_sync(0xffffffffu, last ? 1 : 0, 0)) {  // the tile's last part: its dQ, through buf
+            fused_convert_tile(P, U.b * P.Hq + U.hk * P.G + rg, rr0, lane, buf, &conv_bar, converts & 1);
+            ++converts;
+          }
+          __syncwarp();  // every lane is done with buf
 #else
           (void)last;
 #endif
+          if (lane == 0) mbar_arrive(&part_empty[x]);
         }
       }
       if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // FUSED_UNORDERED: the last adds
