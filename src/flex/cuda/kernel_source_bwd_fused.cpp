@@ -93,6 +93,18 @@ const char* kernel_backward_fused() {
 #endif
 #define FUSED_KV 128  // kv rows a CTA
 
+// Entry i of a kv block's merged q list at base: the q block, and whether it is partial (every q
+// block, full, without a BlockMask).
+__device__ __forceinline__ int q_list_block(const FlexParams& P, i64 base, i64 i, bool& part) {
+  if (P.all_full) {
+    part = false;
+    return (int)i;
+  }
+  const int e = P.q_all_idx[base + i];
+  part = e & 1;
+  return e >> 1;
+}
+
 // The q tiles of kv block jblk, head by head of the group, each head's tiles in descending order
 // (merged lists; every block, full, without a BlockMask).
 struct GroupWalkDesc {
@@ -120,13 +132,7 @@ struct GroupWalkDesc {
       }
       if (i > 0) {
         --i;
-        int blk = (int)i;
-        part = false;
-        if (!P.all_full) {
-          const int e = P.q_all_idx[base + i];
-          blk = e >> 1;
-          part = e & 1;
-        }
+        const int blk = q_list_block(P, base, i, part);
         rlo = (i64)blk * P.QB;
         const i64 end = rlo + P.QB < P.L ? rlo + P.QB : P.L;
         r = rlo + (end - rlo + TILE_M - 1) / TILE_M * TILE_M;  // one past the block's last tile start
@@ -163,13 +169,7 @@ struct GroupWalkAsc {
         return true;
       }
       if (i < n) {
-        int blk = (int)i;
-        part = false;
-        if (!P.all_full) {
-          const int e = P.q_all_idx[base + i];
-          blk = e >> 1;
-          part = e & 1;
-        }
+        const int blk = q_list_block(P, base, i, part);
         ++i;
         r = (i64)blk * P.QB;
         rend = r + P.QB < P.L ? r + P.QB : P.L;
