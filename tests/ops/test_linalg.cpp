@@ -471,6 +471,20 @@ TEST(LinalgCuda, RawGemmBf16ToFp32WithBiasAndBeta) {
   EXPECT_CLOSE(gc.cpu(), ref, 1e-5);
 }
 
+// KILN_GEMM_PICK's grammar (no device needed).
+TEST(LinalgRawGemm, GemmPickSpecParsesAndRejects) {
+  const auto picks = cuda::parse_gemm_picks("2752,128256,4096,0,1=3;;128256,4096,2752,1,0=0;2752,128256,4096,0,1=5");
+  ASSERT_EQ(picks.size(), 2u);
+  EXPECT_EQ(picks.at({2752, 128256, 4096, 0, 1}), 5);  // the later entry wins
+  EXPECT_EQ(picks.at({128256, 4096, 2752, 1, 0}), 0);
+  EXPECT_TRUE(cuda::parse_gemm_picks("").empty());
+  for (const char* bad : {"1,2,3,0,1", "1,2,3,0,1=", "1,2,3,0,1=-1", "1,2,3,0,2=1", "0,2,3,0,1=1", "1,2,3,0,1=1x",
+                          "a,2,3,0,1=1", "1;2,3,0,1=1"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(cuda::parse_gemm_picks(bad), Error);
+  }
+}
+
 // Every algorithm the heuristic ranks computes the product (bench_lce --variants algos times them);
 // rank 0 is what gemm() runs, bit for bit.
 TEST(LinalgCuda, RankedCandidatesAllComputeTheProduct) {

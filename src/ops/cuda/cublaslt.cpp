@@ -12,7 +12,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -102,28 +101,13 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return l;
 }
 
-// KILN_GEMM_PICK="m,n,k,ta,tb=rank;..." (a measurement switch, bench_lce --variants algos): runs
-// the heuristic's rank-th algorithm instead of its first for problems of that shape. Parsed once;
-// a malformed entry throws. Each pinned shape keeps one algorithm for the process, so its bits stay fixed.
-using PickKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
-const std::map<PickKey, int>& pinned_ranks() {
-  static const std::map<PickKey, int> picks = [] {
-    std::map<PickKey, int> out;
+// KILN_GEMM_PICK (gemm.h; a measurement switch, bench_lce --variants algos): the heuristic's rank-th
+// algorithm instead of its first for problems of a shape. Parsed once; a malformed entry throws.
+// Each pinned shape keeps one algorithm for the process, so its bits stay fixed.
+const std::map<GemmShape, int>& pinned_ranks() {
+  static const std::map<GemmShape, int> picks = [] {
     const char* env = std::getenv("KILN_GEMM_PICK");
-    std::stringstream all(env ? env : "");
-    std::string item;
-    while (std::getline(all, item, ';')) {
-      if (item.empty()) continue;
-      int64_t m = 0, n = 0, k = 0, ta = 0, tb = 0;
-      int rank = -1;
-      char c1 = 0, c2 = 0, c3 = 0, c4 = 0, eq = 0;
-      std::stringstream one(item);
-      one >> m >> c1 >> n >> c2 >> k >> c3 >> ta >> c4 >> tb >> eq >> rank;
-      KILN_CHECK(one && c1 == ',' && c2 == ',' && c3 == ',' && c4 == ',' && eq == '=' && rank >= 0 && one.eof(),
-                 "gemm", "KILN_GEMM_PICK entry '", item, "' is not m,n,k,trans_a,trans_b=rank");
-      out[{m, n, k, ta, tb}] = rank;
-    }
-    return out;
+    return parse_gemm_picks(env ? env : "");
   }();
   return picks;
 }
@@ -250,6 +234,25 @@ void check_types(const GemmParams& p) {
 }  // namespace
 
 size_t gemm_workspace_bytes() { return kWorkspaceBytes; }
+
+std::map<GemmShape, int> parse_gemm_picks(const std::string& spec) {
+  std::map<GemmShape, int> out;
+  std::stringstream all(spec);
+  std::string item;
+  while (std::getline(all, item, ';')) {
+    if (item.empty()) continue;
+    int64_t m = 0, n = 0, k = 0, ta = 0, tb = 0;
+    int rank = -1;
+    char c1 = 0, c2 = 0, c3 = 0, c4 = 0, eq = 0;
+    std::stringstream one(item);
+    one >> m >> c1 >> n >> c2 >> k >> c3 >> ta >> c4 >> tb >> eq >> rank;
+    const bool ok = one && c1 == ',' && c2 == ',' && c3 == ',' && c4 == ',' && eq == '=' && rank >= 0 && one.eof();
+    KILN_CHECK(ok && m > 0 && n > 0 && k > 0 && (ta == 0 || ta == 1) && (tb == 0 || tb == 1), "gemm",
+               "KILN_GEMM_PICK entry '", item, "' is not m,n,k,trans_a,trans_b=rank (positive sizes, 0/1 flags)");
+    out[{m, n, k, ta, tb}] = rank;
+  }
+  return out;
+}
 
 size_t gemm_cached_plans() {
   std::lock_guard<std::mutex> lock(g_plans_mu);

@@ -30,8 +30,10 @@
 // workspace comes from kiln's CUDA allocator, so it shows up in memory_allocated.
 // cuBLASLt results are bitwise reproducible for a fixed algorithm, which the cache pins.
 // Errors (unsupported combination, cuBLASLt failure) throw kiln::Error naming the call.
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -82,6 +84,10 @@ struct GemmCandidate {
 };
 // Up to max_count candidates for p's problem, best-ranked first (none when m, n, k or batch is 0).
 std::vector<GemmCandidate> gemm_candidates(const GemmParams& p, int max_count);
+// KILN_GEMM_PICK's value parsed: {m, n, k, trans_a, trans_b} -> rank (a later entry for a shape wins);
+// a malformed entry throws kiln::Error naming the variable.
+using GemmShape = std::array<int64_t, 5>;
+std::map<GemmShape, int> parse_gemm_picks(const std::string& spec);
 // p run with the candidate of that rank (throws kiln::Error when there is none, or no product: a
 // dimension of 0).
 void gemm_with_candidate(const GemmParams& p, int rank);
