@@ -223,7 +223,7 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
 // the forward's tiles and kernel (kernel_source_fwd.cpp), the persistent forward
 // (kernel_source_persist.cpp) and the backward: its shared part and flex_bwd_pre (kernel_source_bwd.cpp),
 // the dQ kernel (kernel_source_bwd_dq.cpp), the dK/dV kernel (kernel_source_bwd_dkdv.cpp) and the
-// fused backward (kernel_source_bwd_fused.cpp).
+// fused backward (kernel_source_bwd_fused.cpp, kernel_source_bwd_fused_parts.cpp).
 const std::string& kernel_template();
 const char* params_struct_source();
 const char* kernel_prelude();
@@ -235,6 +235,8 @@ const char* kernel_forward_persist();
 const char* kernel_backward_common();
 const char* kernel_backward_dq();
 const char* kernel_backward_dkdv();
+const char* kernel_backward_fused_config();
+const char* kernel_backward_fused_parts();
 const char* kernel_backward_fused();
 
 }  // namespace kiln::flex::cuda

@@ -359,6 +359,7 @@ const std::string& kernel_template() {
   static const std::string source = std::string(kernel_prelude()) + wgmma_helpers_source() + kernel_walks() +
                                     kernel_forward_tiles() + kernel_forward() + kernel_forward_persist() +
                                     kernel_backward_common() + kernel_backward_dq() + kernel_backward_dkdv() +
+                                    kernel_backward_fused_config() + kernel_backward_fused_parts() +
                                     kernel_backward_fused();
   return source;
 }
