@@ -1160,6 +1160,33 @@ TEST(FlexAttentionCuda, FusedBackwardMatchesReferenceAndIsDeterministic) {
   }
 }
 
+// The fused backward's scheduling switches keep its arithmetic and its order of adds: persistent CTAs
+// (2 batches x 2 kv heads x 71 units of 128 rows > the H200's 132 SMs, so CTAs take two or three units)
+// and the swizzled parts' bulk tensor reductions give the bits of one CTA a unit and of the plain bulk
+// reductions, in either walk order, with the reducer in place and with the adds inline.
+TEST(FlexAttentionCuda, FusedBackwardPersistentAndSwizzledSumsKeepTheBits) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(61);
+  const int64_t L = 9000, S = 9000;
+  const Tensor q = randn({2, 4, L, 128}), k = randn({2, 2, S, 128}), v = randn({2, 2, S, 128}),
+               cot = randn({2, 4, L, 128});
+  const BlockMask bm = create_block_mask(sliding_window_mask(300), 1, 1, L, S);
+  FlexOptions o;
+  o.block_mask = &bm;
+  o.return_lse = true;
+  o.enable_gqa = true;
+  const ScopedEnv fused("KILN_FLEX_BWD_FUSED", "1");
+  for (const char* in_place : {"1", "0"}) {
+    const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", in_place), inplace("KILN_FLEX_BWD_FUSED_INPLACE", in_place);
+    for (const char* ascending : {"0", "1"}) {
+      SCOPED_TRACE(std::string("in place ") + in_place + ", ascending " + ascending);
+      const ScopedEnv order("KILN_FLEX_BWD_FUSED_ASCENDING", ascending);
+      expect_same_bits_across("KILN_FLEX_BWD_FUSED_PERSIST", "1", "0", q, k, v, cot, o);
+      expect_same_bits_across("KILN_FLEX_BWD_FUSED_TMA_SUMS", "1", "0", q, k, v, cot, o);
+    }
+  }
+}
+
 // Short rows at E = 128 (a window): by default the persistent forward runs on the caller's 128-blocks
 // with 128 x 128 tiles while the backward walks the halved 64-blocks. Against the reference, and the
 // forward bit for bit the one with the blocks kept for both (KILN_FLEX_HALVE_BLOCKS=0), which runs
