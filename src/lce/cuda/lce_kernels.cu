@@ -302,11 +302,11 @@ void with_tile(DType t, DType tt, F&& f) {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// Threads of a row pass's block: 256, or (KILN_LCE_SHORT_ROWS=1, a measurement switch) 64 for rows of
-// at most 8192 columns, the memory strategy's tiles: 256 threads give each of a 5632-column row's
-// threads under three vectors, against a block-wide merge of 8 barriers.
+// Threads of a row pass's block: 256, or (KILN_LCE_SHORT_ROWS=1, a measurement switch, read per launch
+// so tests can flip it) 64 for rows of at most 8192 columns, the memory strategy's tiles: 256 threads
+// give each of a 5632-column row's threads under three vectors, against a block-wide merge of 8 barriers.
 unsigned row_threads(int64_t cols) {
-  const bool short_rows = detail::env_flag("linear_cross_entropy", "KILN_LCE_SHORT_ROWS", false);  // read per launch: tests flip it
+  const bool short_rows = detail::env_flag("linear_cross_entropy", "KILN_LCE_SHORT_ROWS", false);
   return short_rows && cols <= 8192 ? 64u : static_cast<unsigned>(kThreads);
 }
 
