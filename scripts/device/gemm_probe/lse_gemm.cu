@@ -5,7 +5,9 @@
 // consumer warpgroups of 64 rows (wgmma m64n256k16), one producer warp issuing TMA loads into a
 // 4-stage ring (48 KB a stage), tiles walked in groups of 16 row tiles so a W tile serves them
 // from L2. Its epilogue writes each row's (max, sum exp) over the tile's 256 columns and the row's
-// target logit, never Z (EPI_STATS), or Z in fp32 (EPI_STORE, for the check).
+// target logit, never Z (EPI_STATS), or Z in fp32 (EPI_STORE, for the check), or the memory
+// strategy's backward tile dz = (softmax - onehot) g in bf16 from a known logsumexp (EPI_GRAD: the
+// recomputed logits never stored, the gradient pass gone).
 // Prints, per shape: the max relative error of Z against cuBLASLt (fp32 out), of the logsumexp
 // from the partials against one from cuBLASLt's Z, and the times of cuBLASLt (bf16 out, its
 // heuristic's first algorithm, 32 MiB workspace) and of the probe's stats kernel, as TFLOP/s.
@@ -49,7 +51,7 @@ constexpr int THREADS = 384;  // warpgroup 0: the producer (its first warp); 1 a
 constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + slack to align the ring to 1024 bytes
 constexpr float kLog2e = 1.4426950408889634f;
 
-enum Epilogue { EPI_STATS = 0, EPI_STORE = 1 };
+enum Epilogue { EPI_STATS = 0, EPI_STORE = 1, EPI_GRAD = 2 };
 
 struct Params {
   CUtensorMap xmap, wmap;  // X [M, K] and W [N, K]: boxes {64, 128} and {64, 256}, 128-byte swizzle
@@ -58,6 +60,9 @@ struct Params {
   float2* part;           // [tiles_n, M]: (max, sum exp) of a row over one 256-column tile
   float* zt;              // [M]: the row's target logit
   float* z;               // EPI_STORE: Z [M, N] fp32
+  const float* lse;       // EPI_GRAD: [M], the rows' logsumexp
+  __nv_bfloat16* dz;      // EPI_GRAD: dz [M, N] = (softmax(Z) - onehot(target)) * gscale, in bf16
+  float gscale;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -165,7 +170,25 @@ __global__ void __launch_bounds__(THREADS, 1) lse_gemm(const __grid_constant__ P
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
-      if constexpr (EPI == EPI_STORE) {
+      if constexpr (EPI == EPI_GRAD) {
+        if (row < P.M) {
+          const float l2 = P.lse[row] * kLog2e;
+          const int yl = (int)(P.target[row] - col0);
+          __nv_bfloat16* out = P.dz + (size_t)row * P.N + col0;
+          const bool full_cols = (tn + 1) * BN <= P.N;
+#pragma unroll
+          for (int j = 0; j < 32; ++j) {
+            float2 v;
+            v.x = P.gscale * (exp2f(fmaf(d[4 * j + 2 * h], kLog2e, -l2)) - (8 * j == yl ? 1.f : 0.f));
+            v.y = P.gscale * (exp2f(fmaf(d[4 * j + 2 * h + 1], kLog2e, -l2)) - (8 * j + 1 == yl ? 1.f : 0.f));
+            if (full_cols || 8 * j + 1 < P.N - col0) {
+              *(__nv_bfloat162*)(out + 8 * j) = __float22bfloat162_rn(v);
+            } else if (8 * j < P.N - col0) {
+              out[8 * j] = __float2bfloat16(v.x);
+            }
+          }
+        }
+      } else if constexpr (EPI == EPI_STORE) {
         if (row < P.M)
 #pragma unroll
           for (int j = 0; j < 32; ++j)
@@ -374,6 +397,10 @@ void run_shape(Lt& lt, int M, int N, int K, bool check, int sms) {
   P.M = M, P.N = N, P.K = K, P.target = target, P.part = part, P.zt = zt;
   const int grid = std::min(tiles, sms);
   auto stats = [&] { lse_gemm<EPI_STATS><<<grid, THREADS, SMEM_BYTES>>>(P); };
+  auto grad = [&] { lse_gemm<EPI_GRAD><<<grid, THREADS, SMEM_BYTES>>>(P); };
+  P.lse = lse;
+  P.dz = zb;
+  P.gscale = 1.f / M;
   if (check) {
     CHECK_CUDA(cudaMalloc(&z32, (size_t)M * N * 4));
     CHECK_CUDA(cudaMalloc(&zk, (size_t)M * N * 4));
@@ -398,8 +425,22 @@ void run_shape(Lt& lt, int M, int N, int K, bool check, int sms) {
       lmax = std::max(lmax, std::fabs((double)la[i] - lb[i]) / std::max(1.0, std::fabs((double)la[i])));
       tmax = std::max(tmax, std::fabs((double)t[i] - a[(size_t)i * N + y[i]]));
     }
-    std::printf("check %d x %d x %d: Z rel err %.2e, lse max rel err %.2e, target logit max abs err %.2e %s\n", M, N,
-                K, std::sqrt(num / den), lmax, tmax, std::sqrt(num / den) < 1e-5 && lmax < 1e-5 && tmax < 1e-4 ? "OK" : "WRONG");
+    // dz from the probe's own lse against (softmax of cuBLASLt's Z - onehot) / M, rounded to bf16.
+    grad();
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<__nv_bfloat16> g((size_t)M * N);
+    CHECK_CUDA(cudaMemcpy(g.data(), zb, g.size() * 2, cudaMemcpyDeviceToHost));
+    double gnum = 0, gden = 0;
+    for (int i = 0; i < M; ++i)
+      for (int c = 0; c < N; ++c) {
+        const double want = (std::exp((double)a[(size_t)i * N + c] - la[i]) - (c == y[i] ? 1.0 : 0.0)) / M;
+        const double got = __bfloat162float(g[(size_t)i * N + c]);
+        gnum += (got - want) * (got - want), gden += want * want;
+      }
+    const double zerr = std::sqrt(num / den), gerr = std::sqrt(gnum / gden);
+    std::printf("check %d x %d x %d: Z rel err %.2e, lse max rel err %.2e, target logit max abs err %.2e, dz rel err "
+                "%.2e %s\n",
+                M, N, K, zerr, lmax, tmax, gerr, zerr < 1e-5 && lmax < 1e-5 && tmax < 1e-4 && gerr < 8e-3 ? "OK" : "WRONG");
     CHECK_CUDA(cudaFree(z32));
     CHECK_CUDA(cudaFree(zk));
   }
@@ -407,10 +448,14 @@ void run_shape(Lt& lt, int M, int N, int K, bool check, int sms) {
   lt.prepare(CUDA_R_16BF, M, N, K);
   const float t_lt = median_ms([&] { lt.run(x, w, zb); });
   const float t_stats = median_ms(stats);
+  combine<<<(M + 255) / 256, 256>>>(part, M, tiles_n, lse);
+  const float t_grad = median_ms(grad);
   CHECK_CUDA(cudaGetLastError());
   std::printf("{\"shape\": [%d, %d, %d], \"cublaslt_bf16_ms\": %.4f, \"cublaslt_tflops\": %.1f, \"stats_ms\": %.4f, "
-              "\"stats_tflops\": %.1f, \"stats_over_cublaslt\": %.3f}\n",
-              M, N, K, t_lt, flop / t_lt * 1e-9, t_stats, flop / t_stats * 1e-9, t_stats / t_lt);
+              "\"stats_tflops\": %.1f, \"stats_over_cublaslt\": %.3f, \"grad_ms\": %.4f, \"grad_over_cublaslt\": "
+              "%.3f}\n",
+              M, N, K, t_lt, flop / t_lt * 1e-9, t_stats, flop / t_stats * 1e-9, t_stats / t_lt, t_grad,
+              t_grad / t_lt);
   std::fflush(stdout);
   for (void* p : {(void*)x, (void*)w, (void*)zb, (void*)part, (void*)lse, (void*)lse_ref, (void*)zt, (void*)target})
     CHECK_CUDA(cudaFree(p));
@@ -423,6 +468,7 @@ int main() {
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CHECK_CUDA(cudaFuncSetAttribute(lse_gemm<EPI_STATS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
   CHECK_CUDA(cudaFuncSetAttribute(lse_gemm<EPI_STORE>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+  CHECK_CUDA(cudaFuncSetAttribute(lse_gemm<EPI_GRAD>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
   Lt lt;
   run_shape(lt, 300, 1000, 200, true, sms);      // ragged in every dimension (TMA zero fill, masks)
   run_shape(lt, 1024, 8192, 1024, true, sms);    // several tiles a CTA
