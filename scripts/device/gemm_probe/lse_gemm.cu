@@ -5,7 +5,8 @@
 // consumer warpgroups of 64 rows (wgmma m64n256k16), one producer warp issuing TMA loads into a
 // 4-stage ring (48 KB a stage), tiles walked in groups of 16 row tiles so a W tile serves them
 // from L2; alone (cluster 1) or in clusters of two CTAs on adjacent row tiles that each load half of
-// their shared W tile and multicast it to both (cluster 2: 32 KB a stage from L2 instead of 48). Its epilogue writes each row's (max, sum exp) over the tile's 256 columns and the row's
+// their shared W tile and multicast it to both (cluster 2: 32 KB a stage from L2 instead of 48).
+// Its epilogue writes each row's (max, sum exp) over the tile's 256 columns and the row's
 // target logit, never Z (EPI_STATS), or Z in fp32 (EPI_STORE, for the check), or the memory
 // strategy's backward tile dz = (softmax - onehot) g in bf16 from a known logsumexp (EPI_GRAD: the
 // recomputed logits never stored, the gradient pass gone).
@@ -183,7 +184,8 @@ __device__ void consume(const Params& P, uint8_t* ring, uint64_t* full, uint64_t
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
       const int s = it % STAGES;
       mbar_wait(&full[s], (it / STAGES) & 1);
-      const uint32_t a = smem_u32(ring + s * STAGE_BYTES) + cw * 64 * 128, b = smem_u32(ring + s * STAGE_BYTES + A_BYTES);
+      const uint32_t a = smem_u32(ring + s * STAGE_BYTES) + cw * 64 * 128;
+      const uint32_t b = smem_u32(ring + s * STAGE_BYTES + A_BYTES);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)  // 16 columns = 32 bytes into the swizzled 128-byte rows
