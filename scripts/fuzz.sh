@@ -20,12 +20,17 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -f
 mapfile -t srcs < <(find src/core src/autograd src/ops src/io -name '*.cpp' -not -path '*/cuda/*' | sort)
 # The SIMD math kernels (*_simd.cpp: Highway code for every x86 target) are not on the parsers'
 # paths and take clang over 15 minutes under the sanitizers: they build plain, at -O2.
-export CXX out
+# An object is rebuilt when its source or any header is newer (a header change can change any
+# object: reusing stale ones linked against changed signatures, or worse, silently).
+newest_header=$(find include src/core src/autograd src/ops src/io -name '*.h' | xargs stat -c %Y | sort -n | tail -1)
+export CXX out newest_header
 export FLAGS="${flags[*]}" PLAIN_FLAGS="-std=c++20 -O2 -Iinclude -Isrc -w"
 printf '%s\n' "${srcs[@]}" | xargs -P "$(nproc)" -I{} sh -c '
   o="$out/obj/$(echo "{}" | tr / _).o"
   case "{}" in *_simd.cpp) f="$PLAIN_FLAGS" ;; *) f="$FLAGS -fsanitize=fuzzer-no-link" ;; esac
-  if [ ! -f "$o" ] || [ "{}" -nt "$o" ]; then $CXX $f -c "{}" -o "$o" || exit 255; fi'
+  if [ ! -f "$o" ] || [ "{}" -nt "$o" ] || [ "$(stat -c %Y "$o")" -lt "$newest_header" ]; then
+    $CXX $f -c "{}" -o "$o" || exit 255
+  fi'
 objs=()
 for s in "${srcs[@]}"; do objs+=("$out/obj/$(echo "$s" | tr '/' '_').o"); done
 libs=(-lopenblas -lhwy -lhwy_contrib -lgomp -ldl)
