@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "bench_flex.h"
+#include "bench_timing.h"
 #include "flex/ir.h"
 #include "kiln/kiln.h"
 
@@ -138,30 +139,6 @@ ScoreMod parse_score(const std::string& s, int64_t H, Tensor& slopes) {
   usage(("unknown score mod " + s).c_str());
 }
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Median time of fn over reps: CUDA events on the current stream, or the wall clock on the CPU.
-double median_ms(const Device& dev, const std::function<void()>& fn, int reps) {
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    if (dev.is_cuda()) {
-      cuda::Event a, b;
-      a.record();
-      fn();
-      b.record();
-      b.synchronize();
-      t.push_back(a.elapsed_ms(b));
-    } else {
-      const double t0 = now_ms();
-      fn();
-      t.push_back(now_ms() - t0);
-    }
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 // Every block listed as partial: the kernels visit all of S and apply the mask everywhere.
 BlockMask all_blocks(const MaskMod& m, int64_t L, int64_t S) {

@@ -13,6 +13,7 @@
 #include "bench_lce.h"
 
 #include "bench_lce_algos.h"
+#include "bench_timing.h"
 
 #include <algorithm>
 #include <chrono>
@@ -103,23 +104,14 @@ void print(const Args& a, const char* variant, const Result& r, int64_t grad_byt
 
 #ifdef KILN_WITH_CUDA
 // Each phase alone with CUDA events: one warm-up, the median of 5.
-void time_phases(const std::vector<std::pair<const char*, std::function<void()>>>& phases, const char* strategy,
-                 int64_t tokens, int64_t classes, DType tt) {
+void time_phases(const Device& dev, const std::vector<std::pair<const char*, std::function<void()>>>& phases,
+                 const char* strategy, int64_t tokens, int64_t classes, DType tt) {
   for (const auto& [name, fn] : phases) {
     fn();
-    std::vector<float> ts;
-    for (int i = 0; i < 5; ++i) {
-      cuda::Event e0, e1;
-      e0.record();
-      fn();
-      e1.record();
-      e1.synchronize();
-      ts.push_back(e0.elapsed_ms(e1));
-    }
-    std::sort(ts.begin(), ts.end());
+    const double ms = median_ms(dev, fn, 5);
     std::printf("{\"variant\": \"phase\", \"strategy\": \"%s\", \"phase\": \"%s\", \"tokens\": %lld, "
                 "\"classes\": %lld, \"tile\": \"%s\", \"ms\": %.4f}\n",
-                strategy, name, static_cast<long long>(tokens), static_cast<long long>(classes), dtype_name(tt), ts[2]);
+                strategy, name, static_cast<long long>(tokens), static_cast<long long>(classes), dtype_name(tt), ms);
   }
   std::fflush(stdout);
 }
@@ -185,7 +177,7 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
       {"logits_gemm_16bit", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, other.data_ptr(), t,
                                      ld, 0.0); }},
   };
-  time_phases(phases, "speed", N, V, tt);
+  time_phases(x.device(), phases, "speed", N, V, tt);
   // One memory-strategy tile [Nm, Vc] (the op's own sizes): its GEMMs and passes, and how many
   // such tiles the op runs (its forward: logits + stats; its backward: logits + grad + dx + dW).
   LinearCrossEntropyOptions mo;
@@ -212,7 +204,7 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
                            one_chunk ? dw.data_ptr() : dwa.data_ptr(), one_chunk ? t : kFloat32, H,
                            one_chunk ? 0.0 : 1.0); }},
   };
-  time_phases(mphases, "memory", Nm, Vc, tt);
+  time_phases(x.device(), mphases, "memory", Nm, Vc, tt);
   std::printf("{\"variant\": \"memory_tiles\", \"tokens\": %lld, \"classes\": %lld, \"tiles\": %lld}\n",
               static_cast<long long>(Nm), static_cast<long long>(Vc),
               static_cast<long long>(((a.n + Nm - 1) / Nm) * ((V + Vc - 1) / Vc)));

@@ -6,6 +6,8 @@
 // beats the first choice by more than 2 % (rerun the other variants with it to see the whole op).
 #include "bench_lce_algos.h"
 
+#include "bench_timing.h"
+
 #ifdef KILN_WITH_CUDA
 #include <algorithm>
 #include <cstdio>
@@ -30,19 +32,11 @@ struct NamedGemm {
   cuda::GemmParams p;
 };
 
-float median_ms(const cuda::GemmParams& p, int rank) {
-  cuda::gemm_with_candidate(p, rank);  // warm-up (and the plan's first launch)
-  std::vector<float> ts;
-  for (int i = 0; i < 5; ++i) {
-    cuda::Event e0, e1;
-    e0.record();
-    cuda::gemm_with_candidate(p, rank);
-    e1.record();
-    e1.synchronize();
-    ts.push_back(e0.elapsed_ms(e1));
-  }
-  std::sort(ts.begin(), ts.end());
-  return ts[2];
+// Candidate `rank` of p alone: one warm-up (and the plan's first launch), the median of 5.
+double candidate_ms(const cuda::GemmParams& p, int rank) {
+  const auto run = [&] { cuda::gemm_with_candidate(p, rank); };
+  run();
+  return median_ms(Device(DeviceType::CUDA, p.device), run, 5);
 }
 
 cuda::GemmParams params(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, int64_t lda,
@@ -98,11 +92,11 @@ void cuda_gemm_algos(const Tensor& x, const Tensor& w, const Tensor& y, bool jso
     const cuda::GemmParams& p = g.p;
     const double flop = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
     int best = 0;
-    float best_ms = 0, first_ms = 0;
+    double best_ms = 0, first_ms = 0;
     for (const cuda::GemmCandidate& c : cuda::gemm_candidates(p, kMaxCandidates)) {
-      float ms = 0;
+      double ms = 0;
       try {
-        ms = median_ms(p, c.rank);
+        ms = candidate_ms(p, c.rank);
       } catch (const Error& e) {  // a candidate cuBLASLt ranks but will not run: say so, time the rest
         std::printf("{\"variant\": \"algo_error\", \"gemm\": \"%s\", \"rank\": %d, \"config\": \"%s\"}\n",
                     g.name.c_str(), c.rank, c.config.c_str());

@@ -133,15 +133,28 @@ __device__ __forceinline__ void unit_coords(int w, int tiles_m, int tiles_n, uin
   tn = local / rows;
 }
 
+// A CTA's share of the problem: its tile counts, and the units its cluster walks (w = its cluster's
+// index, + the number of clusters, ...), the producer's and the consumers' same sequence.
+template <int MC>
+struct Work {
+  int tiles_m, tiles_n, kblocks, units;
+  __host__ __device__ explicit Work(const Params& P)
+      : tiles_m((P.M + BM - 1) / BM),
+        tiles_n((P.N + BN - 1) / BN),
+        kblocks((P.K + BK - 1) / BK),
+        units((tiles_m + MC - 1) / MC * tiles_n) {}
+  __device__ int first() const { return blockIdx.x / MC; }
+  __device__ int stride() const { return gridDim.x / MC; }
+};
+
 template <int MC>
 __device__ void produce(const Params& P, uint8_t* ring, uint64_t* full, uint64_t* empty, uint32_t rank) {
-  const int tiles_m = (P.M + BM - 1) / BM, tiles_n = (P.N + BN - 1) / BN, kblocks = (P.K + BK - 1) / BK;
-  const int units = (tiles_m + MC - 1) / MC * tiles_n;
+  const Work<MC> W(P);
   uint32_t it = 0;
-  for (int w = blockIdx.x / MC; w < units; w += gridDim.x / MC) {
+  for (int w = W.first(); w < W.units; w += W.stride()) {
     int tm, tn;
-    unit_coords<MC>(w, tiles_m, tiles_n, rank, tm, tn);
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+    unit_coords<MC>(w, W.tiles_m, W.tiles_n, rank, tm, tn);
+    for (int kb = 0; kb < W.kblocks; ++kb, ++it) {
       const int s = it % STAGES;
       mbar_wait(&empty[s], ((it / STAGES) & 1) ^ 1);  // every consumer (of both CTAs, MC = 2) released it
       uint8_t* a = ring + s * STAGE_BYTES;
@@ -161,8 +174,7 @@ __device__ void produce(const Params& P, uint8_t* ring, uint64_t* full, uint64_t
 
 template <int EPI, int MC>
 __device__ void consume(const Params& P, uint8_t* ring, uint64_t* full, uint64_t* empty, uint32_t rank) {
-  const int tiles_m = (P.M + BM - 1) / BM, tiles_n = (P.N + BN - 1) / BN, kblocks = (P.K + BK - 1) / BK;
-  const int units = (tiles_m + MC - 1) / MC * tiles_n;
+  const Work<MC> W(P);
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x / 32) & 3, cw = threadIdx.x / 128 - 1;
   const int g = lane >> 2, q = lane & 3;
   auto release = [&](int s) {  // one thread of the warpgroup, once its products from stage s are done
@@ -178,10 +190,10 @@ __device__ void consume(const Params& P, uint8_t* ring, uint64_t* full, uint64_t
 #pragma unroll
   for (int i = 0; i < 128; ++i) d[i] = 0.f;  // overwritten by each tile's first product (accumulate 0)
   uint32_t it = 0;
-  for (int w = blockIdx.x / MC; w < units; w += gridDim.x / MC) {
+  for (int w = W.first(); w < W.units; w += W.stride()) {
     int tm, tn;
-    unit_coords<MC>(w, tiles_m, tiles_n, rank, tm, tn);
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+    unit_coords<MC>(w, W.tiles_m, W.tiles_n, rank, tm, tn);
+    for (int kb = 0; kb < W.kblocks; ++kb, ++it) {
       const int s = it % STAGES;
       mbar_wait(&full[s], (it / STAGES) & 1);
       const uint32_t a = smem_u32(ring + s * STAGE_BYTES) + cw * 64 * 128;
@@ -439,9 +451,7 @@ void launch(const Params& P, int sms) {
     return true;
   }();
   (void)attr;
-  const int tiles_m = (P.M + BM - 1) / BM, tiles_n = (P.N + BN - 1) / BN;
-  const int units = (tiles_m + MC - 1) / MC * tiles_n;
-  const int grid = std::min(units, sms / MC) * MC;
+  const int grid = std::min(Work<MC>(P).units, sms / MC) * MC;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(THREADS);

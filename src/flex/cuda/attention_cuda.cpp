@@ -43,6 +43,7 @@ struct State {
   int fwd_threads = kThreads;
   int64_t fwd_q_tiles = 0;
   int64_t fwd_grid = 0;  // CTAs of the forward: one per q tile, or what fits at once (fwd_persist)
+  int64_t fused_grid = 0;  // bwd_fused: CTAs of its flex_bwd_dkdv
   bool fused_on_fwd_blocks = false;  // bwd_fused where the backward's blocks are halved: it walks fwd_p's
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
@@ -319,11 +320,16 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, fwd_p ? &st->fwd_cfg : nullptr, device.index, st->fwd_smem, st->bwd_smem);
   st->fwd_grid = p.B * p.Hq * st->fwd_q_tiles;
-  if (st->fwd_cfg.fwd_persist) {
-    int sms = 0;
+  int sms = 0;  // the persistent kernels' CTAs: what fits the SMs at once
+  if (st->fwd_cfg.fwd_persist || (cfg.bwd_fused && cfg.bwd_fused_persist))
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
+  if (st->fwd_cfg.fwd_persist) {
     const int per_sm = max_active_blocks(st->kernels->fwd, st->fwd_threads, st->fwd_smem);
     st->fwd_grid = std::min<int64_t>(st->fwd_grid, int64_t{sms} * std::max(per_sm, 1));
+  }
+  if (cfg.bwd_fused) {  // a CTA a 128-row kv unit, or (persistent) one an SM, its shared memory allowing no second
+    st->fused_grid = p.B * p.Hkv * ceil_div(p.S, KernelConfig::kFusedKv);
+    if (cfg.bwd_fused_persist) st->fused_grid = std::min<int64_t>(st->fused_grid, sms);
   }
   return st;
 }
@@ -394,13 +400,7 @@ void launch_fused_backward(const State& st, const FlexParams& P, void* stream) {
   if (st.cfg.bwd_fused_tma_sums) encode_sums_map(F.dqmap, F.dqacc, p.B * p.Hq, p.L, p.E);
   F.dqsem = reinterpret_cast<unsigned*>(turns.data_ptr<int32_t>());
   const int threads = 2 * kThreads + (st.cfg.bwd_fused_reducer ? kThreads : 0);  // the reducer's warpgroup
-  int64_t grid = p.B * p.Hkv * F.kv_tiles;  // a CTA a unit
-  if (st.cfg.bwd_fused_persist) {  // one CTA an SM (its shared memory allows no second), taking units in turn
-    int sms = 0;
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, st.device.index));
-    grid = std::min<int64_t>(grid, sms);
-  }
-  launch(st.kernels->bwd_dkdv, grid, threads, st.bwd_dkdv_smem, stream, &F);
+  launch(st.kernels->bwd_dkdv, st.fused_grid, threads, st.bwd_dkdv_smem, stream, &F);
   // flex_bwd_dq: the convert pass, or (in place) dQ's zeros for q tiles that list no kv block.
   const int64_t dq_grid = st.cfg.bwd_fused_inplace ? p.B * p.Hq * P.q_tiles : ceil_div(n / 8, kThreads);
   launch(st.kernels->bwd_dq, dq_grid, kThreads, 0, stream, &F);

@@ -321,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(FUSED_CTA_THREADS, 1) flex_bwd_dkdv
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_dq(const FlexParams P) {
   const i64 tile = blockIdx.x % P.q_tiles, bh = blockIdx.x / P.q_tiles, r0 = tile * TILE_M;
   if (P.all_full || kv_count(P, bh / P.Hq, bh % P.Hq, r0 / P.QB) != 0) return;
-  const i64 nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
+  const i64 nrows = q_tile_rows(P, r0);
   u32* dg = (u32*)((u16*)P.dq + (bh * P.L + r0) * HEAD_DIM);
   for (i64 i = threadIdx.x; i < nrows * HEAD_DIM / 2; i += NTHREADS) dg[i] = 0u;
 }

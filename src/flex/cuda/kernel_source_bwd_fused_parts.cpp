@@ -144,11 +144,14 @@ __device__ __forceinline__ unsigned part_turn(const FlexParams& P, i64 b, i64 h,
 #endif
 }
 
+// The rows of q tile r0 (TILE_M, fewer at the end of L).
+__device__ __forceinline__ i64 q_tile_rows(const FlexParams& P, i64 r0) { return P.L - r0 < TILE_M ? P.L - r0 : TILE_M; }
+
 // One part (this block's, in buf) into q tile r0 of (b, h) row bh: wait for the block's turn on the
 // tile, one bulk reduction of its valid rows (FUSED_INPLACE: a store for the first), wait for its
 // writes, pass the turn (by one thread). Returns whether it was the tile's last (FUSED_INPLACE).
 __device__ __forceinline__ bool fused_add_part(const FlexParams& P, i64 b, i64 h, i64 r0, i64 jblk, const float* buf) {
-  const i64 bh = b * P.Hq + h, nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M;
+  const i64 bh = b * P.Hq + h;
   unsigned* sem = P.dqsem + bh * P.q_tiles + r0 / TILE_M;
 #if !FUSED_UNORDERED
   const unsigned rank = part_turn(P, b, h, r0 / P.QB, jblk);
@@ -159,7 +162,6 @@ __device__ __forceinline__ bool fused_add_part(const FlexParams& P, i64 b, i64 h
   asm volatile("fence.proxy.async.global;" ::: "memory");  // the acquire, before the async proxy's adds
 #endif
 #if FUSED_TMA_SUMS
-  (void)nrows;
 #pragma unroll
   for (int p = 0; p < HEAD_DIM / 32; ++p) {  // panel p: columns 32 p.. of the tile's rows
     const u32 src = smem_addr(buf + p * TILE_M * 32);
@@ -178,7 +180,7 @@ __device__ __forceinline__ bool fused_add_part(const FlexParams& P, i64 b, i64 h
   }
 #else
   float* dst = P.dqacc + (bh * P.L + r0) * HEAD_DIM;
-  const int bytes = (int)(nrows * HEAD_DIM * 4);
+  const int bytes = (int)(q_tile_rows(P, r0) * HEAD_DIM * 4);
 #if FUSED_INPLACE
   if (rank == 0)
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(buf)),
@@ -214,7 +216,7 @@ __device__ __forceinline__ bool fused_add_part(const FlexParams& P, i64 b, i64 h
 // on the reducer's path.
 __device__ __forceinline__ void fused_convert_tile(const FlexParams& P, i64 bh, i64 r0, int lane, float* scratch,
                                                    u64* bar, u32 parity) {
-  const i64 nrows = P.L - r0 < TILE_M ? P.L - r0 : TILE_M, base = (bh * P.L + r0) * HEAD_DIM;
+  const i64 nrows = q_tile_rows(P, r0), base = (bh * P.L + r0) * HEAD_DIM;
   const int bytes = (int)(nrows * HEAD_DIM * 4);
   if (lane == 0) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");

@@ -120,8 +120,9 @@ int pinned_rank(const GemmParams& p) {
 
 // The heuristic's ranking for `plan`, at most `count` algorithms, best first. Returns the
 // heuristic's status; NOT_SUPPORTED stands for "no algorithm" (cuBLASLt reports that both ways).
-cublasStatus_t rank_algos(const Problem& q, const Plan& plan, const std::array<uint32_t, 3>& align, int count,
+cublasStatus_t rank_algos(const Problem& q, const Plan& plan, int count,
                           std::vector<cublasLtMatmulHeuristicResult_t>& out) {
+  const std::array<uint32_t, 3>& align = plan.align;
   cublasLtMatmulPreference_t pref = nullptr;
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, cublasStatus_t (*)(cublasLtMatmulPreference_t)> guard(
@@ -147,10 +148,10 @@ cublasStatus_t rank_algos(const Problem& q, const Plan& plan, const std::array<u
 }
 
 // The heuristic's first algorithm for `plan` (or the KILN_GEMM_PICK rank for its shape).
-cublasStatus_t pick_algo(const Problem& q, Plan& plan, const std::array<uint32_t, 3>& align) {
+cublasStatus_t pick_algo(const Problem& q, Plan& plan) {
   const int rank = pinned_rank(q.p);
   std::vector<cublasLtMatmulHeuristicResult_t> ranked;
-  const cublasStatus_t st = rank_algos(q, plan, align, rank + 1, ranked);
+  const cublasStatus_t st = rank_algos(q, plan, rank + 1, ranked);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   KILN_CHECK(rank < static_cast<int>(ranked.size()), "gemm", "KILN_GEMM_PICK asks for rank ", rank, " of m=", q.p.m,
              " n=", q.p.n, " k=", q.p.k, " but cuBLASLt offers ", ranked.size(), " algorithms");
@@ -183,12 +184,12 @@ std::unique_ptr<Plan> make_plan(const Problem& q, const std::array<uint32_t, 3>&
     KILN_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
     // Any refusal of the fused form (type or layout combination) falls back to the plain gemm.
-    plan->fused_bias = pick_algo(q, *plan, align) == CUBLAS_STATUS_SUCCESS;
+    plan->fused_bias = pick_algo(q, *plan) == CUBLAS_STATUS_SUCCESS;
     if (plan->fused_bias) return plan;
     const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;  // fall back to add_bias_rows + beta = 1
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof(none)));
   }
-  const cublasStatus_t st = pick_algo(q, *plan, align);
+  const cublasStatus_t st = pick_algo(q, *plan);
   if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
     KILN_FAIL("cublasLt", "cublasLtMatmulAlgoGetHeuristic failed: ", cublasLtGetStatusName(st), " (",
               cublasLtGetStatusString(st), ") (", __FILE__, ":", __LINE__, ")");
@@ -339,7 +340,7 @@ std::vector<cublasLtMatmulHeuristicResult_t> ranking(const Problem& q, Plan& pla
   std::lock_guard<std::mutex> lock(plan.mu);
   if (static_cast<int>(plan.candidates.size()) < count) {
     std::vector<cublasLtMatmulHeuristicResult_t> ranked;
-    const cublasStatus_t st = rank_algos(q, plan, plan.align, count, ranked);
+    const cublasStatus_t st = rank_algos(q, plan, count, ranked);
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
       KILN_FAIL("cublasLt", "cublasLtMatmulAlgoGetHeuristic failed: ", cublasLtGetStatusName(st));
     plan.candidates = std::move(ranked);
