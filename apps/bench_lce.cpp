@@ -8,7 +8,8 @@
 //   gemm3:         the three GEMMs alone (logits, dx, dW; no loss; logits in the input dtype, dz a
 //                  random normal [N, V] drawn once, as torch's gemm3 baseline);
 //   phases:        (CUDA) one speed chunk's and one memory tile's GEMMs and kernels timed one by one
-//                  (cuda_phases);
+//                  (cuda_phases); with KILN_LCE_WGMMA=1 also the fused-epilogue GEMMs beside cuBLASLt's
+//                  GEMM of the same shape (fused_phases);
 //   algos:         (CUDA) cuBLASLt's ranked algorithms for the op's GEMMs (bench_lce_algos.cpp).
 #include "bench_lce.h"
 
@@ -30,6 +31,7 @@
 #include "kiln/lce.h"
 #include "ops/cpu/gemm.h"
 #ifdef KILN_WITH_CUDA
+#include "lce/cuda/lce_fused_gemm.h"
 #include "lce/cuda/lce_kernels.h"
 #include "lce/lce_internal.h"
 #include "ops/cuda/gemm.h"
@@ -114,6 +116,40 @@ void time_phases(const Device& dev, const std::vector<std::pair<const char*, std
                 strategy, name, static_cast<long long>(tokens), static_cast<long long>(classes), dtype_name(tt), ms);
   }
   std::fflush(stdout);
+}
+
+// KILN_LCE_WGMMA=1 (where it applies): the memory strategy's fused-epilogue GEMMs alone, each beside
+// cuBLASLt's GEMM of its shape into a 16-bit tile: the forward's stats over the whole [N, V] (one
+// window at the defaults) and the backward's dz over one [Nm, Vc] tile.
+void fused_phases(const Tensor& x, const Tensor& w, const Tensor& y, int64_t Nm, int64_t Vc,
+                  const std::function<void(int64_t, int64_t, void*, int64_t)>& logits_gemm) {
+  const int64_t N = x.size(0), H = x.size(1), V = w.size(0);
+  const int dev = x.device().index;
+  lce_k::FusedGemm f;
+  f.t = x.dtype();
+  f.x = x.data_ptr();
+  f.w = w.data_ptr();
+  f.n = N, f.v = V, f.h = H;
+  f.target = y.data_ptr<int64_t>();
+  f.k.n = N, f.k.h = H, f.k.v = V;
+  f.stream = cuda::current_stream(dev).handle();
+  if (!lce_k::fused_gemm_usable(f, dev)) return;
+  const TensorOptions f32 = TensorOptions().dtype(kFloat32).device(x.device()), t16 = x.options();
+  const int64_t ld = lce::tile_stride(V, x.dtype()), ldm = lce::tile_stride(Vc, x.dtype());
+  Tensor part = empty({lce_k::fused_partial_bytes(f.k, N, V)}, TensorOptions().dtype(kUInt8).device(x.device()));
+  Tensor state = empty({4, N}, f32), z = empty({N, ld}, t16), dz = empty({Nm, ldm}, t16);
+  Tensor tot = empty({4}, f32), lse = full({N}, 12.0, f32);  // any finite lse: the grad epilogue's cost
+  lce_k::prepare(x.dtype(), f.target, nullptr, f.k, tot.data_ptr(), f.stream);
+  time_phases(x.device(),
+              {{"cublaslt_gemm", [&] { logits_gemm(N, V, z.data_ptr(), ld); }},
+               {"fused_stats", [&] { lce_k::fused_stats(f, 0, N, 0, V, part.data_ptr(), true, state.data_ptr(), N); }}},
+              "fused_forward", N, V, x.dtype());
+  time_phases(x.device(),
+              {{"cublaslt_gemm", [&] { logits_gemm(Nm, Vc, dz.data_ptr(), ldm); }},
+               {"fused_grad", [&] {
+                  lce_k::fused_grad(f, 0, Nm, 0, Vc, lse.data_ptr(), nullptr, false, tot.data_ptr(), dz.data_ptr(), ldm);
+                }}},
+              "fused_backward_tile", Nm, Vc, x.dtype());
 }
 
 // Where a fused step's time goes: the phases of one speed-strategy chunk over the whole
@@ -205,6 +241,9 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
                            one_chunk ? 0.0 : 1.0); }},
   };
   time_phases(x.device(), mphases, "memory", Nm, Vc, tt);
+  fused_phases(x, w, y, Nm, Vc, [&](int64_t rows, int64_t cols, void* out, int64_t ldo) {
+    mm(false, true, rows, cols, H, x.data_ptr(), H, w.data_ptr(), H, t, out, t, ldo, 0.0);
+  });
   std::printf("{\"variant\": \"memory_tiles\", \"tokens\": %lld, \"classes\": %lld, \"tiles\": %lld}\n",
               static_cast<long long>(Nm), static_cast<long long>(Vc),
               static_cast<long long>(((a.n + Nm - 1) / Nm) * ((V + Vc - 1) / Vc)));

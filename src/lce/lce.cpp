@@ -14,6 +14,9 @@
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "lce/lce_internal.h"
+#ifdef KILN_WITH_CUDA
+#include "lce/cuda/lce_fused_gemm.h"
+#endif
 
 namespace kiln::lce {
 namespace {
@@ -44,6 +47,14 @@ bool side_stream_dw() {
 }
 
 void set_speed_overlaps_override(int v) { overlaps_override.store(v); }
+
+#ifdef KILN_WITH_CUDA
+bool fused_gemm_device(int device) { return cuda::lce_k::fused_gemm_device(device); }
+int64_t fused_gemm_launches() { return cuda::lce_k::fused_gemm_launches(); }
+#else
+bool fused_gemm_device(int) { return false; }
+int64_t fused_gemm_launches() { return 0; }
+#endif
 
 }  // namespace kiln::lce
 

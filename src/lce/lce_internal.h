@@ -43,6 +43,12 @@ inline int64_t tile_stride(int64_t cols, DType tile) {
   return (std::max<int64_t>(cols, 1) + e - 1) / e * e;
 }
 
+// The memory strategy's fused-epilogue GEMMs on CUDA (KILN_LCE_WGMMA=1, lce/cuda/lce_fused_gemm.h):
+// whether `device` runs them (an sm_90 GPU, the library's sm_90a code) and how many have run in this
+// process, so tests know the path was taken. false / 0 in a build without CUDA.
+bool fused_gemm_device(int device);
+int64_t fused_gemm_launches();
+
 struct Needs {
   bool dx = false, dw = false, db = false;
   bool any() const { return dx || dw || db; }

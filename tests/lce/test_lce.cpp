@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "kiln/kiln.h"
 #include "kiln/lce.h"
@@ -155,11 +156,12 @@ DType ref_logits(DType dt, const Device& dev) {
   return is_low_precision(t) ? t : kFloat64;
 }
 
-void check_all(DType dt, LceStrategy strategy, bool peaked, Device dev = kCPU) {
+// logits: what the reference rounds the logits to, when not what the tiles hold (ref_logits).
+void check_all(DType dt, LceStrategy strategy, bool peaked, Device dev = kCPU, std::optional<DType> logits = {}) {
   manual_seed(peaked ? 11 : 7);
   for (const Case& c : all_cases(peaked)) {
     RefIn in = make_inputs(c, dt);
-    in.logits = ref_logits(dt, dev);
+    in.logits = logits ? *logits : ref_logits(dt, dev);
     const std::vector<double> cot = cotangent(c, dt);
     const RefOut ref = lce_test::reference(in, cot);
     const LceRun got = run(in, dt, strategy, cot, dev);
@@ -444,6 +446,20 @@ TEST(LinearCrossEntropyCuda, WorkingMemoryIndependentOfVocabulary) {
   EXPECT_EQ(a.bwd, b.bwd);
 }
 
+// The fused-epilogue GEMMs' partials take the bytes of one chunk_n x chunk_v tile, whatever V.
+TEST(LinearCrossEntropyCuda, FusedEpilogueGemmWorkingMemoryIndependentOfVocabulary) {
+  KILN_REQUIRE_CUDA();
+  if (!lce::fused_gemm_device(0)) GTEST_SKIP() << "not an sm_90 device with sm_90a code: fused-epilogue GEMM test skipped";
+  const testing::ScopedEnv on("KILN_LCE_WGMMA", "1");
+  const Device dev("cuda");
+  measure(2048, kBFloat16, dev);
+  const int64_t before = lce::fused_gemm_launches();
+  const Measured a = measure(2048, kBFloat16, dev), b = measure(4096, kBFloat16, dev);
+  EXPECT_EQ(a.fwd, b.fwd);
+  EXPECT_EQ(a.bwd, b.bwd);
+  EXPECT_GT(lce::fused_gemm_launches(), before);
+}
+
 TEST(LinearCrossEntropyCuda, AllIgnoredMeanIsNaN) {
   KILN_REQUIRE_CUDA();
   Tensor x = randn({4, 8}).cuda(), w = randn({5, 8}).cuda();
@@ -653,6 +669,59 @@ TEST(LinearCrossEntropyCuda, ShortRowBlocksAgainstReference) {
     const LceRun b = run(in, kBFloat16, LceStrategy::Memory, {1.0}, Device("cuda"), 128, vocab_chunk);
     EXPECT_TRUE(bytes(a.loss) == bytes(b.loss) && bytes(a.dx) == bytes(b.dx) && bytes(a.dw) == bytes(b.dw) &&
                 bytes(a.db) == bytes(b.db));
+  }
+}
+
+// KILN_LCE_WGMMA=1 (a measurement switch, sm_90a): the memory strategy's logit GEMMs with the loss in
+// their epilogue, alone and in 2-CTA clusters. The logits stay fp32 from accumulator to softmax (no
+// 16-bit tile), so the reference takes them exact. Every option combination against float64 in bf16
+// and fp16 (tiny windows: 5 x 16 in the backward), then windows that are ragged in rows, classes and
+// K (H = 200) with several row and class windows in the forward; the same bits run to run; and the
+// launch count shows the path was taken.
+TEST(LinearCrossEntropyCuda, FusedEpilogueGemmAgainstReference) {
+  KILN_REQUIRE_CUDA();
+  if (!lce::fused_gemm_device(0)) GTEST_SKIP() << "not an sm_90 device with sm_90a code: fused-epilogue GEMM test skipped";
+  const testing::ScopedEnv on("KILN_LCE_WGMMA", "1");
+  for (const char* mc : {"1", "2"}) {
+    const testing::ScopedEnv cluster("KILN_LCE_WGMMA_CLUSTER", mc);
+    SCOPED_TRACE(detail::str_cat("cluster ", mc));
+    const int64_t before = lce::fused_gemm_launches();
+    for (DType dt : {kBFloat16, kFloat16})
+      for (bool peaked : {false, true}) check_all(dt, LceStrategy::Memory, peaked, Device("cuda"), kFloat64);
+    EXPECT_GT(lce::fused_gemm_launches(), before);
+    if (HasFailure()) return;
+    manual_seed(15);
+    for (int bits = 0; bits < 4; ++bits) {
+      Case c;
+      c.n = 700;
+      c.h = 200;
+      c.v = 3001;
+      c.ignore = true;
+      c.bias = c.cw = bits & 1;
+      c.eps = bits & 2 ? 0.1 : 0.0;
+      c.cap = bits & 2 ? 15.0 : 0.0;
+      c.z = bits & 2 ? 1e-3 : 0.0;
+      RefIn in = make_inputs(c, kBFloat16);
+      in.logits = kFloat64;
+      const std::vector<double> cot = cotangent(c, kBFloat16);
+      const RefOut ref = lce_test::reference(in, cot);
+      // Chunks of 64 x 16: forward windows of 256 (128 with smoothing) rows by 256 classes, the
+      // partials' budget; backward windows of 64 x 16. Chunks of 300 x 1000: one forward window,
+      // backward windows of 300 x 1000 (ragged row and column tiles).
+      for (auto [cn, cv] : {std::pair<int64_t, int64_t>{64, 16}, {300, 1000}}) {
+        const std::string what = detail::str_cat(describe(c), ", chunks ", cn, " x ", cv);
+        const LceRun a = run(in, kBFloat16, LceStrategy::Memory, cot, Device("cuda"), cn, cv);
+        expect_matches(a, in, ref, kBFloat16, what);
+        const LceRun b = run(in, kBFloat16, LceStrategy::Memory, cot, Device("cuda"), cn, cv);
+        EXPECT_TRUE(bytes(a.loss) == bytes(b.loss) && bytes(a.lse) == bytes(b.lse) && bytes(a.dx) == bytes(b.dx) &&
+                    bytes(a.dw) == bytes(b.dw))
+            << what;
+        if (c.bias) {
+          EXPECT_TRUE(bytes(a.db) == bytes(b.db)) << what;
+        }
+      }
+      if (HasFailure()) return;
+    }
   }
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "core/cuda/tensor_map.h"
 #include "kiln/error.h"
 
 namespace kiln::flex::cuda {
@@ -63,9 +64,6 @@ using PfnLaunch = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigne
                                CUstream, void**, void**);
 using PfnErrorString = CUresult (*)(CUresult, const char**);
 using PfnOccupancy = CUresult (*)(int*, CUfunction, int, size_t);
-using PfnEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 struct Driver {
   PfnLoad load = nullptr;
@@ -73,18 +71,10 @@ struct Driver {
   PfnSetAttr set_attr = nullptr;
   PfnLaunch launch = nullptr;
   PfnErrorString error_string = nullptr;
-  PfnEncodeTiled encode_tiled = nullptr;
   PfnOccupancy occupancy = nullptr;
 };
 
-void* entry(const char* name) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status{};
-  const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &status);
-  KILN_CHECK(e == cudaSuccess && status == cudaDriverEntryPointSuccess && fn != nullptr, kOp,
-             "cannot reach the CUDA driver function ", name, " (", cudaGetErrorString(e), ")");
-  return fn;
-}
+void* entry(const char* name) { return kiln::cuda::driver_entry(name, kOp); }
 
 const Driver& driver() {
   static const Driver d = [] {
@@ -94,7 +84,6 @@ const Driver& driver() {
     r.set_attr = reinterpret_cast<PfnSetAttr>(entry("cuFuncSetAttribute"));
     r.launch = reinterpret_cast<PfnLaunch>(entry("cuLaunchKernel"));
     r.error_string = reinterpret_cast<PfnErrorString>(entry("cuGetErrorString"));
-    r.encode_tiled = reinterpret_cast<PfnEncodeTiled>(entry("cuTensorMapEncodeTiled"));
     r.occupancy = reinterpret_cast<PfnOccupancy>(entry("cuOccupancyMaxActiveBlocksPerMultiprocessor"));
     return r;
   }();
@@ -319,34 +308,15 @@ const FlexKernels& load_kernels_by_id(const std::string& id, const std::function
   return k;
 }
 
-namespace {
-
-// A row-major [outer, rows, cols] tensor of elem_bytes-byte elements at base: boxes of
-// {box_cols, box_rows, 1}, the 128-byte swizzle, zeros past the bounds.
-void encode_3d(void* map, CUtensorMapDataType type, const void* base, size_t elem_bytes, int64_t outer, int64_t rows,
-               int64_t cols, int box_cols, int box_rows) {
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
-                              static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * elem_bytes,
-                                 static_cast<cuuint64_t>(rows * cols) * elem_bytes};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1},
-                   elem[3] = {1, 1, 1};
-  KILN_CU_CHECK(driver().encode_tiled(static_cast<CUtensorMap*>(map), type, 3, const_cast<void*>(base), dims, strides,
-                                      box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
-}
-
-}  // namespace
-
 void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int64_t rows, int64_t cols, int box_rows) {
   KILN_CHECK(cols == 64 || cols == 128, kOp, "TMA tiles take 64 or 128 columns, got ", cols);
-  encode_3d(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base, 2, outer, rows, cols,
-            64, box_rows);
+  kiln::cuda::encode_tensor_map(map, bf16 ? kiln::cuda::MapElem::BFloat16 : kiln::cuda::MapElem::Float16, base, outer,
+                                rows, cols, 64, box_rows, kOp);
 }
 
 void encode_sums_map(void* map, float* base, int64_t outer, int64_t rows, int64_t cols) {
   KILN_CHECK(cols == 128, kOp, "the fused backward's sums take 128 columns, got ", cols);
-  encode_3d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, base, 4, outer, rows, cols, 32, 64);
+  kiln::cuda::encode_tensor_map(map, kiln::cuda::MapElem::Float32, base, outer, rows, cols, 32, 64, kOp);
 }
 
 int max_active_blocks(void* function, int block, int64_t smem) {

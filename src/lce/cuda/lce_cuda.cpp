@@ -18,6 +18,7 @@
 #include "kiln/autograd.h"
 #include "kiln/cuda.h"
 #include "kiln/ops/linalg.h"
+#include "lce/cuda/lce_fused_gemm.h"
 #include "lce/cuda/lce_kernels.h"
 #include "lce/lce_internal.h"
 #include "ops/cuda/gemm.h"
@@ -96,12 +97,60 @@ void outputs(const Ctx& c, const Tensor& terms, const Tensor& tot, lce::Forward&
   lce_k::reduce(c.t, terms.data_ptr(), k.n, tot.data_ptr(), k, f.loss.data_ptr(), f.zterm.data_ptr(), c.stream);
 }
 
+// The operands as the fused-epilogue GEMMs take them (used when fused_gemm_usable says so).
+lce_k::FusedGemm fused_operands(const Ctx& c) {
+  lce_k::FusedGemm f;
+  f.t = c.t;
+  f.x = c.p.x.data_ptr();
+  f.w = c.p.w.data_ptr();
+  f.n = c.p.k.n;
+  f.v = c.p.k.v;
+  f.h = c.p.k.h;
+  f.bias = c.bias();
+  f.cw = c.cw();
+  f.target = c.target();
+  f.k = c.p.k;
+  f.stream = c.stream;
+  return f;
+}
+
+// The memory strategy's forward by the fused-epilogue GEMM: windows of rows x classes, each row's
+// statistics straight from the accumulators into the state. The partials take the bytes the tile
+// path's logit tile would (chunk_n x chunk_v), so working memory stays independent of N and V:
+// all rows and as many classes as fit per launch (one launch over [8192, 128256] at the defaults).
+lce::Forward forward_memory_fused(const Ctx& c, const lce_k::FusedGemm& fg) {
+  const lce::Consts& k = c.p.k;
+  const int64_t N = k.n, V = k.v, Nc = std::min(c.p.chunk_n, std::max<int64_t>(N, 1)), Vc = std::min(c.p.chunk_v, V);
+  const int64_t budget = Nc * c.padded(Vc) * static_cast<int64_t>(element_size(c.tile));
+  const int64_t per_row_tile = lce_k::fused_partial_bytes(k, 1, 1);
+  int64_t R = std::clamp<int64_t>(budget / per_row_tile, 1, std::max<int64_t>(N, 1));
+  if (R < N && R >= 128) R = R / 128 * 128;  // whole GEMM row tiles
+  const int64_t C = std::min(V, std::max<int64_t>(1, budget / (R * per_row_tile)) * lce_k::kFusedTileCols);
+  const Tensor tot = make_totals(c);
+  Tensor part = c.buf({lce_k::fused_partial_bytes(k, R, C)}, kUInt8), state = c.buf({4, R}, c.acc),
+         terms = c.buf({2, N}, c.acc);
+  lce::Forward f;
+  f.lse = c.buf({N}, c.acc);
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t rows = std::min(R, N - r0);
+    c.zero(state);  // target logits of ignored rows stay 0, as the tile path leaves them
+    for (int64_t c0 = 0; c0 < V; c0 += C)
+      lce_k::fused_stats(fg, r0, rows, c0, std::min(C, V - c0), part.data_ptr(), c0 == 0, state.data_ptr(), R);
+    lce_k::finalize(c.t, rows, r0, state.data_ptr(), R, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
+                    terms.data_ptr(), N, c.stream);
+  }
+  outputs(c, terms, tot, f);
+  return f;
+}
+
 }  // namespace
 
 lce::Forward lce_forward_memory(const lce::Problem& p) {
   NoGradGuard ng;
   DeviceGuard dg(p.x.device().index);
   const Ctx c(p);
+  const lce_k::FusedGemm fg = fused_operands(c);
+  if (lce_k::fused_gemm_usable(fg, c.device)) return forward_memory_fused(c, fg);
   const lce::Consts& k = p.k;
   const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1)),
                 Vc = std::min(p.chunk_v, V);
@@ -157,6 +206,8 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
   Tensor dbt = nd.db ? c.buf({Vc}, c.acc) : Tensor();
   const DType dzt = c.dzt();
   const bool per_token = k.red == lce::Red::None;
+  const lce_k::FusedGemm fg = fused_operands(c);
+  const bool fused = lce_k::fused_gemm_usable(fg, c.device);  // dz straight from the GEMM's accumulators
   // One stream: dW GEMMs on a side stream (workspace-free, within the memory bound) measured slower
   // on the H200 (sessions 10 and 11: 48.9-52.0 ms against 47.5-48.1 at 8192 x 4096 x 128256 bf16).
   for (int64_t v0 = 0; v0 < V; v0 += Vc) {
@@ -165,9 +216,13 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
     void* dws = nd.dw ? (dw_acc ? dwt.data_ptr() : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize()) : nullptr;
     for (int64_t n0 = 0; n0 < N; n0 += Nc) {
       const int64_t rows = std::min(Nc, N - n0);
-      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.tile, 0.0);
-      lce_k::grad(c.t, c.tile, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
-                  grad.data_ptr(), per_token, tot.data_ptr(), k, dz, ldz, c.stream);
+      if (fused) {
+        lce_k::fused_grad(fg, n0, rows, v0, cols, lse.data_ptr(), grad.data_ptr(), per_token, tot.data_ptr(), dz, ldz);
+      } else {
+        c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.tile, 0.0);
+        lce_k::grad(c.t, c.tile, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(),
+                    lse.data_ptr(), grad.data_ptr(), per_token, tot.data_ptr(), k, dz, ldz, c.stream);
+      }
       if (nd.dx)
         c.mm(false, false, rows, H, cols, dz, ldz, c.wp(v0), H, dzt,
              static_cast<char*>(dx_acc.data_ptr()) + n0 * H * c.asize(), H, c.acc, 1.0);

@@ -1,0 +1,343 @@
+// The memory strategy's logit GEMMs with the loss in their epilogue (see lce_fused_gemm.h): the
+// GEMM is hopper_gemm.cuh's; these are its two epilogues, the partials' combine and the launchers.
+//   stats: per row, over the tile's 256 columns, the logits (bias and soft-cap applied in registers)
+//          reduce to (max, sum exp) and the smoothing sum within each quad of lanes (shuffles in a
+//          fixed order), one pair a row a tile into the partials; the target's logit goes straight
+//          to the state. combine_kernel merges a row's tiles in column order: deterministic.
+//   grad:  dz = lce_k::grad's element formula on the fp32 accumulators (no 16-bit rounding of the
+//          logits between GEMM and softmax, unlike the stored tiles), written as 16-bit pairs.
+// Both recompute the same fp32 logits from the same K order, so the backward's softmax matches the
+// forward's lse bit for bit in the logits it sees.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+#include "core/cuda/check.h"
+#include "core/cuda/device_types.cuh"
+#include "core/cuda/tensor_map.h"
+#include "core/dispatch.h"
+#include "core/env.h"
+#include "lce/cuda/hopper_gemm.cuh"
+#include "lce/cuda/lce_device.cuh"
+#include "lce/cuda/lce_fused_gemm.h"
+
+namespace kiln::cuda::lce_k {
+namespace {
+
+constexpr const char* kOp = "linear_cross_entropy";
+using hopper::BN;
+static_assert(kFusedTileCols == BN, "partials are kept per GEMM tile column");
+
+std::atomic<int64_t> g_launches{0};
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T* p, float a, float b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  else *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+
+// kPlain: no bias, soft-cap or smoothing (the logit is the accumulator).
+template <typename T, bool kPlain>
+struct StatsEpi {
+  int rows = 0, cols = 0;             // the window
+  int64_t c0 = 0;                     // its first class
+  const T* bias = nullptr;            // [v] or null
+  const float* cw = nullptr;          // [v] or null
+  const int64_t* target = nullptr;    // the window's first row's
+  float cap = 0;                      // soft-cap, 0: off
+  bool smooth = false;                // label smoothing: also the (class-weighted) logit sum
+  float2* part = nullptr;             // [tiles, rows]: (max, sum exp)
+  float* part_ws = nullptr;           // [tiles, rows]: the smoothing sum
+  float* target_logit = nullptr;      // [rows]: the state's third row
+
+  __device__ __forceinline__ void apply(float (&d)[128], int row, int col, int tn) const {
+    const int ncols = cols - col;  // this thread's columns 8 j + e lie in the window while 8 j + e < ncols
+    const bool full_cols = (tn + 1) * BN <= cols;
+    if constexpr (!kPlain) {  // bias and soft-cap in place (one bias load serves both rows)
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool in = full_cols || 8 * j + e < ncols;
+          const float b = bias && in ? convert<float>(bias[c0 + col + 8 * j + e]) : 0.f;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) d[4 * j + 2 * h + e] = softcap(d[4 * j + 2 * h + e] + b, cap);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;
+      float m = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (full_cols || 8 * j + e < ncols) m = fmaxf(m, d[4 * j + 2 * h + e]);
+      m = quad_max(m);  // finite: a window's tile holds at least its first column
+      const float ml = m * kLog2e;
+      const int64_t y = r < rows ? target[r] - c0 - col : -1;
+      // The target's offset from this thread's first column, when the window holds it.
+      const int yl = y >= 0 && y < BN && y < ncols ? static_cast<int>(y) : -1;
+      float sum = 0.f, ws = 0.f;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = d[4 * j + 2 * h + e];
+          const bool in = full_cols || 8 * j + e < ncols;
+          if (in) sum += fast_ex2(fmaf(v, kLog2e, -ml));
+          if constexpr (!kPlain)
+            if (smooth && in) ws += cw ? cw[c0 + col + 8 * j + e] * v : v;
+          if (8 * j + e == yl) target_logit[r] = v;  // one thread of one tile holds the row's target
+        }
+      sum = quad_sum(sum);
+      if constexpr (!kPlain) ws = quad_sum(ws);
+      if ((threadIdx.x & 3) == 0 && r < rows) {
+        part[static_cast<int64_t>(tn) * rows + r] = make_float2(m, sum);
+        if (!kPlain && smooth) part_ws[static_cast<int64_t>(tn) * rows + r] = ws;
+      }
+    }
+  }
+};
+
+template <typename T, bool kPlain>
+struct GradEpi {
+  int rows = 0, cols = 0;             // the window
+  int64_t n0 = 0, v0 = 0;             // its first token and class
+  const T* bias = nullptr;
+  const float* cw = nullptr;
+  const int64_t* target = nullptr;    // [n]
+  const float* lse = nullptr;         // [n]
+  const float* g = nullptr;           // null (1), one value, or [n]
+  bool g_per_token = false;
+  const float* totals = nullptr;
+  lce::Consts k;
+  T* dz = nullptr;                    // [rows, ldz]
+  int64_t ldz = 0;
+
+  __device__ __forceinline__ void apply(float (&d)[128], int row, int col, int tn) const {
+    const int ncols = cols - col;
+    const bool full_cols = (tn + 1) * BN <= cols;
+    const float cap = static_cast<float>(k.softcap);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;
+      if (r >= rows) continue;
+      const int64_t i = n0 + r, y = target[i];
+      const RowGrad<float> rg = row_grad<float>(y, lse[i], g ? g[g_per_token ? i : 0] : 1.f, cw, totals, k);
+      const float l2 = rg.lse * kLog2e;
+      const int64_t yl = y - v0 - col;
+      T* out = dz + r * ldz + col;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        float o[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float z = d[4 * j + 2 * h + e];
+          if (rg.dead) {
+            o[e] = 0.f;
+          } else if constexpr (kPlain) {
+            o[e] = rg.c.a * fast_ex2(fmaf(z, kLog2e, -l2)) - (8 * j + e == yl ? rg.c.b : 0.f);
+          } else {
+            const int64_t v = v0 + col + 8 * j + e;
+            const bool in = full_cols || 8 * j + e < ncols;
+            const float s = softcap(z + (bias && in ? convert<float>(bias[v]) : 0.f), cap);
+            o[e] = in ? element_grad<float, T>(s, v, y, rg, cw, cap) : 0.f;
+          }
+        }
+        if (full_cols || 8 * j + 1 < ncols) store_pair(out + 8 * j, o[0], o[1]);
+        else if (8 * j < ncols) out[8 * j] = convert<T>(o[0]);
+      }
+    }
+  }
+};
+
+// Each window row's tile partials merged in column order into the state (first: replacing it).
+__global__ void combine_kernel(const float2* part, const float* part_ws, int rows, int tiles, bool first,
+                               float* state, int64_t st) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float m = first ? -INFINITY : state[r], s = first ? 0.f : state[st + r], ws = first ? 0.f : state[3 * st + r];
+  for (int t = 0; t < tiles; ++t) {
+    const float2 p = part[static_cast<int64_t>(t) * rows + r];
+    merge(m, s, p.x, p.y);
+    if (part_ws) ws += part_ws[static_cast<int64_t>(t) * rows + r];
+  }
+  state[r] = m;
+  state[st + r] = s;
+  state[3 * st + r] = ws;
+}
+
+// 1 where this build holds the GEMM's sm_90a code (the library's 80-virtual PTX holds an empty body).
+__global__ void sm90a_probe_kernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+}  // namespace
+
+bool fused_gemm_device(int device) {
+  static std::mutex mu;
+  static std::map<int, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  int has = 0;
+  if (major == 9 && minor == 0) {  // sm_90a code runs on 9.0 alone
+    DeviceGuard dg(device);
+    int* flag = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    sm90a_probe_kernel<<<1, 1>>>(flag);
+    const cudaError_t e = cudaMemcpy(&has, flag, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(flag);
+    KILN_CUDA_CHECK(e);
+  }
+  return known[device] = has == 1;
+}
+
+namespace {
+
+hopper::GemmMaps make_maps(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+  hopper::GemmMaps g;
+  const MapElem e = f.t == kBFloat16 ? MapElem::BFloat16 : MapElem::Float16;
+  encode_tensor_map(&g.x, e, f.x, 1, f.n, f.h, hopper::BK, hopper::BM, kOp);
+  encode_tensor_map(&g.w, e, f.w, 1, f.v, f.h, hopper::BK, BN, kOp);
+  encode_tensor_map(&g.w_half, e, f.w, 1, f.v, f.h, hopper::BK, BN / 2, kOp);
+  g.m = static_cast<int>(rows);
+  g.n = static_cast<int>(cols);
+  g.k = static_cast<int>(f.h);
+  g.x_row0 = static_cast<int>(r0);
+  g.w_row0 = static_cast<int>(c0);
+  return g;
+}
+
+// The persistent GEMM over the window: one CTA (cluster: MC CTAs) an SM at most.
+template <bool kBf16, class Epi, int MC>
+void launch_mc(const hopper::GemmMaps& g, const Epi& epi, void* stream) {
+  const auto kernel = hopper::gemm_kernel<kBf16, Epi, MC>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hopper::SMEM_BYTES));
+  int device = 0, sms = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int units = hopper::Work<MC>(g).units;
+  if (units == 0) return;
+  hopper::GemmArgs<Epi> args{g, epi};
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min(units, sms / MC) * MC));
+  cfg.blockDim = dim3(hopper::THREADS);
+  cfg.dynamicSmemBytes = hopper::SMEM_BYTES;
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = MC;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  KILN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args));
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+template <bool kBf16, class Epi>
+void launch(const hopper::GemmMaps& g, const Epi& epi, void* stream) {
+  const char* mc = detail::env_switch(kOp, "KILN_LCE_WGMMA_CLUSTER", "1", "2");
+  if (mc && mc[0] == '2') launch_mc<kBf16, Epi, 2>(g, epi, stream);
+  else launch_mc<kBf16, Epi, 1>(g, epi, stream);
+}
+
+// Calls f(T-tag, plain) with T the 16-bit device type and plain a std::bool_constant.
+template <typename F>
+void with_variant(DType t, bool plain, F&& f) {
+  auto go = [&](auto tt) {
+    if (plain) f(tt, std::true_type{});
+    else f(tt, std::false_type{});
+  };
+  if (t == kBFloat16) go(TypeTag<__nv_bfloat16>{});
+  else go(TypeTag<__half>{});
+}
+
+bool plain(const FusedGemm& f) { return f.bias == nullptr && f.k.softcap == 0.0 && f.k.eps == 0.0; }
+
+}  // namespace
+
+bool fused_gemm_usable(const FusedGemm& f, int device) {
+  if (!detail::env_flag(kOp, "KILN_LCE_WGMMA", false)) return false;
+  if (f.t != kBFloat16 && f.t != kFloat16) return false;
+  if (f.h <= 0 || f.h % 8 != 0 || f.n >= (int64_t{1} << 31) || f.v >= (int64_t{1} << 31)) return false;
+  if (reinterpret_cast<uintptr_t>(f.x) % 16 != 0 || reinterpret_cast<uintptr_t>(f.w) % 16 != 0) return false;
+  return fused_gemm_device(device);
+}
+
+int64_t fused_gemm_launches() { return g_launches.load(); }
+
+int64_t fused_partial_bytes(const lce::Consts& k, int64_t rows, int64_t cols) {
+  const int64_t tiles = (cols + BN - 1) / BN;
+  return tiles * rows * static_cast<int64_t>(sizeof(float2) + (k.eps != 0.0 ? sizeof(float) : 0));
+}
+
+void fused_stats(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64_t cols, void* part, bool first,
+                 void* state, int64_t st) {
+  if (rows == 0 || cols == 0) return;
+  const int64_t tiles = (cols + BN - 1) / BN;
+  float2* pairs = static_cast<float2*>(part);
+  float* ws = f.k.eps != 0.0 ? reinterpret_cast<float*>(pairs + tiles * rows) : nullptr;
+  float* st_f = static_cast<float*>(state);
+  const hopper::GemmMaps g = make_maps(f, r0, rows, c0, cols);
+  with_variant(f.t, plain(f), [&](auto tt, auto pl) {
+    using T = typename decltype(tt)::type;
+    StatsEpi<T, decltype(pl)::value> e;
+    e.rows = static_cast<int>(rows);
+    e.cols = static_cast<int>(cols);
+    e.c0 = c0;
+    e.bias = static_cast<const T*>(f.bias);
+    e.cw = static_cast<const float*>(f.cw);
+    e.target = f.target + r0;
+    e.cap = static_cast<float>(f.k.softcap);
+    e.smooth = f.k.eps != 0.0;
+    e.part = pairs;
+    e.part_ws = ws;
+    e.target_logit = st_f + 2 * st;
+    launch<std::is_same_v<T, __nv_bfloat16>>(g, e, f.stream);
+  });
+  combine_kernel<<<blocks_for(rows, 256), 256, 0, static_cast<cudaStream_t>(f.stream)>>>(
+      pairs, ws, static_cast<int>(rows), static_cast<int>(tiles), first, st_f, st);
+  KILN_CUDA_CHECK_LAUNCH(kOp);
+}
+
+void fused_grad(const FusedGemm& f, int64_t n0, int64_t rows, int64_t v0, int64_t cols, const void* lse,
+                const void* g, bool g_per_token, const void* totals, void* dz, int64_t ldz) {
+  if (rows == 0 || cols == 0) return;
+  KILN_CHECK(ldz % 2 == 0 && reinterpret_cast<uintptr_t>(dz) % 4 == 0, kOp,
+             "the fused backward writes dz in aligned pairs: row stride ", ldz);
+  const hopper::GemmMaps maps = make_maps(f, n0, rows, v0, cols);
+  with_variant(f.t, plain(f), [&](auto tt, auto pl) {
+    using T = typename decltype(tt)::type;
+    GradEpi<T, decltype(pl)::value> e;
+    e.rows = static_cast<int>(rows);
+    e.cols = static_cast<int>(cols);
+    e.n0 = n0;
+    e.v0 = v0;
+    e.bias = static_cast<const T*>(f.bias);
+    e.cw = static_cast<const float*>(f.cw);
+    e.target = f.target;
+    e.lse = static_cast<const float*>(lse);
+    e.g = static_cast<const float*>(g);
+    e.g_per_token = g_per_token;
+    e.totals = static_cast<const float*>(totals);
+    e.k = f.k;
+    e.dz = static_cast<T*>(dz);
+    e.ldz = ldz;
+    launch<std::is_same_v<T, __nv_bfloat16>>(maps, e, f.stream);
+  });
+}
+
+}  // namespace kiln::cuda::lce_k
