@@ -118,10 +118,11 @@ void time_phases(const Device& dev, const std::vector<std::pair<const char*, std
   std::fflush(stdout);
 }
 
-// KILN_LCE_WGMMA=1 (where it applies): the memory strategy's fused-epilogue GEMMs alone, each beside
-// cuBLASLt's GEMM of its shape into a 16-bit tile: the forward's stats over the whole [N, V] (one
-// window at the defaults) and the backward's dz over one [Nm, Vc] tile.
-void fused_phases(const Tensor& x, const Tensor& w, const Tensor& y, int64_t Nm, int64_t Vc,
+// KILN_LCE_WGMMA=1 (where it applies): the fused-epilogue GEMMs alone, each beside cuBLASLt's GEMM
+// of its shape into a 16-bit tile: the memory strategy's forward stats over the whole [N, V] (one
+// window at the defaults) and its backward's dz over one [Nm, Vc] tile; the speed strategy's
+// logits and statistics of one [Ns, V] chunk.
+void fused_phases(const Tensor& x, const Tensor& w, const Tensor& y, int64_t Nm, int64_t Vc, int64_t Ns,
                   const std::function<void(int64_t, int64_t, void*, int64_t)>& logits_gemm) {
   const int64_t N = x.size(0), H = x.size(1), V = w.size(0);
   const int dev = x.device().index;
@@ -150,6 +151,12 @@ void fused_phases(const Tensor& x, const Tensor& w, const Tensor& y, int64_t Nm,
                   lce_k::fused_grad(f, 0, Nm, 0, Vc, lse.data_ptr(), nullptr, false, tot.data_ptr(), dz.data_ptr(), ldm);
                 }}},
               "fused_backward_tile", Nm, Vc, x.dtype());
+  time_phases(x.device(),
+              {{"cublaslt_gemm", [&] { logits_gemm(Ns, V, z.data_ptr(), ld); }},
+               {"fused_stats_store", [&] {
+                  lce_k::fused_stats(f, 0, Ns, 0, V, part.data_ptr(), true, state.data_ptr(), N, z.data_ptr(), ld);
+                }}},
+              "fused_speed_chunk", Ns, V, x.dtype());
 }
 
 // Where a fused step's time goes: the phases of one speed-strategy chunk over the whole
@@ -241,7 +248,7 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
                            one_chunk ? 0.0 : 1.0); }},
   };
   time_phases(x.device(), mphases, "memory", Nm, Vc, tt);
-  fused_phases(x, w, y, Nm, Vc, [&](int64_t rows, int64_t cols, void* out, int64_t ldo) {
+  fused_phases(x, w, y, Nm, Vc, N, [&](int64_t rows, int64_t cols, void* out, int64_t ldo) {
     mm(false, true, rows, cols, H, x.data_ptr(), H, w.data_ptr(), H, t, out, t, ldo, 0.0);
   });
   std::printf("{\"variant\": \"memory_tiles\", \"tokens\": %lld, \"classes\": %lld, \"tiles\": %lld}\n",

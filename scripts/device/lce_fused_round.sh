@@ -2,7 +2,7 @@
 # The memory strategy's fused-epilogue GEMMs (KILN_LCE_WGMMA=1, sm_90a) on the H200 (carry
 # [".device"], binaries from `SKIP_PY=1 bash scripts/device/pack.sh`): test_lce's CUDA tests (the
 # fused ones among them); at each of SHAPES (";"-separated) PASSES interleaved passes of the speed
-# and memory strategies and gemm3 with the switch off, then the memory strategy with it on, in 1- and
+# and memory strategies and gemm3 with the switch off, then both strategies with it on, in 1- and
 # 2-CTA clusters; the fused kernels alone beside cuBLASLt's GEMM of their shape (bench_lce --variants
 # phases); torch's baselines at the first shape. ~6-8 min. Logs to stdout and $OUT/lce_fused.log.
 set -uo pipefail
@@ -23,7 +23,7 @@ fi
 for sh in "${shapes[@]}"; do
   for pass in $(seq "${PASSES:-2}"); do
     for setting in off on on_c2; do
-      variants=memory
+      variants=speed,memory
       [ $setting = off ] && variants=speed,memory,gemm3
       ( [ $setting != off ] && export KILN_LCE_WGMMA=1
         [ $setting = on_c2 ] && export KILN_LCE_WGMMA_CLUSTER=2

@@ -672,12 +672,13 @@ TEST(LinearCrossEntropyCuda, ShortRowBlocksAgainstReference) {
   }
 }
 
-// KILN_LCE_WGMMA=1 (a measurement switch, sm_90a): the memory strategy's logit GEMMs with the loss in
-// their epilogue, alone and in 2-CTA clusters. The logits stay fp32 from accumulator to softmax (no
-// 16-bit tile), so the reference takes them exact. Every option combination against float64 in bf16
-// and fp16 (tiny windows: 5 x 16 in the backward), then windows that are ragged in rows, classes and
-// K (H = 200) with several row and class windows in the forward; the same bits run to run; and the
-// launch count shows the path was taken.
+// KILN_LCE_WGMMA=1 (a measurement switch, sm_90a): the logit GEMMs with the loss in their epilogue,
+// alone and in 2-CTA clusters. The memory strategy's logits stay fp32 from accumulator to softmax (no
+// 16-bit tile), so its reference takes them exact; the speed strategy's are stored in T with their
+// statistics, so its reference rounds them as the tile path's. Every option combination against
+// float64 in bf16 and fp16 (tiny windows: 5 x 16 in the memory backward), then windows that are
+// ragged in rows, classes and K (H = 200) with several row and class windows in the memory forward;
+// the same bits run to run; and the launch count shows the path was taken.
 TEST(LinearCrossEntropyCuda, FusedEpilogueGemmAgainstReference) {
   KILN_REQUIRE_CUDA();
   if (!lce::fused_gemm_device(0)) GTEST_SKIP() << "not an sm_90 device with sm_90a code: fused-epilogue GEMM test skipped";
@@ -687,7 +688,10 @@ TEST(LinearCrossEntropyCuda, FusedEpilogueGemmAgainstReference) {
     SCOPED_TRACE(detail::str_cat("cluster ", mc));
     const int64_t before = lce::fused_gemm_launches();
     for (DType dt : {kBFloat16, kFloat16})
-      for (bool peaked : {false, true}) check_all(dt, LceStrategy::Memory, peaked, Device("cuda"), kFloat64);
+      for (bool peaked : {false, true}) {
+        check_all(dt, LceStrategy::Memory, peaked, Device("cuda"), kFloat64);
+        check_all(dt, LceStrategy::Speed, peaked, Device("cuda"));
+      }
     EXPECT_GT(lce::fused_gemm_launches(), before);
     if (HasFailure()) return;
     manual_seed(15);
@@ -702,22 +706,28 @@ TEST(LinearCrossEntropyCuda, FusedEpilogueGemmAgainstReference) {
       c.cap = bits & 2 ? 15.0 : 0.0;
       c.z = bits & 2 ? 1e-3 : 0.0;
       RefIn in = make_inputs(c, kBFloat16);
-      in.logits = kFloat64;
       const std::vector<double> cot = cotangent(c, kBFloat16);
+      in.logits = kFloat64;
       const RefOut ref = lce_test::reference(in, cot);
-      // Chunks of 64 x 16: forward windows of 256 (128 with smoothing) rows by 256 classes, the
-      // partials' budget; backward windows of 64 x 16. Chunks of 300 x 1000: one forward window,
-      // backward windows of 300 x 1000 (ragged row and column tiles).
-      for (auto [cn, cv] : {std::pair<int64_t, int64_t>{64, 16}, {300, 1000}}) {
-        const std::string what = detail::str_cat(describe(c), ", chunks ", cn, " x ", cv);
-        const LceRun a = run(in, kBFloat16, LceStrategy::Memory, cot, Device("cuda"), cn, cv);
-        expect_matches(a, in, ref, kBFloat16, what);
-        const LceRun b = run(in, kBFloat16, LceStrategy::Memory, cot, Device("cuda"), cn, cv);
-        EXPECT_TRUE(bytes(a.loss) == bytes(b.loss) && bytes(a.lse) == bytes(b.lse) && bytes(a.dx) == bytes(b.dx) &&
-                    bytes(a.dw) == bytes(b.dw))
-            << what;
-        if (c.bias) {
-          EXPECT_TRUE(bytes(a.db) == bytes(b.db)) << what;
+      in.logits = kBFloat16;
+      const RefOut ref_rounded = lce_test::reference(in, cot);
+      // Memory, chunks of 64 x 16: forward windows of 256 (128 with smoothing) rows by 256 classes,
+      // the partials' budget; backward windows of 64 x 16. Chunks of 300 x 1000: one forward window,
+      // backward windows of 300 x 1000 (ragged row and column tiles). Speed: chunks of 64 and 300
+      // tokens over all 3001 classes.
+      for (LceStrategy st : {LceStrategy::Memory, LceStrategy::Speed}) {
+        for (auto [cn, cv] : {std::pair<int64_t, int64_t>{64, 16}, {300, 1000}}) {
+          const std::string what = detail::str_cat(describe(c), ", strategy ", static_cast<int>(st), ", chunks ", cn,
+                                                   " x ", cv);
+          const LceRun a = run(in, kBFloat16, st, cot, Device("cuda"), cn, cv);
+          expect_matches(a, in, st == LceStrategy::Memory ? ref : ref_rounded, kBFloat16, what);
+          const LceRun b = run(in, kBFloat16, st, cot, Device("cuda"), cn, cv);
+          EXPECT_TRUE(bytes(a.loss) == bytes(b.loss) && bytes(a.lse) == bytes(b.lse) && bytes(a.dx) == bytes(b.dx) &&
+                      bytes(a.dw) == bytes(b.dw))
+              << what;
+          if (c.bias) {
+            EXPECT_TRUE(bytes(a.db) == bytes(b.db)) << what;
+          }
         }
       }
       if (HasFailure()) return;

@@ -263,6 +263,10 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   // memory than the logits chunk and a slower GEMM epilogue.
   Tensor db_acc = nd.db ? c.buf({V}, c.acc) : Tensor();
   const bool fused_rows = lce::fused_row_pass() && c.low && c.tile == c.t;
+  // KILN_LCE_WGMMA=1: each chunk's logits stored by the fused-epilogue GEMM with their statistics (no stats pass).
+  const lce_k::FusedGemm fg = fused_operands(c);
+  const bool fused_gemm = c.tile == c.t && !fused_rows && lce_k::fused_gemm_usable(fg, c.device);
+  Tensor part = fused_gemm ? c.buf({lce_k::fused_partial_bytes(k, Nc, V)}, kUInt8) : Tensor();
   // One logits buffer: two half-budget buffers, each chunk's row passes beside the previous chunk's
   // dW and dx GEMMs on the side stream, measured slower (H200, session 12, 8192 x 4096 x 128256:
   // 41.62 / 40.37 ms against 36.31 / 35.14 in two interleaved passes).
@@ -274,13 +278,19 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
     if (side) side->join();  // the chunk's logits overwrite the dz the last dW GEMM read
-    c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.tile, 0.0);
+    if (fused_gemm) {
+      c.zero(state);  // target logits of ignored rows stay 0, as the stats pass leaves them
+      lce_k::fused_stats(fg, n0, rows, 0, V, part.data_ptr(), true, state.data_ptr(), Nc, logits.data_ptr(), ld);
+    } else {
+      c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.tile, 0.0);
+    }
     const bool fused = nd.any() && fused_rows &&
                        lce_k::rowpass(c.t, logits.data_ptr(), rows, V, ld, n0, c.bias(), c.cw(), c.target(), k,
                                       tot.data_ptr(), f.lse.data_ptr(), terms.data_ptr(), N, c.stream);
     if (!fused) {
-      lce_k::stats(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true,
-                   state.data_ptr(), Nc, c.stream);
+      if (!fused_gemm)
+        lce_k::stats(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true,
+                     state.data_ptr(), Nc, c.stream);
       lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
                       terms.data_ptr(), N, c.stream);
       if (!nd.any()) continue;

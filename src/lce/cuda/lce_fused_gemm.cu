@@ -52,10 +52,13 @@ struct StatsEpi {
   float2* part = nullptr;             // [tiles, rows]: (max, sum exp)
   float* part_ws = nullptr;           // [tiles, rows]: the smoothing sum
   float* target_logit = nullptr;      // [rows]: the state's third row
+  T* logits = nullptr;                // the speed strategy's chunk [rows, ld]: raw logits in T, or null
+  int64_t ld = 0;
 
   __device__ __forceinline__ void apply(float (&d)[128], int row, int col, int tn) const {
     const int ncols = cols - col;  // this thread's columns 8 j + e lie in the window while 8 j + e < ncols
     const bool full_cols = (tn + 1) * BN <= cols;
+    if (logits) store_rounded(d, row, col, ncols, full_cols);
     if constexpr (!kPlain) {  // bias and soft-cap in place (one bias load serves both rows)
 #pragma unroll
       for (int j = 0; j < 32; ++j)
@@ -98,6 +101,25 @@ struct StatsEpi {
       if ((threadIdx.x & 3) == 0 && r < rows) {
         part[static_cast<int64_t>(tn) * rows + r] = make_float2(m, sum);
         if (!kPlain && smooth) part_ws[static_cast<int64_t>(tn) * rows + r] = ws;
+      }
+    }
+  }
+
+  // The raw logits rounded to T, stored, and kept rounded in d: the statistics then see what the
+  // gradient pass will read back (one rounding, as the cuBLASLt tile path makes).
+  __device__ __forceinline__ void store_rounded(float (&d)[128], int row, int col, int ncols, bool full_cols) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;
+      T* out = logits + r * ld + col;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const T a = convert<T>(d[4 * j + 2 * h]), b = convert<T>(d[4 * j + 2 * h + 1]);
+        d[4 * j + 2 * h] = convert<float>(a);
+        d[4 * j + 2 * h + 1] = convert<float>(b);
+        if (r >= rows) continue;
+        if (full_cols || 8 * j + 1 < ncols) store_pair(out + 8 * j, d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        else if (8 * j < ncols) out[8 * j] = a;
       }
     }
   }
@@ -285,8 +307,10 @@ int64_t fused_partial_bytes(const lce::Consts& k, int64_t rows, int64_t cols) {
 }
 
 void fused_stats(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64_t cols, void* part, bool first,
-                 void* state, int64_t st) {
+                 void* state, int64_t st, void* logits, int64_t ld) {
   if (rows == 0 || cols == 0) return;
+  KILN_CHECK(!logits || (ld % 2 == 0 && reinterpret_cast<uintptr_t>(logits) % 4 == 0), kOp,
+             "the fused logits GEMM stores aligned pairs: row stride ", ld);
   const int64_t tiles = (cols + BN - 1) / BN;
   float2* pairs = static_cast<float2*>(part);
   float* ws = f.k.eps != 0.0 ? reinterpret_cast<float*>(pairs + tiles * rows) : nullptr;
@@ -306,6 +330,8 @@ void fused_stats(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64
     e.part = pairs;
     e.part_ws = ws;
     e.target_logit = st_f + 2 * st;
+    e.logits = static_cast<T*>(logits);
+    e.ld = ld;
     launch<std::is_same_v<T, __nv_bfloat16>>(g, e, f.stream);
   });
   combine_kernel<<<blocks_for(rows, 256), 256, 0, static_cast<cudaStream_t>(f.stream)>>>(

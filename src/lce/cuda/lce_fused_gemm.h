@@ -1,8 +1,8 @@
 #pragma once
-// The memory strategy's logit GEMMs with the loss in their epilogue (lce_fused_gemm.cu, sm_90a,
-// 16-bit inputs): the forward's row statistics straight from the accumulators (no stored tile, no
-// stats pass) and the backward's dz written from the recomputed logits (no stored tile, no grad
-// pass). Plain C++: no CUDA headers. A measurement switch until the H200 says it pays:
+// The logit GEMMs with the loss in their epilogue (lce_fused_gemm.cu, sm_90a, 16-bit inputs): the
+// memory strategy's forward row statistics straight from the accumulators (no stored tile, no stats
+// pass) and its backward's dz written from the recomputed logits (no stored tile, no grad pass); the
+// speed strategy's chunk logits stored with their statistics (no stats pass). Plain C++: no CUDA headers. A measurement switch until the H200 says it pays:
 // KILN_LCE_WGMMA=1 turns it on (read per call), KILN_LCE_WGMMA_CLUSTER=2 runs the GEMM in 2-CTA
 // clusters that multicast W.
 #include <cstdint>
@@ -43,8 +43,10 @@ constexpr int64_t kFusedTileCols = 256;
 // Rows r0.. (rows of them) against classes c0.. (cols): each row's (max, sum exp) over the window
 // merged into state ([4, st] fp32: max, sum, target logit, smoothing sum; `first` overwrites),
 // the target logit written where a window holds it. `part`: fused_partial_bytes(k, rows, cols).
+// With `logits` (the speed strategy's chunk, T, row stride ld, even) the raw logits are also stored
+// there, rounded to T, and the statistics are those of the rounded values.
 void fused_stats(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64_t cols, void* part, bool first,
-                 void* state, int64_t st);
+                 void* state, int64_t st, void* logits = nullptr, int64_t ld = 0);
 // dz [rows, cols] (T, row stride ldz, even) for tokens n0.. and classes v0..: as lce_k::grad on the
 // logits recomputed in fp32 (lse [n], g: null, one value, or one per token, totals as prepare's).
 void fused_grad(const FusedGemm& f, int64_t n0, int64_t rows, int64_t v0, int64_t cols, const void* lse,
