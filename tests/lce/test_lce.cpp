@@ -673,9 +673,11 @@ TEST(LinearCrossEntropyCuda, ShortRowBlocksAgainstReference) {
 }
 
 // KILN_LCE_WGMMA=1 (a measurement switch, sm_90a): the logit GEMMs with the loss in their epilogue,
-// alone and in 2-CTA clusters. The memory strategy's logits stay fp32 from accumulator to softmax (no
-// 16-bit tile), so its reference takes them exact; the speed strategy's are stored in T with their
-// statistics, so its reference rounds them as the tile path's. Every option combination against
+// alone and in 2-CTA clusters, with the epilogue in the consumers' registers or staged to warps of
+// its own. In registers the memory strategy's logits stay fp32 from accumulator to softmax (no
+// 16-bit tile), so its reference takes them exact, and the speed strategy's are stored in T with
+// their statistics, so its reference rounds them as the tile path's; staged, both strategies see
+// logits rounded to bf16. Every option combination against
 // float64 in bf16 and fp16 (tiny windows: 5 x 16 in the memory backward), then windows that are
 // ragged in rows, classes and K (H = 200) with several row and class windows in the memory forward;
 // the same bits run to run; and the launch count shows the path was taken.
@@ -683,14 +685,18 @@ TEST(LinearCrossEntropyCuda, FusedEpilogueGemmAgainstReference) {
   KILN_REQUIRE_CUDA();
   if (!lce::fused_gemm_device(0)) GTEST_SKIP() << "not an sm_90 device with sm_90a code: fused-epilogue GEMM test skipped";
   const testing::ScopedEnv on("KILN_LCE_WGMMA", "1");
-  for (const char* mc : {"1", "2"}) {
+  using Variant = std::pair<const char*, const char*>;  // epilogue schedule, cluster size
+  for (auto [schedule, mc] : {Variant{"registers", "1"}, {"registers", "2"}, {"warps", "1"}, {"warps", "2"}}) {
+    const testing::ScopedEnv epilogue("KILN_LCE_WGMMA_EPILOGUE", schedule);
     const testing::ScopedEnv cluster("KILN_LCE_WGMMA_CLUSTER", mc);
-    SCOPED_TRACE(detail::str_cat("cluster ", mc));
+    SCOPED_TRACE(detail::str_cat("epilogue ", schedule, ", cluster ", mc));
+    const bool staged = schedule[0] == 'w';
     const int64_t before = lce::fused_gemm_launches();
     for (DType dt : {kBFloat16, kFloat16})
       for (bool peaked : {false, true}) {
-        check_all(dt, LceStrategy::Memory, peaked, Device("cuda"), kFloat64);
-        check_all(dt, LceStrategy::Speed, peaked, Device("cuda"));
+        check_all(dt, LceStrategy::Memory, peaked, Device("cuda"), staged ? kBFloat16 : kFloat64);
+        if (staged) check_all(dt, LceStrategy::Speed, peaked, Device("cuda"), kBFloat16);
+        else check_all(dt, LceStrategy::Speed, peaked, Device("cuda"));
       }
     EXPECT_GT(lce::fused_gemm_launches(), before);
     if (HasFailure()) return;
@@ -720,7 +726,7 @@ TEST(LinearCrossEntropyCuda, FusedEpilogueGemmAgainstReference) {
           const std::string what = detail::str_cat(describe(c), ", strategy ", static_cast<int>(st), ", chunks ", cn,
                                                    " x ", cv);
           const LceRun a = run(in, kBFloat16, st, cot, Device("cuda"), cn, cv);
-          expect_matches(a, in, st == LceStrategy::Memory ? ref : ref_rounded, kBFloat16, what);
+          expect_matches(a, in, st == LceStrategy::Memory && !staged ? ref : ref_rounded, kBFloat16, what);
           const LceRun b = run(in, kBFloat16, st, cot, Device("cuda"), cn, cv);
           EXPECT_TRUE(bytes(a.loss) == bytes(b.loss) && bytes(a.lse) == bytes(b.lse) && bytes(a.dx) == bytes(b.dx) &&
                       bytes(a.dw) == bytes(b.dw))

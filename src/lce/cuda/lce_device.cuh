@@ -62,6 +62,18 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// The same over a whole warp (the staged epilogue's rows, 8 columns a lane).
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // The first n logits of one vector into a running (m, s = sum exp(x - m)): the vector's max first,
 // one rescale of s when it moves; with smoothing also the weighted sum ws (cw from column j).
 template <typename A, typename E, int VW>

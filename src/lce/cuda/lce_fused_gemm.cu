@@ -39,6 +39,22 @@ __device__ __forceinline__ void store_pair(T* p, float a, float b) {
   else *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
 }
 
+// Eight values of one row (the staged epilogue's lane share) into T at p: one 16-byte store when all
+// are in the window and `vec` (p 16-byte aligned), else the first n one by one.
+template <typename T>
+__device__ __forceinline__ void store_row8(T* p, const float (&v)[8], int n, bool vec) {
+  if (n >= 8 && vec) {
+    Vec<T, 8> o;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o.v[e] = convert<T>(v[e]);
+    *reinterpret_cast<Vec<T, 8>*>(p) = o;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (e < n) p[e] = convert<T>(v[e]);
+  }
+}
+
 // kPlain: no bias, soft-cap or smoothing (the logit is the accumulator).
 template <typename T, bool kPlain>
 struct StatsEpi {
@@ -54,6 +70,7 @@ struct StatsEpi {
   float* target_logit = nullptr;      // [rows]: the state's third row
   T* logits = nullptr;                // the speed strategy's chunk [rows, ld]: raw logits in T, or null
   int64_t ld = 0;
+  bool vec_ok = false;                // logits rows 16-byte aligned (the staged schedule's vector stores)
 
   __device__ __forceinline__ void apply(float (&d)[128], int row, int col, int tn) const {
     const int ncols = cols - col;  // this thread's columns 8 j + e lie in the window while 8 j + e < ncols
@@ -105,6 +122,45 @@ struct StatsEpi {
     }
   }
 
+  // The staged schedule: one row's 8 columns a lane (values rounded to bf16 by the staging).
+  struct RowParams {
+    int64_t y;  // the target's class, -1 past the window
+  };
+  __device__ __forceinline__ RowParams row_params(int r) const { return {r < rows ? target[r] : -1}; }
+  __device__ __forceinline__ void row(float (&v)[8], int r, int c, int tn, const RowParams& p) const {
+    if (r >= rows) return;  // the same row for the whole warp
+    const int n = cols - c;  // this lane's columns in the window: min(n, 8)
+    if (logits) store_row8(logits + r * ld + c, v, n, vec_ok);
+    if constexpr (!kPlain) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float b = bias && e < n ? convert<float>(bias[c0 + c + e]) : 0.f;
+        v[e] = softcap(v[e] + b, cap);
+      }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (e < n) m = fmaxf(m, v[e]);
+    m = warp_max(m);  // finite: lane 0's first column is in the window
+    const float ml = m * kLog2e;
+    const int64_t y = p.y - c0 - c;
+    float sum = 0.f, ws = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (e < n) sum += fast_ex2(fmaf(v[e], kLog2e, -ml));
+      if constexpr (!kPlain)
+        if (smooth && e < n) ws += cw ? cw[c0 + c + e] * v[e] : v[e];
+      if (e == y && e < n) target_logit[r] = v[e];
+    }
+    sum = warp_sum(sum);
+    if constexpr (!kPlain) ws = warp_sum(ws);
+    if ((threadIdx.x & 31) == 0) {
+      part[static_cast<int64_t>(tn) * rows + r] = make_float2(m, sum);
+      if (!kPlain && smooth) part_ws[static_cast<int64_t>(tn) * rows + r] = ws;
+    }
+  }
+
   // The raw logits rounded to T, stored, and kept rounded in d: the statistics then see what the
   // gradient pass will read back (one rounding, as the cuBLASLt tile path makes).
   __device__ __forceinline__ void store_rounded(float (&d)[128], int row, int col, int ncols, bool full_cols) const {
@@ -139,6 +195,42 @@ struct GradEpi {
   lce::Consts k;
   T* dz = nullptr;                    // [rows, ldz]
   int64_t ldz = 0;
+  bool vec_ok = false;                // dz rows 16-byte aligned (the staged schedule's vector stores)
+
+  // The staged schedule: one row's 8 columns a lane (values rounded to bf16 by the staging).
+  struct RowParams {
+    RowGrad<float> rg;
+    int64_t y;
+  };
+  __device__ __forceinline__ RowParams row_params(int r) const {
+    RowParams p{};
+    p.y = -1;
+    if (r < rows) {
+      const int64_t i = n0 + r;
+      p.y = target[i];
+      p.rg = row_grad<float>(p.y, lse[i], g ? g[g_per_token ? i : 0] : 1.f, cw, totals, k);
+    }
+    return p;
+  }
+  __device__ __forceinline__ void row(float (&v)[8], int r, int c, int tn, const RowParams& p) const {
+    if (r >= rows) return;
+    const int n = cols - c;
+    const float cap = static_cast<float>(k.softcap), l2 = p.rg.lse * kLog2e;
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int64_t cls = v0 + c + e;
+      if (p.rg.dead) {
+        o[e] = 0.f;
+      } else if constexpr (kPlain) {
+        o[e] = p.rg.c.a * fast_ex2(fmaf(v[e], kLog2e, -l2)) - (cls == p.y ? p.rg.c.b : 0.f);
+      } else {
+        const float s = softcap(v[e] + (bias && e < n ? convert<float>(bias[cls]) : 0.f), cap);
+        o[e] = e < n ? element_grad<float, T>(s, cls, p.y, p.rg, cw, cap) : 0.f;
+      }
+    }
+    store_row8(dz + r * ldz + c, o, n, vec_ok);
+  }
 
   __device__ __forceinline__ void apply(float (&d)[128], int row, int col, int tn) const {
     const int ncols = cols - col;
@@ -243,10 +335,11 @@ hopper::GemmMaps make_maps(const FusedGemm& f, int64_t r0, int64_t rows, int64_t
 }
 
 // The persistent GEMM over the window: one CTA (cluster: MC CTAs) an SM at most.
-template <bool kBf16, class Epi, int MC>
+template <bool kBf16, bool kStaged, class Epi, int MC>
 void launch_mc(const hopper::GemmMaps& g, const Epi& epi, void* stream) {
-  const auto kernel = hopper::gemm_kernel<kBf16, Epi, MC>;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hopper::SMEM_BYTES));
+  const auto kernel = hopper::gemm_kernel<kBf16, kStaged, Epi, MC>;
+  constexpr int smem = hopper::smem_bytes<kStaged>();
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int device = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -256,7 +349,7 @@ void launch_mc(const hopper::GemmMaps& g, const Epi& epi, void* stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(std::min(units, sms / MC) * MC));
   cfg.blockDim = dim3(hopper::THREADS);
-  cfg.dynamicSmemBytes = hopper::SMEM_BYTES;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = static_cast<cudaStream_t>(stream);
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
@@ -269,11 +362,28 @@ void launch_mc(const hopper::GemmMaps& g, const Epi& epi, void* stream) {
   g_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
+// KILN_LCE_WGMMA_EPILOGUE=warps: the staged schedule (hopper_gemm.cuh); registers (default) otherwise.
+bool staged_epilogue() {
+  const char* e = detail::env_switch(kOp, "KILN_LCE_WGMMA_EPILOGUE", "registers", "warps");
+  return e && e[0] == 'w';
+}
+
 template <bool kBf16, class Epi>
 void launch(const hopper::GemmMaps& g, const Epi& epi, void* stream) {
   const char* mc = detail::env_switch(kOp, "KILN_LCE_WGMMA_CLUSTER", "1", "2");
-  if (mc && mc[0] == '2') launch_mc<kBf16, Epi, 2>(g, epi, stream);
-  else launch_mc<kBf16, Epi, 1>(g, epi, stream);
+  const bool two = mc && mc[0] == '2';
+  if (staged_epilogue()) {
+    if (two) launch_mc<kBf16, true, Epi, 2>(g, epi, stream);
+    else launch_mc<kBf16, true, Epi, 1>(g, epi, stream);
+  } else {
+    if (two) launch_mc<kBf16, false, Epi, 2>(g, epi, stream);
+    else launch_mc<kBf16, false, Epi, 1>(g, epi, stream);
+  }
+}
+
+// Rows of stride ld elements of T from p take 16-byte vectors.
+bool rows_vector_ok(const void* p, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * 2) % 16 == 0;
 }
 
 // Calls f(T-tag, plain) with T the 16-bit device type and plain a std::bool_constant.
@@ -332,6 +442,7 @@ void fused_stats(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64
     e.target_logit = st_f + 2 * st;
     e.logits = static_cast<T*>(logits);
     e.ld = ld;
+    e.vec_ok = logits && rows_vector_ok(logits, ld);
     launch<std::is_same_v<T, __nv_bfloat16>>(g, e, f.stream);
   });
   combine_kernel<<<blocks_for(rows, 256), 256, 0, static_cast<cudaStream_t>(f.stream)>>>(
@@ -362,6 +473,7 @@ void fused_grad(const FusedGemm& f, int64_t n0, int64_t rows, int64_t v0, int64_
     e.k = f.k;
     e.dz = static_cast<T*>(dz);
     e.ldz = ldz;
+    e.vec_ok = rows_vector_ok(dz, ldz);
     launch<std::is_same_v<T, __nv_bfloat16>>(maps, e, f.stream);
   });
 }
