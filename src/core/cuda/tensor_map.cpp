@@ -26,8 +26,9 @@ using PfnEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_
 
 }  // namespace
 
-void encode_tensor_map(void* map, MapElem elem, const void* base, int64_t outer, int64_t rows, int64_t cols,
-                       int box_cols, int box_rows, const char* op) {
+void encode_tensor_map(void* map, MapElem elem, const void* base, int rank, int64_t outer, int64_t rows,
+                       int64_t cols, int box_cols, int box_rows, const char* op) {
+  KILN_CHECK(rank == 2 || rank == 3, op, "tensor maps of rank 2 or 3, got ", rank);
   static const auto encode = reinterpret_cast<PfnEncodeTiled>(driver_entry("cuTensorMapEncodeTiled", op));
   const CUtensorMapDataType type = elem == MapElem::BFloat16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                    : elem == MapElem::Float16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
@@ -38,7 +39,8 @@ void encode_tensor_map(void* map, MapElem elem, const void* base, int64_t outer,
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * bytes, static_cast<cuuint64_t>(rows * cols) * bytes};
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1},
                    unit[3] = {1, 1, 1};
-  const CUresult r = encode(static_cast<CUtensorMap*>(map), type, 3, const_cast<void*>(base), dims, strides, box, unit,
+  const CUresult r = encode(static_cast<CUtensorMap*>(map), type, static_cast<cuuint32_t>(rank), const_cast<void*>(base),
+                            dims, strides, box, unit,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   KILN_CHECK(r == CUDA_SUCCESS, op, "cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for a [",

@@ -310,13 +310,13 @@ const FlexKernels& load_kernels_by_id(const std::string& id, const std::function
 
 void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int64_t rows, int64_t cols, int box_rows) {
   KILN_CHECK(cols == 64 || cols == 128, kOp, "TMA tiles take 64 or 128 columns, got ", cols);
-  kiln::cuda::encode_tensor_map(map, bf16 ? kiln::cuda::MapElem::BFloat16 : kiln::cuda::MapElem::Float16, base, outer,
-                                rows, cols, 64, box_rows, kOp);
+  kiln::cuda::encode_tensor_map(map, bf16 ? kiln::cuda::MapElem::BFloat16 : kiln::cuda::MapElem::Float16, base, 3,
+                                outer, rows, cols, 64, box_rows, kOp);
 }
 
 void encode_sums_map(void* map, float* base, int64_t outer, int64_t rows, int64_t cols) {
   KILN_CHECK(cols == 128, kOp, "the fused backward's sums take 128 columns, got ", cols);
-  kiln::cuda::encode_tensor_map(map, kiln::cuda::MapElem::Float32, base, outer, rows, cols, 32, 64, kOp);
+  kiln::cuda::encode_tensor_map(map, kiln::cuda::MapElem::Float32, base, 3, outer, rows, cols, 32, 64, kOp);
 }
 
 int max_active_blocks(void* function, int block, int64_t smem) {

@@ -323,9 +323,9 @@ namespace {
 hopper::GemmMaps make_maps(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
   hopper::GemmMaps g;
   const MapElem e = f.t == kBFloat16 ? MapElem::BFloat16 : MapElem::Float16;
-  encode_tensor_map(&g.x, e, f.x, 1, f.n, f.h, hopper::BK, hopper::BM, kOp);
-  encode_tensor_map(&g.w, e, f.w, 1, f.v, f.h, hopper::BK, BN, kOp);
-  encode_tensor_map(&g.w_half, e, f.w, 1, f.v, f.h, hopper::BK, BN / 2, kOp);
+  encode_tensor_map(&g.x, e, f.x, 2, 1, f.n, f.h, hopper::BK, hopper::BM, kOp);  // rank 2: the 2d bulk copies
+  encode_tensor_map(&g.w, e, f.w, 2, 1, f.v, f.h, hopper::BK, BN, kOp);
+  encode_tensor_map(&g.w_half, e, f.w, 2, 1, f.v, f.h, hopper::BK, BN / 2, kOp);
   g.m = static_cast<int>(rows);
   g.n = static_cast<int>(cols);
   g.k = static_cast<int>(f.h);
