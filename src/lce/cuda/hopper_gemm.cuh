@@ -274,7 +274,11 @@ __device__ void epilogue_warps(const GemmMaps& g, const Epi& epi, const uint8_t*
         const int r = e + EPI_WARPS * (b0 + k);
         if (r >= BM) break;
         const auto p = shfl_struct(params, k);
-        const uint4 raw = *reinterpret_cast<const uint4*>(staging + staging_offset(r, lane));
+        uint4 raw;  // ld.shared (a generic load of a shared address takes the slower generic path)
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+                     : "r"(smem_u32(staging) + staging_offset(r, lane))
+                     : "memory");
         const __nv_bfloat162* pair = reinterpret_cast<const __nv_bfloat162*>(&raw);
         float v[8];
 #pragma unroll
