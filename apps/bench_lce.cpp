@@ -137,7 +137,7 @@ void fused_phases(const Tensor& x, const Tensor& w, const Tensor& y, int64_t Nm,
   if (!lce_k::fused_gemm_usable(f, dev)) return;
   const TensorOptions f32 = TensorOptions().dtype(kFloat32).device(x.device()), t16 = x.options();
   const int64_t ld = lce::tile_stride(V, x.dtype()), ldm = lce::tile_stride(Vc, x.dtype());
-  Tensor part = empty({lce_k::fused_partial_bytes(f.k, N, V)}, TensorOptions().dtype(kUInt8).device(x.device()));
+  Tensor part = empty({lce::fused_partial_bytes(f.k, N, V)}, TensorOptions().dtype(kUInt8).device(x.device()));
   Tensor state = empty({4, N}, f32), z = empty({N, ld}, t16), dz = empty({Nm, ldm}, t16);
   Tensor tot = empty({4}, f32), lse = full({N}, 12.0, f32);  // any finite lse: the grad epilogue's cost
   lce_k::prepare(x.dtype(), f.target, nullptr, f.k, tot.data_ptr(), f.stream);

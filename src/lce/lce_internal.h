@@ -43,6 +43,30 @@ inline int64_t tile_stride(int64_t cols, DType tile) {
   return (std::max<int64_t>(cols, 1) + e - 1) / e * e;
 }
 
+// The fused-epilogue GEMMs' partials (lce/cuda/lce_fused_gemm.h): per row and 256-column tile, a
+// (max, sum exp) pair, and the smoothing sum with label smoothing.
+constexpr int64_t kFusedTileCols = 256;
+inline int64_t fused_partial_bytes(const Consts& k, int64_t rows, int64_t cols) {
+  const int64_t tiles = (cols + kFusedTileCols - 1) / kFusedTileCols;
+  return tiles * rows * (8 + (k.eps != 0.0 ? 4 : 0));
+}
+
+// The memory strategy's fused forward windows: `rows` x `cols` per launch, their partials within
+// `budget` bytes (the bytes of the tile they replace) where one 256-column tile a row allows it, so
+// working memory depends on neither N nor V: all rows when they fit (else whole 128-row GEMM tiles),
+// then as many 256-column tiles as fit.
+struct FusedWindows {
+  int64_t rows = 1, cols = 1;
+};
+inline FusedWindows fused_windows(const Consts& k, int64_t budget) {
+  const int64_t per_row_tile = fused_partial_bytes(k, 1, 1);
+  FusedWindows w;
+  w.rows = std::clamp<int64_t>(budget / per_row_tile, 1, std::max<int64_t>(k.n, 1));
+  if (w.rows < k.n && w.rows >= 128) w.rows = w.rows / 128 * 128;
+  w.cols = std::min(k.v, std::max<int64_t>(1, budget / (w.rows * per_row_tile)) * kFusedTileCols);
+  return w;
+}
+
 // The memory strategy's fused-epilogue GEMMs on CUDA (KILN_LCE_WGMMA=1, lce/cuda/lce_fused_gemm.h):
 // whether `device` runs them (an sm_90 GPU, the library's sm_90a code) and how many have run in this
 // process, so tests know the path was taken. false / 0 in a build without CUDA.

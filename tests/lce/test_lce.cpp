@@ -446,6 +446,57 @@ TEST(LinearCrossEntropyCuda, WorkingMemoryIndependentOfVocabulary) {
   EXPECT_EQ(a.bwd, b.bwd);
 }
 
+// The fused forward's windows (sized on the host, so checked here without a GPU): partials within
+// the budget wherever one 256-column tile a row fits it, the same windows for any larger V or N (the
+// working memory's independence), all rows when they fit, else whole 128-row GEMM tiles.
+TEST(LinearCrossEntropy, FusedWindowsKeepPartialsWithinTheBudget) {
+  for (double eps : {0.0, 0.1}) {
+    lce::Consts k;
+    k.eps = eps;
+    for (int64_t budget : {int64_t{160}, int64_t{16384}, int64_t{88} << 20}) {
+      for (int64_t n : {13, 700, 8192, 32768, 1 << 20}) {
+        for (int64_t v : {37, 3001, 128256, 256000}) {
+          k.n = n;
+          k.v = v;
+          const lce::FusedWindows w = lce::fused_windows(k, budget);
+          SCOPED_TRACE(detail::str_cat("eps ", eps, " budget ", budget, " n ", n, " v ", v));
+          EXPECT_GE(w.rows, 1);
+          EXPECT_LE(w.rows, n);
+          EXPECT_GE(w.cols, 1);
+          EXPECT_LE(w.cols, v);
+          if (w.rows < n && w.rows >= 128) {
+            EXPECT_EQ(w.rows % 128, 0);
+          }
+          if (w.cols < v) {
+            EXPECT_EQ(w.cols % lce::kFusedTileCols, 0);
+          }
+          if (lce::fused_partial_bytes(k, w.rows, lce::kFusedTileCols) <= budget) {
+            EXPECT_LE(lce::fused_partial_bytes(k, w.rows, w.cols), budget);
+          }
+          lce::Consts wider = k;  // more classes (and tokens) than one window holds: the same windows
+          wider.v = 2 * v;
+          if (w.cols < v) {
+            const lce::FusedWindows w2 = lce::fused_windows(wider, budget);
+            EXPECT_EQ(w2.rows, w.rows);
+            EXPECT_EQ(w2.cols, w.cols);
+          }
+          wider = k;
+          wider.n = 2 * n;
+          if (w.rows < n) {
+            EXPECT_EQ(lce::fused_windows(wider, budget).rows, w.rows);
+          }
+        }
+      }
+    }
+  }
+  lce::Consts k;  // the shape at the default tile (8192 x 5632 bf16): one window
+  k.n = 8192;
+  k.v = 128256;
+  const lce::FusedWindows w = lce::fused_windows(k, int64_t{8192} * 5632 * 2);
+  EXPECT_EQ(w.rows, 8192);
+  EXPECT_EQ(w.cols, 128256);
+}
+
 // The fused-epilogue GEMMs' partials take the bytes of one chunk_n x chunk_v tile, whatever V.
 TEST(LinearCrossEntropyCuda, FusedEpilogueGemmWorkingMemoryIndependentOfVocabulary) {
   KILN_REQUIRE_CUDA();

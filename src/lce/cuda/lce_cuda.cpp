@@ -121,13 +121,10 @@ lce_k::FusedGemm fused_operands(const Ctx& c) {
 lce::Forward forward_memory_fused(const Ctx& c, const lce_k::FusedGemm& fg) {
   const lce::Consts& k = c.p.k;
   const int64_t N = k.n, V = k.v, Nc = std::min(c.p.chunk_n, std::max<int64_t>(N, 1)), Vc = std::min(c.p.chunk_v, V);
-  const int64_t budget = Nc * c.padded(Vc) * static_cast<int64_t>(element_size(c.tile));
-  const int64_t per_row_tile = lce_k::fused_partial_bytes(k, 1, 1);
-  int64_t R = std::clamp<int64_t>(budget / per_row_tile, 1, std::max<int64_t>(N, 1));
-  if (R < N && R >= 128) R = R / 128 * 128;  // whole GEMM row tiles
-  const int64_t C = std::min(V, std::max<int64_t>(1, budget / (R * per_row_tile)) * lce_k::kFusedTileCols);
+  const lce::FusedWindows win = lce::fused_windows(k, Nc * c.padded(Vc) * static_cast<int64_t>(element_size(c.tile)));
+  const int64_t R = win.rows, C = win.cols;
   const Tensor tot = make_totals(c);
-  Tensor part = c.buf({lce_k::fused_partial_bytes(k, R, C)}, kUInt8), state = c.buf({4, R}, c.acc),
+  Tensor part = c.buf({lce::fused_partial_bytes(k, R, C)}, kUInt8), state = c.buf({4, R}, c.acc),
          terms = c.buf({2, N}, c.acc);
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
@@ -266,7 +263,7 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   // KILN_LCE_WGMMA=1: each chunk's logits stored by the fused-epilogue GEMM with their statistics (no stats pass).
   const lce_k::FusedGemm fg = fused_operands(c);
   const bool fused_gemm = c.tile == c.t && !fused_rows && lce_k::fused_gemm_usable(fg, c.device);
-  Tensor part = fused_gemm ? c.buf({lce_k::fused_partial_bytes(k, Nc, V)}, kUInt8) : Tensor();
+  Tensor part = fused_gemm ? c.buf({lce::fused_partial_bytes(k, Nc, V)}, kUInt8) : Tensor();
   // One logits buffer: two half-budget buffers, each chunk's row passes beside the previous chunk's
   // dW and dx GEMMs on the side stream, measured slower (H200, session 12, 8192 x 4096 x 128256:
   // 41.62 / 40.37 ms against 36.31 / 35.14 in two interleaved passes).

@@ -23,13 +23,14 @@
 #include "lce/cuda/hopper_gemm.cuh"
 #include "lce/cuda/lce_device.cuh"
 #include "lce/cuda/lce_fused_gemm.h"
+#include "lce/lce_internal.h"
 
 namespace kiln::cuda::lce_k {
 namespace {
 
 constexpr const char* kOp = "linear_cross_entropy";
 using hopper::BN;
-static_assert(kFusedTileCols == BN, "partials are kept per GEMM tile column");
+static_assert(lce::kFusedTileCols == BN, "partials are kept per GEMM tile column");
 
 std::atomic<int64_t> g_launches{0};
 
@@ -410,11 +411,6 @@ bool fused_gemm_usable(const FusedGemm& f, int device) {
 }
 
 int64_t fused_gemm_launches() { return g_launches.load(); }
-
-int64_t fused_partial_bytes(const lce::Consts& k, int64_t rows, int64_t cols) {
-  const int64_t tiles = (cols + BN - 1) / BN;
-  return tiles * rows * static_cast<int64_t>(sizeof(float2) + (k.eps != 0.0 ? sizeof(float) : 0));
-}
 
 void fused_stats(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64_t cols, void* part, bool first,
                  void* state, int64_t st, void* logits, int64_t ld) {

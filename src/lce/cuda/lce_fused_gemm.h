@@ -34,15 +34,10 @@ bool fused_gemm_device(int device);
 // How many fused GEMMs have run in this process (tests check the path was taken).
 int64_t fused_gemm_launches();
 
-// Bytes of partials fused_stats needs for `rows` rows and `cols` columns (one (max, sum exp) pair a
-// row a 256-column tile, and the smoothing sum with label smoothing).
-int64_t fused_partial_bytes(const lce::Consts& k, int64_t rows, int64_t cols);
-// Columns per 256-column tile (the partials' granularity).
-constexpr int64_t kFusedTileCols = 256;
-
 // Rows r0.. (rows of them) against classes c0.. (cols): each row's (max, sum exp) over the window
 // merged into state ([4, st] fp32: max, sum, target logit, smoothing sum; `first` overwrites),
-// the target logit written where a window holds it. `part`: fused_partial_bytes(k, rows, cols).
+// the target logit written where a window holds it. `part`: lce::fused_partial_bytes(k, rows, cols)
+// (lce_internal.h).
 // With `logits` (the speed strategy's chunk, T, row stride ld, even) the raw logits are also stored
 // there, rounded to T, and the statistics are those of the rounded values.
 void fused_stats(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64_t cols, void* part, bool first,
