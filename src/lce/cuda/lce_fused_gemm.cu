@@ -1,13 +1,16 @@
-// The memory strategy's logit GEMMs with the loss in their epilogue (see lce_fused_gemm.h): the
-// GEMM is hopper_gemm.cuh's; these are its two epilogues, the partials' combine and the launchers.
+// The logit GEMMs with the loss in their epilogue (see lce_fused_gemm.h): the GEMM is
+// hopper_gemm.cuh's; these are its two epilogues, the partials' combine and the launchers. Each
+// epilogue has both of the GEMM's schedules: `apply` on a thread's accumulator fragment (registers),
+// `row_params` / `row` on one row of the bf16 staging tile, 8 columns a lane (staged).
 //   stats: per row, over the tile's 256 columns, the logits (bias and soft-cap applied in registers)
-//          reduce to (max, sum exp) and the smoothing sum within each quad of lanes (shuffles in a
-//          fixed order), one pair a row a tile into the partials; the target's logit goes straight
-//          to the state. combine_kernel merges a row's tiles in column order: deterministic.
-//   grad:  dz = lce_k::grad's element formula on the fp32 accumulators (no 16-bit rounding of the
-//          logits between GEMM and softmax, unlike the stored tiles), written as 16-bit pairs.
-// Both recompute the same fp32 logits from the same K order, so the backward's softmax matches the
-// forward's lse bit for bit in the logits it sees.
+//          reduce to (max, sum exp) and the smoothing sum (quad or warp shuffles in a fixed order),
+//          one pair a row a tile into the partials; the target's logit goes straight to the state;
+//          with the speed strategy's chunk, the logits are stored first, rounded to T.
+//          combine_kernel merges a row's tiles in column order: deterministic.
+//   grad:  dz = lce_k::grad's element formula on the recomputed logits (in registers: fp32, no
+//          16-bit rounding between GEMM and softmax, unlike the stored tiles), written in T.
+// Forward and backward recompute the same logits from the same K order, so the backward's softmax
+// matches the forward's lse in the logits it sees.
 #include <cuda_runtime.h>
 
 #include <atomic>
