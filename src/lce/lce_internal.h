@@ -67,7 +67,7 @@ inline FusedWindows fused_windows(const Consts& k, int64_t budget) {
   return w;
 }
 
-// The memory strategy's fused-epilogue GEMMs on CUDA (KILN_LCE_WGMMA=1, lce/cuda/lce_fused_gemm.h):
+// The fused-epilogue GEMMs on CUDA (KILN_LCE_WGMMA=1, lce/cuda/lce_fused_gemm.h), both strategies':
 // whether `device` runs them (an sm_90 GPU, the library's sm_90a code) and how many have run in this
 // process, so tests know the path was taken. false / 0 in a build without CUDA.
 bool fused_gemm_device(int device);

@@ -39,10 +39,10 @@ void encode_tensor_map(void* map, MapElem elem, const void* base, int rank, int6
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(cols) * bytes, static_cast<cuuint64_t>(rows * cols) * bytes};
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1},
                    unit[3] = {1, 1, 1};
-  const CUresult r = encode(static_cast<CUtensorMap*>(map), type, static_cast<cuuint32_t>(rank), const_cast<void*>(base),
-                            dims, strides, box, unit,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r =
+      encode(static_cast<CUtensorMap*>(map), type, static_cast<cuuint32_t>(rank), const_cast<void*>(base), dims,
+             strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   KILN_CHECK(r == CUDA_SUCCESS, op, "cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r), ") for a [",
              outer, ", ", rows, ", ", cols, "] tensor with boxes of [", box_rows, ", ", box_cols, "]");
 }
