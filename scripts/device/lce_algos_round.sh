@@ -14,11 +14,8 @@ LOG_NAME=lce_algos.log
 L=/tmp/kiln-bin/bin/bench_lce
 shape=${LCE_SHAPE:-"--tokens 8192 --hidden 4096 --vocab 128256"}
 log "commit $(cat .device/commit)  shape $shape"
-timeout 120 build-gpu/tests/test_ops --gtest_filter='LinalgCuda.*' > "$OUT/test_linalg_cuda.log" 2>&1
-log "test_ops LinalgCuda: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_linalg_cuda.log" | head -3 | tr '\n' ' ')"
-timeout 240 build-gpu/tests/test_lce --gtest_filter='*Cuda*' > "$OUT/test_lce_cuda.log" 2>&1
-log "test_lce CUDA: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_lce_cuda.log" | head -3 | tr '\n' ' ')"
-grep -E "Failure" -A8 "$OUT/test_lce_cuda.log" "$OUT/test_linalg_cuda.log" | head -40 | tee -a "$OUT/lce_algos.log"
+run_gtest linalg_cuda build-gpu/tests/test_ops 'LinalgCuda.*' 120
+run_gtest cuda build-gpu/tests/test_lce '*Cuda*' 240
 timeout 300 $L --device cuda --dtype bf16 --json $shape --variants algos > "$OUT/lce_algos.jsonl" 2>&1
 grep -E '"algo_best"|"algo_pick"|rror' "$OUT/lce_algos.jsonl" | while read -r l; do log "sweep $l"; done
 pick=$(grep '"algo_pick"' "$OUT/lce_algos.jsonl" | sed -E 's/.*"env": "([^"]*)".*/\1/')

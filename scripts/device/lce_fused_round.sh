@@ -17,9 +17,7 @@ LOG_NAME=lce_fused.log
 L=/tmp/kiln-bin/bin/bench_lce
 log "commit $(cat .device/commit)"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout 300 build-gpu/tests/test_lce --gtest_filter='*Cuda*' > "$OUT/test_lce_cuda.log" 2>&1
-  log "test_lce CUDA: $(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED' "$OUT/test_lce_cuda.log" | head -3 | tr '\n' ' ')"
-  grep -E "Failure|SKIPPED \]" -A8 "$OUT/test_lce_cuda.log" | head -40 | tee -a "$OUT/$LOG_NAME"
+  run_gtest cuda build-gpu/tests/test_lce '*Cuda*' 300
 fi
 IFS=';' read -ra shapes <<< "${SHAPES:---tokens 8192 --hidden 4096 --vocab 128256}"
 if [ -z "${SKIP_TORCH:-}" ]; then

@@ -11,9 +11,7 @@ L=/tmp/kiln-bin/bin/bench_lce
 shape=${LCE_SHAPE:-"--tokens 8192 --hidden 4096 --vocab 128256"}
 log "commit $(cat .device/commit)  $(nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader)"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout 240 build-gpu/tests/test_lce --gtest_filter='*Cuda*' > "$OUT/test_lce_cuda.log" 2>&1
-  log "test_lce CUDA: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_lce_cuda.log" | head -3 | tr '\n' ' ')"
-  grep -E "Failure" -A8 "$OUT/test_lce_cuda.log" | head -40 | tee -a "$OUT/lce.log"
+  run_gtest cuda build-gpu/tests/test_lce '*Cuda*' 240
 fi
 [ -z "${SKIP_TORCH:-}" ] && timeout 200 python3 .device/torch_baselines.py lce $shape 2>&1 | grep variant | while read -r l; do log "torch $l"; done
 for setting in ${LCE_AB:-X=0 KILN_LCE_ROWPASS=0 KILN_LCE_SIDE_STREAM=0 KILN_LCE_ROWPASS=0,KILN_LCE_SIDE_STREAM=0}; do

@@ -51,29 +51,6 @@ __device__ __forceinline__ float fast_ex2(float x) {
 }
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Max and sum over the four lanes of a quad (the threads holding one row of a wgmma accumulator
-// fragment), shuffles in a fixed order.
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-// The same over a whole warp (the staged epilogue's rows, 8 columns a lane).
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // The first n logits of one vector into a running (m, s = sum exp(x - m)): the vector's max first,
 // one rescale of s when it moves; with smoothing also the weighted sum ws (cw from column j).
 template <typename A, typename E, int VW>

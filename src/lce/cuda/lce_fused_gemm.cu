@@ -27,6 +27,7 @@
 #include "lce/cuda/lce_device.cuh"
 #include "lce/cuda/lce_fused_gemm.h"
 #include "lce/lce_internal.h"
+#include "ops/cuda/warp.cuh"
 
 namespace kiln::cuda::lce_k {
 namespace {
@@ -59,13 +60,30 @@ __device__ __forceinline__ void store_row8(T* p, const float (&v)[8], int n, boo
   }
 }
 
-// kPlain: no bias, soft-cap or smoothing (the logit is the accumulator).
-template <typename T, bool kPlain>
-struct StatsEpi {
-  int rows = 0, cols = 0;             // the window
-  int64_t c0 = 0;                     // its first class
+// What both epilogues know of their window: its size, its first class, bias and class weights.
+template <typename T>
+struct Window {
+  int rows = 0, cols = 0;
+  int64_t c0 = 0;                     // the window's first class
   const T* bias = nullptr;            // [v] or null
   const float* cw = nullptr;          // [v] or null
+};
+
+template <typename T>
+Window<T> window(const FusedGemm& f, int64_t rows, int64_t c0, int64_t cols) {
+  Window<T> w;
+  w.rows = static_cast<int>(rows);
+  w.cols = static_cast<int>(cols);
+  w.c0 = c0;
+  w.bias = static_cast<const T*>(f.bias);
+  w.cw = static_cast<const float*>(f.cw);
+  return w;
+}
+
+// kPlain: no bias, soft-cap or smoothing (the logit is the accumulator).
+template <typename T, bool kPlain>
+struct StatsEpi : Window<T> {
+  using Window<T>::rows, Window<T>::cols, Window<T>::c0, Window<T>::bias, Window<T>::cw;
   const int64_t* target = nullptr;    // the window's first row's
   float cap = 0;                      // soft-cap, 0: off
   bool smooth = false;                // label smoothing: also the (class-weighted) logit sum
@@ -186,11 +204,9 @@ struct StatsEpi {
 };
 
 template <typename T, bool kPlain>
-struct GradEpi {
-  int rows = 0, cols = 0;             // the window
-  int64_t n0 = 0, v0 = 0;             // its first token and class
-  const T* bias = nullptr;
-  const float* cw = nullptr;
+struct GradEpi : Window<T> {
+  using Window<T>::rows, Window<T>::cols, Window<T>::c0, Window<T>::bias, Window<T>::cw;
+  int64_t n0 = 0;                     // the window's first token
   const int64_t* target = nullptr;    // [n]
   const float* lse = nullptr;         // [n]
   const float* g = nullptr;           // null (1), one value, or [n]
@@ -223,7 +239,7 @@ struct GradEpi {
     float o[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const int64_t cls = v0 + c + e;
+      const int64_t cls = c0 + c + e;
       if (p.rg.dead) {
         o[e] = 0.f;
       } else if constexpr (kPlain) {
@@ -247,7 +263,7 @@ struct GradEpi {
       const int64_t i = n0 + r, y = target[i];
       const RowGrad<float> rg = row_grad<float>(y, lse[i], g ? g[g_per_token ? i : 0] : 1.f, cw, totals, k);
       const float l2 = rg.lse * kLog2e;
-      const int64_t yl = y - v0 - col;
+      const int64_t yl = y - c0 - col;
       T* out = dz + r * ldz + col;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
@@ -260,7 +276,7 @@ struct GradEpi {
           } else if constexpr (kPlain) {
             o[e] = rg.c.a * fast_ex2(fmaf(z, kLog2e, -l2)) - (8 * j + e == yl ? rg.c.b : 0.f);
           } else {
-            const int64_t v = v0 + col + 8 * j + e;
+            const int64_t v = c0 + col + 8 * j + e;
             const bool in = full_cols || 8 * j + e < ncols;
             const float s = softcap(z + (bias && in ? convert<float>(bias[v]) : 0.f), cap);
             o[e] = in ? element_grad<float, T>(s, v, y, rg, cw, cap) : 0.f;
@@ -428,11 +444,7 @@ void fused_stats(const FusedGemm& f, int64_t r0, int64_t rows, int64_t c0, int64
   with_variant(f.t, plain(f), [&](auto tt, auto pl) {
     using T = typename decltype(tt)::type;
     StatsEpi<T, decltype(pl)::value> e;
-    e.rows = static_cast<int>(rows);
-    e.cols = static_cast<int>(cols);
-    e.c0 = c0;
-    e.bias = static_cast<const T*>(f.bias);
-    e.cw = static_cast<const float*>(f.cw);
+    static_cast<Window<T>&>(e) = window<T>(f, rows, c0, cols);
     e.target = f.target + r0;
     e.cap = static_cast<float>(f.k.softcap);
     e.smooth = f.k.eps != 0.0;
@@ -458,12 +470,8 @@ void fused_grad(const FusedGemm& f, int64_t n0, int64_t rows, int64_t v0, int64_
   with_variant(f.t, plain(f), [&](auto tt, auto pl) {
     using T = typename decltype(tt)::type;
     GradEpi<T, decltype(pl)::value> e;
-    e.rows = static_cast<int>(rows);
-    e.cols = static_cast<int>(cols);
+    static_cast<Window<T>&>(e) = window<T>(f, rows, v0, cols);
     e.n0 = n0;
-    e.v0 = v0;
-    e.bias = static_cast<const T*>(f.bias);
-    e.cw = static_cast<const float*>(f.cw);
     e.target = f.target;
     e.lse = static_cast<const float*>(lse);
     e.g = static_cast<const float*>(g);

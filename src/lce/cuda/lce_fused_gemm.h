@@ -2,9 +2,10 @@
 // The logit GEMMs with the loss in their epilogue (lce_fused_gemm.cu, sm_90a, 16-bit inputs): the
 // memory strategy's forward row statistics straight from the accumulators (no stored tile, no stats
 // pass) and its backward's dz written from the recomputed logits (no stored tile, no grad pass); the
-// speed strategy's chunk logits stored with their statistics (no stats pass). Plain C++: no CUDA headers. A measurement switch until the H200 says it pays:
-// KILN_LCE_WGMMA=1 turns it on (read per call), KILN_LCE_WGMMA_CLUSTER=2 runs the GEMM in 2-CTA
-// clusters that multicast W.
+// speed strategy's chunk logits stored with their statistics (no stats pass). Plain C++: no CUDA
+// headers. Measurement switches until the H200 says it pays (read per call): KILN_LCE_WGMMA=1 turns
+// it on, KILN_LCE_WGMMA_CLUSTER=2 runs the GEMM in 2-CTA clusters that multicast W,
+// KILN_LCE_WGMMA_EPILOGUE=warps stages the epilogue to warps of its own (hopper_gemm.cuh).
 #include <cstdint>
 
 #include "kiln/dtype.h"
