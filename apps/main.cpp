@@ -1,4 +1,4 @@
-// The `kiln` command: one subcommand per job (train, generate, info, inspect, convert, bench lce). Errors from the library are printed, never aborted on.
+// The `kiln` command: one subcommand per job (train, generate, info, inspect, convert; benchmarks are bench/). Errors from the library are printed, never aborted on.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -7,8 +7,6 @@
 #include <vector>
 
 #include "kiln/kiln.h"
-#include "bench_flex.h"
-#include "bench_lce.h"
 #include "io_commands.h"
 #include "train_mlp.h"
 #include "train/train.h"
@@ -61,12 +59,6 @@ int main(int argc, char** argv) {
   convert->add_option("IN", convert_in)->required();
   convert->add_option("OUT", convert_out)->required();
 
-  // `kiln bench lce --device cuda --tokens N ...`: the benchmark parses its own flags.
-  auto* bench = app.add_subcommand("bench", "benchmarks: lce, flex");
-  std::string bench_what;
-  bench->add_option("WHAT", bench_what)->required()->check(CLI::IsMember({"lce", "flex"}));
-  bench->allow_extras();
-
   CLI11_PARSE(app, argc, argv);
   try {
     if (*info) return run_info();
@@ -78,16 +70,6 @@ int main(int argc, char** argv) {
     if (*generate) return kiln::train::run_generate(gen_cfg, std::cout);
     if (*inspect) return kiln::apps::run_inspect(inspect_path, std::cout);
     if (*convert) return kiln::apps::run_convert(convert_in, convert_out, std::cout);
-    if (*bench) {
-      std::vector<std::string> args;
-      if (bench_what == "lce") args.push_back(bench_what);  // bench lce tolerates its own name
-      for (const std::string& extra : bench->remaining()) args.push_back(extra);
-      std::vector<char*> bench_argv{argv[0]};
-      for (std::string& a : args) bench_argv.push_back(a.data());
-      const int n = static_cast<int>(bench_argv.size());
-      return bench_what == "flex" ? kiln::apps::run_bench_flex(n, bench_argv.data())
-                                  : kiln::apps::run_bench_lce(n, bench_argv.data());
-    }
   } catch (const kiln::Error& e) {
     std::cerr << "kiln: " << e.what() << "\n";
     return 1;

@@ -13,3 +13,4 @@
 #include "kiln/ops.h"
 #include "kiln/optim.h"
 #include "kiln/tensor.h"
+#include "kiln/tuning.h"

@@ -1,9 +1,79 @@
+// The only file of kiln that reads the process environment (core/env.h, kiln/tuning.h).
 #include "core/env.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string>
 
 #include "kiln/error.h"
+#include "kiln/tuning.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr const char* kOp = "tuning";
+
+const char* env(const char* var) {
+  const char* v = std::getenv(var);
+  return v && *v ? v : nullptr;
+}
+
+// KILN_X=MxN into (m, n); both positive.
+void read_pair(const char* var, int& m, int& n) {
+  const char* v = env(var);
+  if (!v) return;
+  int a = 0, b = 0;
+  char tail = 0;
+  KILN_CHECK(std::sscanf(v, "%dx%d%c", &a, &b, &tail) == 2 && a > 0 && b > 0, kOp, var, " must read MxN, got '", v,
+             "'");
+  m = a;
+  n = b;
+}
+
+std::mutex g_mu;
+
+Tuning& current() {
+  static Tuning t = tuning_from_env();  // read once, on first use
+  return t;
+}
+
+}  // namespace
+
+Tuning tuning_from_env() {
+  Tuning t;
+  read_pair("KILN_FLEX_FWD_TILE", t.flex.fwd_tile_m, t.flex.fwd_tile_n);
+  if (const char* v = env("KILN_GEMM_PICK")) t.gemm.pick = v;
+  return t;
+}
+
+Tuning tuning() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return current();
+}
+
+void set_tuning(const Tuning& t) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  current() = t;
+}
+
+TuningGuard::TuningGuard(const Tuning& t) : saved_(tuning()) { set_tuning(t); }
+TuningGuard::~TuningGuard() { set_tuning(saved_); }
+
+namespace detail {
+
+std::string cache_dir() {
+  if (const char* d = env("KILN_CACHE_DIR")) return d;
+  if (const char* x = env("XDG_CACHE_HOME")) return std::string(x) + "/kiln";
+  if (const char* home = env("HOME")) return std::string(home) + "/.cache/kiln";
+  return {};
+}
+
+}  // namespace detail
+
+}  // namespace kiln
 
 namespace kiln::detail {
 

@@ -1,12 +1,18 @@
 #pragma once
-// Measurement switches from the environment (KILN_*), validated so a typo is an error naming the
-// op instead of a silent default.
+// The process environment, read here and nowhere else in kiln (src/core/env.cpp): the tuning
+// values (kiln/tuning.h) and the few paths kiln takes from the environment.
+#include <string>
 
 namespace kiln::detail {
 
-// The variable's value (one of `a`, `b`), or nullptr when unset; any other value throws.
-const char* env_switch(const char* op, const char* var, const char* a, const char* b);
-// A 0 / 1 switch: `dflt` when the variable is unset.
-bool env_flag(const char* op, const char* var, bool dflt);
+// The folder of kiln's disk caches (compiled kernels): $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
+// else $HOME/.cache/kiln; empty when none is set.
+std::string cache_dir();
 
+}  // namespace kiln::detail
+
+namespace kiln::detail {
+// Old per-op switches, still read by flex and LCE until their plans take Tuning values.
+const char* env_switch(const char* op, const char* var, const char* a, const char* b);
+bool env_flag(const char* op, const char* var, bool dflt);
 }  // namespace kiln::detail

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/cuda/check.h"
+#include "core/env.h"
 #include "core/cuda/tensor_map.h"
 #include "kiln/error.h"
 
@@ -187,15 +188,8 @@ std::string compile_cubin(const std::string& source, const std::string& arch) {
   return cubin;
 }
 
-std::string cache_dir() {
-  if (const char* d = std::getenv("KILN_CACHE_DIR"); d && *d) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/kiln";
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/kiln";
-  return "";
-}
-
 std::string cache_path(const std::string& source, const std::string& arch) {
-  const std::string dir = cache_dir();
+  const std::string dir = kiln::detail::cache_dir();
   if (dir.empty()) return "";
   return dir + "/flex-" + key_of("nvrtc " + nvrtc_version() + "\narch " + arch + "\n" + source) + ".cubin";
 }

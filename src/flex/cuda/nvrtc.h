@@ -23,7 +23,6 @@ std::string compile_cubin(const std::string& source, const std::string& arch);
 // The disk cache in front of compile_cubin (a missing or unwritable cache directory only costs
 // the compile).
 std::string cached_cubin(const std::string& source, const std::string& arch);
-std::string cache_dir();
 std::string cache_path(const std::string& source, const std::string& arch);
 
 struct CacheStats {

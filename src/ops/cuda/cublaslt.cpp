@@ -16,10 +16,12 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/tuning.h"
 #include "core/cuda/check.h"
 #include "core/storage.h"
 #include "ops/cuda/cublaslt.h"
 #include "ops/cuda/gemm.h"
+#include "kiln/tuning.h"
 
 namespace kiln::cuda {
 namespace {
@@ -101,19 +103,11 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   return l;
 }
 
-// KILN_GEMM_PICK (gemm.h; a measurement switch, bench_lce --variants algos): the heuristic's rank-th
-// algorithm instead of its first for problems of a shape. Parsed once; a malformed entry throws.
-// Each pinned shape keeps one algorithm for the process, so its bits stay fixed.
-const std::map<GemmShape, int>& pinned_ranks() {
-  static const std::map<GemmShape, int> picks = [] {
-    const char* env = std::getenv("KILN_GEMM_PICK");
-    return parse_gemm_picks(env ? env : "");
-  }();
-  return picks;
-}
-
+// Tuning::gemm.pick (kiln/tuning.h): the heuristic's rank-th algorithm instead of its first for
+// problems of a shape, read when a shape's plan is made; plans are cached, so a shape keeps its
+// algorithm (and its bits) for the process.
 int pinned_rank(const GemmParams& p) {
-  const auto& picks = pinned_ranks();
+  const auto picks = parse_gemm_picks(tuning().gemm.pick);
   const auto it = picks.find({p.m, p.n, p.k, p.trans_a ? 1 : 0, p.trans_b ? 1 : 0});
   return it == picks.end() ? 0 : it->second;
 }
@@ -147,13 +141,13 @@ cublasStatus_t rank_algos(const Problem& q, const Plan& plan, int count,
   return found == 0 ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_SUCCESS;
 }
 
-// The heuristic's first algorithm for `plan` (or the KILN_GEMM_PICK rank for its shape).
+// The heuristic's first algorithm for `plan` (or the tuned rank for its shape).
 cublasStatus_t pick_algo(const Problem& q, Plan& plan) {
   const int rank = pinned_rank(q.p);
   std::vector<cublasLtMatmulHeuristicResult_t> ranked;
   const cublasStatus_t st = rank_algos(q, plan, rank + 1, ranked);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
-  KILN_CHECK(rank < static_cast<int>(ranked.size()), "gemm", "KILN_GEMM_PICK asks for rank ", rank, " of m=", q.p.m,
+  KILN_CHECK(rank < static_cast<int>(ranked.size()), "gemm", "the tuned pick (KILN_GEMM_PICK) asks for rank ", rank, " of m=", q.p.m,
              " n=", q.p.n, " k=", q.p.k, " but cuBLASLt offers ", ranked.size(), " algorithms");
   plan.algo = ranked[static_cast<size_t>(rank)].algo;
   plan.workspace = ranked[static_cast<size_t>(rank)].workspaceSize;

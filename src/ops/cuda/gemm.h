@@ -73,9 +73,9 @@ size_t gemm_workspace_bytes();
 size_t gemm_cached_plans();
 
 // Algorithm choice, for measurement (bench_lce --variants algos). cuBLASLt's heuristic ranks the
-// algorithms for a problem; gemm() runs its first unless the environment pins another rank for
-// that shape: KILN_GEMM_PICK="m,n,k,trans_a,trans_b=rank;..." (read once per process; the pinned
-// algorithm then serves every call of that shape, so results stay bitwise reproducible).
+// algorithms for a problem; gemm() runs its first unless Tuning::gemm.pick (kiln/tuning.h) pins
+// another rank for that shape (read when the shape's plan is made; the pinned algorithm then serves
+// every call of that shape, so results stay bitwise reproducible).
 struct GemmCandidate {
   int rank = 0;            // 0: the heuristic's first choice, what gemm() runs by default
   size_t workspace = 0;    // bytes it needs (at most gemm_workspace_bytes())
@@ -84,7 +84,7 @@ struct GemmCandidate {
 };
 // Up to max_count candidates for p's problem, best-ranked first (none when m, n, k or batch is 0).
 std::vector<GemmCandidate> gemm_candidates(const GemmParams& p, int max_count);
-// KILN_GEMM_PICK's value parsed: {m, n, k, trans_a, trans_b} -> rank (a later entry for a shape wins);
+// Tuning::gemm.pick parsed: {m, n, k, trans_a, trans_b} -> rank (a later entry for a shape wins);
 // a malformed entry throws kiln::Error naming the variable.
 using GemmShape = std::array<int64_t, 5>;
 std::map<GemmShape, int> parse_gemm_picks(const std::string& spec);

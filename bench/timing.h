@@ -1,5 +1,5 @@
 #pragma once
-// Timing shared by the `kiln bench` subcommands.
+// Timing shared by the benchmarks.
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -7,7 +7,7 @@
 
 #include "kiln/kiln.h"
 
-namespace kiln::apps {
+namespace kiln::bench {
 
 inline double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -34,4 +34,4 @@ inline double median_ms(const Device& dev, const std::function<void()>& fn, int 
   return t[t.size() / 2];
 }
 
-}  // namespace kiln::apps
+}  // namespace kiln::bench

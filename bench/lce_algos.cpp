@@ -1,12 +1,12 @@
-// `kiln bench lce --variants algos` (CUDA): does cuBLASLt's first-ranked algorithm serve the fused
+// `bench_lce --variants algos` (CUDA): does cuBLASLt's first-ranked algorithm serve the fused
 // op's GEMMs well? For each GEMM the op issues at this shape (one speed chunk, one memory tile)
 // and for gemm3's three, every candidate the heuristic ranks (up to 24) is timed alone (CUDA
 // events, median of 5 after one warm-up) on random operands. Prints one line per candidate, one
 // per GEMM with the fastest, and last the KILN_GEMM_PICK value that pins the fastest where it
 // beats the first choice by more than 2 % (rerun the other variants with it to see the whole op).
-#include "bench_lce_algos.h"
+#include "lce_algos.h"
 
-#include "bench_timing.h"
+#include "timing.h"
 
 #ifdef KILN_WITH_CUDA
 #include <algorithm>
@@ -21,7 +21,7 @@
 #include "lce/lce_internal.h"
 #include "ops/cuda/gemm.h"
 
-namespace kiln::apps {
+namespace kiln::bench {
 namespace {
 
 constexpr int kMaxCandidates = 24;
@@ -139,5 +139,5 @@ void cuda_gemm_algos(const Tensor& x, const Tensor& w, const Tensor& y, bool jso
   std::fflush(stdout);
 }
 
-}  // namespace kiln::apps
+}  // namespace kiln::bench
 #endif
