@@ -8,8 +8,7 @@
 //   gemm3:         the three GEMMs alone (logits, dx, dW; no loss; logits in the input dtype, dz a
 //                  random normal [N, V] drawn once, as torch's gemm3 baseline);
 //   phases:        (CUDA) one speed chunk's and one memory tile's GEMMs and kernels timed one by one
-//                  (cuda_phases); with KILN_LCE_WGMMA=1 also the fused-epilogue GEMMs beside cuBLASLt's
-//                  GEMM of the same shape (fused_phases);
+//                  (cuda_phases);
 //   algos:         (CUDA) cuBLASLt's ranked algorithms for the op's GEMMs (lce_algos.cpp).
 
 #include "lce_algos.h"
@@ -30,7 +29,6 @@
 #include "kiln/lce.h"
 #include "ops/cpu/gemm.h"
 #ifdef KILN_WITH_CUDA
-#include "lce/cuda/lce_fused_gemm.h"
 #include "lce/cuda/lce_kernels.h"
 #include "lce/lce_internal.h"
 #include "ops/cuda/gemm.h"
@@ -106,63 +104,21 @@ void print(const Args& a, const char* variant, const Result& r, int64_t grad_byt
 #ifdef KILN_WITH_CUDA
 // Each phase alone with CUDA events: one warm-up, the median of 5.
 void time_phases(const Device& dev, const std::vector<std::pair<const char*, std::function<void()>>>& phases,
-                 const char* strategy, int64_t tokens, int64_t classes, DType tt) {
+                 const char* strategy, int64_t tokens, int64_t classes, DType tile) {
   for (const auto& [name, fn] : phases) {
     fn();
     const double ms = median_ms(dev, fn, 5);
     std::printf("{\"variant\": \"phase\", \"strategy\": \"%s\", \"phase\": \"%s\", \"tokens\": %lld, "
                 "\"classes\": %lld, \"tile\": \"%s\", \"ms\": %.4f}\n",
-                strategy, name, static_cast<long long>(tokens), static_cast<long long>(classes), dtype_name(tt), ms);
+                strategy, name, static_cast<long long>(tokens), static_cast<long long>(classes), dtype_name(tile), ms);
   }
   std::fflush(stdout);
 }
 
-// KILN_LCE_WGMMA=1 (where it applies): the fused-epilogue GEMMs alone, each beside cuBLASLt's GEMM
-// of its shape into a 16-bit tile: the memory strategy's forward stats over the whole [N, V] (one
-// window at the defaults) and its backward's dz over one [Nm, Vc] tile; the speed strategy's
-// logits and statistics of one [Ns, V] chunk.
-void fused_phases(const Tensor& x, const Tensor& w, const Tensor& y, int64_t Nm, int64_t Vc, int64_t Ns,
-                  const std::function<void(int64_t, int64_t, void*, int64_t)>& logits_gemm) {
-  const int64_t N = x.size(0), H = x.size(1), V = w.size(0);
-  const int dev = x.device().index;
-  lce_k::FusedGemm f;
-  f.t = x.dtype();
-  f.x = x.data_ptr();
-  f.w = w.data_ptr();
-  f.n = N, f.v = V, f.h = H;
-  f.target = y.data_ptr<int64_t>();
-  f.k.n = N, f.k.h = H, f.k.v = V;
-  f.stream = cuda::current_stream(dev).handle();
-  if (!lce_k::fused_gemm_usable(f, dev)) return;
-  const TensorOptions f32 = TensorOptions().dtype(kFloat32).device(x.device()), t16 = x.options();
-  const int64_t ld = lce::tile_stride(V, x.dtype()), ldm = lce::tile_stride(Vc, x.dtype());
-  Tensor part = empty({lce::fused_partial_bytes(f.k, N, V)}, TensorOptions().dtype(kUInt8).device(x.device()));
-  Tensor state = empty({4, N}, f32), z = empty({N, ld}, t16), dz = empty({Nm, ldm}, t16);
-  Tensor tot = empty({4}, f32), lse = full({N}, 12.0, f32);  // any finite lse: the grad epilogue's cost
-  lce_k::prepare(x.dtype(), f.target, nullptr, f.k, tot.data_ptr(), f.stream);
-  time_phases(x.device(),
-              {{"cublaslt_gemm", [&] { logits_gemm(N, V, z.data_ptr(), ld); }},
-               {"fused_stats", [&] { lce_k::fused_stats(f, 0, N, 0, V, part.data_ptr(), true, state.data_ptr(), N); }}},
-              "fused_forward", N, V, x.dtype());
-  time_phases(x.device(),
-              {{"cublaslt_gemm", [&] { logits_gemm(Nm, Vc, dz.data_ptr(), ldm); }},
-               {"fused_grad", [&] {
-                  lce_k::fused_grad(f, 0, Nm, 0, Vc, lse.data_ptr(), nullptr, false, tot.data_ptr(), dz.data_ptr(), ldm);
-                }}},
-              "fused_backward_tile", Nm, Vc, x.dtype());
-  time_phases(x.device(),
-              {{"cublaslt_gemm", [&] { logits_gemm(Ns, V, z.data_ptr(), ld); }},
-               {"fused_stats_store", [&] {
-                  lce_k::fused_stats(f, 0, Ns, 0, V, part.data_ptr(), true, state.data_ptr(), N, z.data_ptr(), ld);
-                }}},
-              "fused_speed_chunk", Ns, V, x.dtype());
-}
-
 // Where a fused step's time goes: the phases of one speed-strategy chunk over the whole
 // vocabulary (--chunk-tokens, default the op's own chunk for this shape), each timed alone with
-// CUDA events (median of 5). Tiles of the op's type (16-bit for 16-bit inputs unless
-// KILN_LCE_TILE32=1), dz written over them in place as the op does; the logits GEMM is also timed
-// into both tile types.
+// CUDA events (median of 5). Tiles of the input's type, as the op's, dz written over them in place
+// as the op does.
 void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& y) {
   int64_t N = a.chunk_tokens;
   if (N <= 0) {
@@ -173,14 +129,12 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
   N = std::min(N, a.n);
   NoGradGuard ng;
   const int64_t H = a.h, V = a.v;
-  const DType tt = lce::cuda_tile_dtype(x.dtype()), dzt = is_low_precision(x.dtype()) ? x.dtype() : kFloat32;
-  const int64_t ld = lce::tile_stride(V, tt), ldz = ld * static_cast<int64_t>(element_size(tt) / element_size(dzt));
-  const int64_t ld32 = lce::tile_stride(V, kFloat32);
+  const DType t = x.dtype();
+  const int64_t ld = lce::tile_stride(V, t);
   const int dev = x.device().index;
   void* stream = cuda::current_stream(dev).handle();
   const TensorOptions f32 = TensorOptions().dtype(kFloat32).device(x.device());
-  Tensor z = empty({N, ld}, TensorOptions().dtype(tt).device(x.device())), dx = empty({N, H}, x.options());
-  Tensor other = empty({N, ld32}, f32);  // the logits GEMM into either tile type, outside the op's buffers
+  Tensor z = empty({N, ld}, x.options()), dx = empty({N, H}, x.options());
   Tensor dw = empty({V, H}, x.options()), dwa = empty({V, H}, f32);
   Tensor state = empty({4, N}, f32), lse = empty({N}, f32), terms = empty({2, N}, f32), tot = empty({4}, f32);
   lce::Consts k;
@@ -193,63 +147,49 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
     p.ab_type = ab, p.c_type = ct, p.device = dev, p.stream = stream, p.beta = beta;
     cuda::gemm(p);
   };
-  const DType t = x.dtype();
   const int64_t* yp = y.data_ptr<int64_t>();
   void* zp = z.data_ptr();
   lce_k::prepare(t, yp, nullptr, k, tot.data_ptr(), stream);
   const std::vector<std::pair<const char*, std::function<void()>>> phases = {
-      {"logits_gemm", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, zp, tt, ld, 0.0); }},
-      {"stats", [&] { lce_k::stats(t, tt, zp, N, V, ld, 0, nullptr, nullptr, yp, k, true, state.data_ptr(), N,
-                                   stream); }},
+      {"logits_gemm", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, zp, t, ld, 0.0); }},
+      {"stats", [&] { lce_k::stats(t, zp, N, V, ld, 0, nullptr, nullptr, yp, k, true, state.data_ptr(), N, stream); }},
       {"finalize", [&] { lce_k::finalize(t, N, 0, state.data_ptr(), N, yp, nullptr, tot.data_ptr(), k,
                                          lse.data_ptr(), terms.data_ptr(), N, stream); }},
-      {"grad", [&] { lce_k::grad(t, tt, zp, N, V, ld, 0, 0, nullptr, nullptr, yp, lse.data_ptr(), nullptr, false,
-                                 tot.data_ptr(), k, zp, ldz, stream); }},
-      {"rowpass", [&] {  // the fused pass (stats, finalize, grad) where it applies, else nothing
-         lce_k::rowpass(t, zp, N, V, ld, 0, nullptr, nullptr, yp, k, tot.data_ptr(), lse.data_ptr(), terms.data_ptr(),
-                        N, stream);
-       }},
-      {"dx_gemm", [&] { mm(false, false, N, H, V, zp, ldz, w.data_ptr(), H, dzt, dx.data_ptr(), t, H, 0.0); }},
-      {"dw_gemm_store", [&] { mm(true, false, V, H, N, zp, ldz, x.data_ptr(), H, dzt, dw.data_ptr(), t, H, 0.0); }},
-      {"dw_gemm_acc_bf16", [&] { mm(true, false, V, H, N, zp, ldz, x.data_ptr(), H, dzt, dw.data_ptr(), t, H, 1.0); }},
-      {"dw_gemm_acc_f32", [&] { mm(true, false, V, H, N, zp, ldz, x.data_ptr(), H, dzt, dwa.data_ptr(), kFloat32, H,
+      {"grad", [&] { lce_k::grad(t, zp, N, V, ld, 0, 0, nullptr, nullptr, yp, lse.data_ptr(), nullptr, false,
+                                 tot.data_ptr(), k, zp, ld, stream); }},
+      {"dx_gemm", [&] { mm(false, false, N, H, V, zp, ld, w.data_ptr(), H, t, dx.data_ptr(), t, H, 0.0); }},
+      {"dw_gemm_store", [&] { mm(true, false, V, H, N, zp, ld, x.data_ptr(), H, t, dw.data_ptr(), t, H, 0.0); }},
+      {"dw_gemm_acc_bf16", [&] { mm(true, false, V, H, N, zp, ld, x.data_ptr(), H, t, dw.data_ptr(), t, H, 1.0); }},
+      {"dw_gemm_acc_f32", [&] { mm(true, false, V, H, N, zp, ld, x.data_ptr(), H, t, dwa.data_ptr(), kFloat32, H,
                                    1.0); }},
-      {"logits_gemm_f32", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, other.data_ptr(),
-                                   kFloat32, ld32, 0.0); }},
-      {"logits_gemm_16bit", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, other.data_ptr(), t,
-                                     ld, 0.0); }},
   };
-  time_phases(x.device(), phases, "speed", N, V, tt);
+  time_phases(x.device(), phases, "speed", N, V, t);
   // One memory-strategy tile [Nm, Vc] (the op's own sizes): its GEMMs and passes, and how many
   // such tiles the op runs (its forward: logits + stats; its backward: logits + grad + dx + dW).
   LinearCrossEntropyOptions mo;
   mo.strategy = LceStrategy::Memory;
   mo.chunk_vocab = a.chunk_vocab;  // 0: the op's own width
   const auto ms = nn::functional::linear_cross_entropy_with_stats(x, w, y, mo);
-  const int64_t Nm = std::min(ms.chunk_tokens, a.n), Vc = ms.chunk_vocab, ldm = lce::tile_stride(Vc, tt),
-                ldmz = ldm * static_cast<int64_t>(element_size(tt) / element_size(dzt));  // dz over the tile
+  const int64_t Nm = std::min(ms.chunk_tokens, a.n), Vc = ms.chunk_vocab, ldm = lce::tile_stride(Vc, t);
   const bool one_chunk = Nm >= a.n;  // dW slices stored in T, else summed in a fp32 slice
-  Tensor zm = empty({Nm, ldm}, TensorOptions().dtype(tt).device(x.device())), dxa = empty({Nm, H}, f32).zero_();
+  Tensor zm = empty({Nm, ldm}, x.options()), dxa = empty({Nm, H}, f32).zero_();
   Tensor mstate = empty({4, Nm}, f32), mlse = full({Nm}, 12.0, f32);  // any finite lse: the grad pass's cost
   lce::Consts km = k;
   km.n = Nm;
   void* zmp = zm.data_ptr();
   const std::vector<std::pair<const char*, std::function<void()>>> mphases = {
-      {"logits_gemm", [&] { mm(false, true, Nm, Vc, H, x.data_ptr(), H, w.data_ptr(), H, t, zmp, tt, ldm, 0.0); }},
-      {"stats", [&] { lce_k::stats(t, tt, zmp, Nm, Vc, ldm, 0, nullptr, nullptr, yp, km, true, mstate.data_ptr(), Nm,
+      {"logits_gemm", [&] { mm(false, true, Nm, Vc, H, x.data_ptr(), H, w.data_ptr(), H, t, zmp, t, ldm, 0.0); }},
+      {"stats", [&] { lce_k::stats(t, zmp, Nm, Vc, ldm, 0, nullptr, nullptr, yp, km, true, mstate.data_ptr(), Nm,
                                    stream); }},
-      {"grad", [&] { lce_k::grad(t, tt, zmp, Nm, Vc, ldm, 0, 0, nullptr, nullptr, yp, mlse.data_ptr(), nullptr, false,
-                                 tot.data_ptr(), km, zmp, ldmz, stream); }},
-      {"dx_gemm_acc_f32", [&] { mm(false, false, Nm, H, Vc, zmp, ldmz, w.data_ptr(), H, dzt, dxa.data_ptr(), kFloat32,
+      {"grad", [&] { lce_k::grad(t, zmp, Nm, Vc, ldm, 0, 0, nullptr, nullptr, yp, mlse.data_ptr(), nullptr, false,
+                                 tot.data_ptr(), km, zmp, ldm, stream); }},
+      {"dx_gemm_acc_f32", [&] { mm(false, false, Nm, H, Vc, zmp, ldm, w.data_ptr(), H, t, dxa.data_ptr(), kFloat32,
                                    H, 1.0); }},
-      {"dw_gemm", [&] { mm(true, false, Vc, H, Nm, zmp, ldmz, x.data_ptr(), H, dzt,
+      {"dw_gemm", [&] { mm(true, false, Vc, H, Nm, zmp, ldm, x.data_ptr(), H, t,
                            one_chunk ? dw.data_ptr() : dwa.data_ptr(), one_chunk ? t : kFloat32, H,
                            one_chunk ? 0.0 : 1.0); }},
   };
-  time_phases(x.device(), mphases, "memory", Nm, Vc, tt);
-  fused_phases(x, w, y, Nm, Vc, N, [&](int64_t rows, int64_t cols, void* out, int64_t ldo) {
-    mm(false, true, rows, cols, H, x.data_ptr(), H, w.data_ptr(), H, t, out, t, ldo, 0.0);
-  });
+  time_phases(x.device(), mphases, "memory", Nm, Vc, t);
   std::printf("{\"variant\": \"memory_tiles\", \"tokens\": %lld, \"classes\": %lld, \"tiles\": %lld}\n",
               static_cast<long long>(Nm), static_cast<long long>(Vc),
               static_cast<long long>(((a.n + Nm - 1) / Nm) * ((V + Vc - 1) / Vc)));
@@ -285,6 +225,7 @@ int parse(int argc, char** argv, Args& a) {
 }  // namespace kiln::bench
 
 int main(int argc, char** argv) {
+  using namespace kiln;
   using namespace kiln::bench;
   try {
     Args a;

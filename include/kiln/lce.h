@@ -32,7 +32,7 @@
 //           fits memory_budget; memory otherwise (and always without gradients: the forward is
 //           then one GEMM pass).
 // On CUDA the logit tiles of 16-bit inputs are in the input dtype (each logit rounded once, as
-// torch's linear rounds it; KILN_LCE_TILE32=1 keeps fp32 tiles): twice the tokens per budget.
+// torch's linear rounds it): twice the tokens per budget of fp32 tiles.
 #include <cstdint>
 
 #include "kiln/ops.h"  // nn_functional.h (Reduction) needs the other op headers

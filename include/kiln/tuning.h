@@ -18,9 +18,9 @@ struct FlexTuning {
   int fwd_tile_m = 0, fwd_tile_n = 0;
 };
 
-// LinearCrossEntropyLoss.
-struct LceTuning {
-};
+// LinearCrossEntropyLoss: no process-wide knobs. Its chunk sizes and memory budget are per-call
+// options (LinearCrossEntropyOptions: chunk_tokens, chunk_vocab, memory_budget), where an A/B sets them.
+struct LceTuning {};
 
 // GEMMs through cuBLASLt.
 struct GemmTuning {

@@ -1,60 +1,83 @@
-// linear_cross_entropy: validation, strategy and chunk choice, device dispatch, the autograd node
-// (inputs x, W, bias; one node, so a tied weight simply receives a second gradient), and the
-// LinearCrossEntropyLoss module.
+// linear_cross_entropy: validation, the plan (strategy, chunk sizes, streams), device dispatch, the
+// autograd node (inputs x, W, bias; one node, so a tied weight simply receives a second gradient),
+// and the LinearCrossEntropyLoss module.
 #include "kiln/lce.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #include "autograd/engine.h"
 #include "core/dispatch.h"
-#include "core/env.h"
 #include "core/tensor_impl.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "lce/lce_internal.h"
-#ifdef KILN_WITH_CUDA
-#include "lce/cuda/lce_fused_gemm.h"
-#endif
 
 namespace kiln::lce {
+
+using nn::functional::LceStrategy;
+using nn::functional::LinearCrossEntropyOptions;
+using nn::functional::Reduction;
+
 namespace {
-std::atomic<int> tile32_override{-1};
-std::atomic<int> overlaps_override{-1};
+// Speed needs at least this many tokens per chunk to keep its GEMMs efficient.
+constexpr int64_t kMinSpeedChunk = 256;
 }  // namespace
 
-DType cuda_tile_dtype(DType t) {
-  if (!is_low_precision(t)) return t == kFloat64 ? kFloat64 : kFloat32;
-  static const bool tile32 = detail::env_flag("linear_cross_entropy", "KILN_LCE_TILE32", false);
-  const int o = tile32_override.load();
-  return (o < 0 ? tile32 : o == 1) ? kFloat32 : t;
+// Memory tiles: big enough that each GEMM fills the device. CUDA: up to 8192 tokens x the widest
+// slice whose logits (plus the fp32 dW slice when the tokens span several chunks) fit 88 MiB, so
+// with the [N, H] fp32 dx accumulator and cuBLASLt's 32 MiB workspace working memory stays within
+// N*H*4 + 128 MiB (5632 classes of 16-bit logits at N = 8192). CPU: 2048 x 1024, 16 of cpu::gemm's
+// tasks. Speed: equal token chunks of logits over the whole vocabulary within the budget. CUDA 768
+// MiB: three 2752-token chunks at 8192 x 128k bf16, 1771 MiB peak with the gradients against
+// torch.compile's 2004 (H200: 40.13 ms against 41.35 for four 2048-token chunks). CPU 32 MiB:
+// 256-token chunks at V = 32000 ran as fast as 512 in half the memory. Logit tiles hold T on CUDA
+// (16-bit T: each logit rounded once, as torch's linear rounds it), the acc dtype on the CPU.
+Plan plan(const Dims& d, DType t, bool cuda, const LinearCrossEntropyOptions& o, const Needs& nd) {
+  const int64_t tile_bytes = static_cast<int64_t>(element_size(cuda ? t : (t == kFloat64 ? kFloat64 : kFloat32)));
+  const int64_t n = std::max<int64_t>(d.n, 1);
+  const int64_t budget = o.memory_budget > 0 ? o.memory_budget : (cuda ? (int64_t{768} << 20) : (int64_t{32} << 20));
+  Plan p;
+  p.chunk_v = o.chunk_vocab > 0 ? o.chunk_vocab : (cuda ? 2048 : 1024);
+  bool speed_ok = o.reduction != Reduction::None && nd.any();
+  int64_t speed_chunk = 0;
+  if (speed_ok) {
+    const int64_t per_token = d.v * tile_bytes;  // dz is written over the logits in place
+    if (o.chunk_tokens > 0) {
+      speed_chunk = std::min(o.chunk_tokens, n);
+    } else {
+      // The CPU sums dW of 16-bit weights over chunks in a fp32 accumulator; CUDA sums in T.
+      const int64_t acc = !cuda && nd.dw && is_low_precision(t) ? d.v * d.h * 4 : 0;
+      speed_chunk = std::min(n, budget / per_token);
+      if (speed_chunk < n && acc > 0) speed_chunk = std::min(n, std::max<int64_t>(budget - acc, 0) / per_token);
+      if (speed_chunk < n && speed_chunk >= 64) {  // equal chunks, multiples of 64 tokens
+        const int64_t chunks = (n + speed_chunk - 1) / speed_chunk;
+        speed_chunk = std::min(speed_chunk, ((n + chunks - 1) / chunks + 63) / 64 * 64);
+      }
+    }
+    speed_ok = speed_chunk >= std::min(n, kMinSpeedChunk);
+  }
+  if (o.strategy == LceStrategy::Speed && o.reduction != Reduction::None) {
+    p.strategy = LceStrategy::Speed;
+    p.chunk_n = std::max<int64_t>(speed_chunk, std::min(n, kMinSpeedChunk));
+  } else if (o.strategy == LceStrategy::Auto && speed_ok) {
+    p.strategy = LceStrategy::Speed;
+    p.chunk_n = speed_chunk;
+  } else {
+    p.strategy = LceStrategy::Memory;
+    p.chunk_n = o.chunk_tokens > 0 ? o.chunk_tokens : (cuda ? 8192 : 2048);
+    if (cuda && o.chunk_vocab <= 0) {
+      const int64_t nc = std::min(p.chunk_n, n);
+      const int64_t per_class = nc * tile_bytes + (nc < n ? d.h * 4 : 0);
+      p.chunk_v = std::clamp<int64_t>((int64_t{88} << 20) / per_class / 128 * 128, 128, 8192);
+    }
+  }
+  p.chunk_n = std::clamp<int64_t>(p.chunk_n, 1, n);
+  p.chunk_v = std::clamp<int64_t>(p.chunk_v, 1, d.v);
+  // The dW GEMMs fill the dx GEMMs' last wave; with one chunk there is nothing to overlap.
+  p.side_stream = cuda && p.strategy == LceStrategy::Speed && nd.dw && p.chunk_n < d.n;
+  return p;
 }
-
-void set_tile32_override(int v) { tile32_override.store(v); }
-
-bool fused_row_pass() {
-  // Off by default: on the H200 it took 1.38 ms a 2752-token chunk against 1.00 for stats + grad.
-  static const bool on = detail::env_flag("linear_cross_entropy", "KILN_LCE_ROWPASS", false);
-  const int o = overlaps_override.load();
-  return o < 0 ? on : o == 1;
-}
-
-bool side_stream_dw() {
-  static const bool on = detail::env_flag("linear_cross_entropy", "KILN_LCE_SIDE_STREAM", true);
-  const int o = overlaps_override.load();
-  return o < 0 ? on : o == 1;
-}
-
-void set_speed_overlaps_override(int v) { overlaps_override.store(v); }
-
-#ifdef KILN_WITH_CUDA
-bool fused_gemm_device(int device) { return cuda::lce_k::fused_gemm_device(device); }
-int64_t fused_gemm_launches() { return cuda::lce_k::fused_gemm_launches(); }
-#else
-bool fused_gemm_device(int) { return false; }
-int64_t fused_gemm_launches() { return 0; }
-#endif
 
 }  // namespace kiln::lce
 
@@ -63,14 +86,8 @@ namespace functional {
 namespace {
 
 constexpr const char* kOp = "linear_cross_entropy";
-// Speed needs at least this many tokens per chunk to keep its GEMMs efficient.
-constexpr int64_t kMinSpeedChunk = 256;
 
-struct Validated {
-  int64_t n = 0, h = 0, v = 0;
-};
-
-Validated validate(const Tensor& input, const Tensor& weight, const Tensor& target,
+lce::Dims validate(const Tensor& input, const Tensor& weight, const Tensor& target,
                    const LinearCrossEntropyOptions& o) {
   KILN_CHECK(input.defined() && weight.defined() && target.defined(), kOp,
              "input, linear_weight and target must be defined");
@@ -128,67 +145,6 @@ lce::Red to_red(Reduction r) {
   }
 }
 
-struct Plan {
-  LceStrategy strategy = LceStrategy::Memory;
-  int64_t chunk_n = 0, chunk_v = 0;
-};
-
-// Chunk sizes and the strategy. Memory tiles: big enough that each GEMM fills the device (CUDA
-// up to 8192 tokens x an 88 MiB-bounded width, 5632 classes of 16-bit logits at N = 8192: ~380
-// GFLOP per logit tile at H = 4096, and with all tokens in one chunk each dW slice is one GEMM; CPU
-// 2048 x 1024: 16 of cpu::gemm's tasks). Speed: token chunks of logits over the whole vocabulary
-// within the budget (CUDA default 768 MiB: three 2752-token chunks of bf16 logits at 8192 x 128k,
-// 1771 MiB peak with the gradients against torch.compile's 2004; H200, session 9: 40.13 ms
-// against 41.35 for four 2048-token chunks in one call; CPU 32 MiB: on the dev machine 256-token chunks at V = 32000
-// ran as fast as 512 (2.44 s, 0.94x kiln's unfused path) in half the memory, 1/12 of the unfused
-// path's), equal-sized. Logits count 4 bytes except in 16-bit CUDA tiles (lce::cuda_tile_dtype).
-Plan plan(const Validated& s, const Tensor& x, const LinearCrossEntropyOptions& o, const lce::Needs& nd) {
-  const bool cuda = x.is_cuda();
-  const int64_t tile_bytes = cuda && is_low_precision(lce::cuda_tile_dtype(x.dtype())) ? 2 : 4;
-  Plan p;
-  p.chunk_v = o.chunk_vocab > 0 ? o.chunk_vocab : (cuda ? 2048 : 1024);
-  const int64_t n = std::max<int64_t>(s.n, 1);
-  const int64_t budget = o.memory_budget > 0 ? o.memory_budget : (cuda ? (int64_t{768} << 20) : (int64_t{32} << 20));
-  bool speed_ok = o.reduction != Reduction::None && nd.any();
-  int64_t speed_chunk = 0;
-  if (speed_ok) {
-    const bool low = is_low_precision(x.dtype());
-    const int64_t per_token = s.v * tile_bytes;  // dz is written over the logits in place
-    if (o.chunk_tokens > 0) {
-      speed_chunk = std::min(o.chunk_tokens, n);
-    } else {
-      // The CPU sums dW of 16-bit weights over chunks in a fp32 accumulator; CUDA sums in T.
-      const int64_t acc = !cuda && nd.dw && low ? s.v * s.h * 4 : 0;
-      speed_chunk = std::min(n, budget / per_token);
-      if (speed_chunk < n && acc > 0) speed_chunk = std::min(n, std::max<int64_t>(budget - acc, 0) / per_token);
-      if (speed_chunk < n && speed_chunk >= 64) {  // equal chunks, multiples of 64 tokens
-        const int64_t chunks = (n + speed_chunk - 1) / speed_chunk;
-        speed_chunk = std::min(speed_chunk, ((n + chunks - 1) / chunks + 63) / 64 * 64);
-      }
-    }
-    speed_ok = speed_chunk >= std::min(n, kMinSpeedChunk);
-  }
-  if (o.strategy == LceStrategy::Speed && o.reduction != Reduction::None) {
-    p.strategy = LceStrategy::Speed;
-    p.chunk_n = std::max<int64_t>(speed_chunk, std::min(n, kMinSpeedChunk));
-  } else if (o.strategy == LceStrategy::Auto && speed_ok) {
-    p.strategy = LceStrategy::Speed;
-    p.chunk_n = speed_chunk;
-  } else {
-    p.strategy = LceStrategy::Memory;
-    p.chunk_n = o.chunk_tokens > 0 ? o.chunk_tokens : (cuda ? 8192 : 2048);
-    if (cuda && o.chunk_vocab <= 0) {
-      // The widest tile (fewest fp32 dx accumulations) whose logits, plus the fp32 dW slice when
-      // the tokens span several chunks, fit 88 MiB: with the [N, H] fp32 dx accumulator and
-      // cuBLASLt's 32 MiB workspace, working memory stays within N*H*4 + 128 MiB.
-      const int64_t nc = std::min(p.chunk_n, n);
-      const int64_t per_class = nc * tile_bytes + (nc < n ? s.h * 4 : 0);
-      p.chunk_v = std::clamp<int64_t>((int64_t{88} << 20) / per_class / 128 * 128, 128, 8192);
-    }
-  }
-  return p;
-}
-
 // src * g (g: one acc-dtype element); no copy on the CPU when g == 1. in_place: src is the node's
 // own buffer and the node never runs again, so it is scaled where it is (no second [V, H] dW).
 Tensor scale_by(const Tensor& src, const Tensor& g, bool in_place) {
@@ -213,7 +169,7 @@ Tensor scale_by(const Tensor& src, const Tensor& g, bool in_place) {
 
 LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, const Tensor& weight,
                                                          const Tensor& target, const LinearCrossEntropyOptions& o) {
-  const Validated s = validate(input, weight, target, o);
+  const lce::Dims s = validate(input, weight, target, o);
   const Tensor& bias = o.linear_bias;
   lce::Needs nd;
   if (autograd::needs_grad({input, weight, bias})) {
@@ -221,7 +177,7 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
     nd.dw = weight.requires_grad();
     nd.db = bias.defined() && bias.requires_grad();
   }
-  const Plan pl = plan(s, input, o, nd);
+  const lce::Plan pl = lce::plan(s, input.dtype(), input.is_cuda(), o, nd);
 
   auto prob = std::make_shared<lce::Problem>();
   {
@@ -240,9 +196,7 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
   prob->k.z_coef = o.z_loss;
   prob->k.softcap = o.logit_softcap;
   prob->k.red = to_red(o.reduction);
-  prob->chunk_n = pl.chunk_n;
-  prob->chunk_v = pl.chunk_v;
-  prob->tile = input.is_cuda() ? lce::cuda_tile_dtype(input.dtype()) : prob->acc_dtype();
+  prob->plan = pl;
 
   const bool speed = pl.strategy == LceStrategy::Speed;
   lce::Forward f;
@@ -254,8 +208,8 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
 
   LinearCrossEntropyResult r;
   r.strategy = pl.strategy;
-  r.chunk_tokens = std::min(pl.chunk_n, std::max<int64_t>(s.n, 1));
-  r.chunk_vocab = speed ? s.v : std::min(pl.chunk_v, s.v);
+  r.chunk_tokens = pl.chunk_n;
+  r.chunk_vocab = speed ? s.v : pl.chunk_v;
   const Shape tshape = target.sizes();
   r.loss = o.reduction == Reduction::None ? f.loss.reshape(tshape) : f.loss;
   r.lse = f.lse.reshape(tshape);

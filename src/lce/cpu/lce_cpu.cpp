@@ -121,8 +121,7 @@ A softcap_scalar(A z, A cap) {
 template <typename T, typename A>
 lce::Forward forward_memory(const lce::Problem& p) {
   const Consts& k = p.k;
-  const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1)),
-                Vc = std::min(p.chunk_v, V);
+  const int64_t N = k.n, H = k.h, V = k.v, Nc = p.plan.chunk_n, Vc = p.plan.chunk_v;
   constexpr bool kConvert = !std::is_same_v<T, A>;
   const A* cw = p.class_weight.defined() ? p.class_weight.data_ptr<A>() : nullptr;
   const Totals<A> tot = totals<A>(p, cw);
@@ -224,8 +223,7 @@ void add_column_sums(const A* t, int64_t rows, int64_t cols, A* acc) {
 template <typename T, typename A>
 lce::Grads backward_memory(const lce::Problem& p, const Tensor& lse_t, const Tensor& grad_t, const lce::Needs& nd) {
   const Consts& k = p.k;
-  const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1)),
-                Vc = std::min(p.chunk_v, V);
+  const int64_t N = k.n, H = k.h, V = k.v, Nc = p.plan.chunk_n, Vc = p.plan.chunk_v;
   constexpr bool kConvert = !std::is_same_v<T, A>;
   const A* cw = p.class_weight.defined() ? p.class_weight.data_ptr<A>() : nullptr;
   const Totals<A> tot = totals<A>(p, cw);
@@ -302,9 +300,9 @@ lce::Grads backward_memory(const lce::Problem& p, const Tensor& lse_t, const Ten
 template <typename T, typename A>
 lce::Forward forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   const Consts& k = p.k;
-  const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1));
+  const int64_t N = k.n, H = k.h, V = k.v, Nc = p.plan.chunk_n;
   // bf16/fp16 W is converted one vocabulary tile at a time (its fp32 copy would be V x H).
-  const int64_t Vt = std::min<int64_t>(V, p.chunk_v);
+  const int64_t Vt = p.plan.chunk_v;
   constexpr bool kConvert = !std::is_same_v<T, A>;
   const DType acc = dtype_of<A>::value;
   const A* cw = p.class_weight.defined() ? p.class_weight.data_ptr<A>() : nullptr;

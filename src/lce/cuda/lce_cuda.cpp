@@ -1,13 +1,13 @@
 // CUDA fused linear cross-entropy: the loop structure of the two strategies around cuda::gemm
-// (cuBLASLt, cached plans) and the kernels of lce_kernels.cu, all on the current stream of the
-// input's device. GEMM types: T in (bf16/fp16/fp32/fp64), fp32 accumulation; logit tiles in T for
-// 16-bit T (half the bytes to write and read, twice the tokens per chunk; the one rounding torch's
-// unfused linear makes), in fp32 with KILN_LCE_TILE32=1 and for fp32 (fp64 for fp64). The dx/dW
-// GEMMs take dz in T's type for 16-bit inputs (bf16 x bf16 -> fp32 accumulate), in fp32 otherwise
-// (TF32 only when set_float32_matmul_precision("high")); dz is written over its logit tile in place.
-// Accumulators: dx_acc [N, H] fp32 (memory, 16-bit x only; fp32 x accumulates in dx itself),
-// dW_t [Vc, H] fp32 per vocabulary tile when the tokens span several chunks (else the GEMM writes
-// the dW slice in T); the speed strategy sums dW over token chunks in T itself.
+// (cuBLASLt, cached plans) and the kernels of lce_kernels.cu, on the current stream of the input's
+// device, as the call's lce::Plan lays them out. GEMM types: T in (bf16/fp16/fp32/fp64), fp32
+// accumulation; logit tiles in T (16-bit T: half the bytes to write and read, twice the tokens per
+// chunk; the one rounding torch's unfused linear makes). dz is written over its logit tile in place,
+// in T, and the dx/dW GEMMs take it as their operand (TF32 for fp32 only when
+// set_float32_matmul_precision("high")). Accumulators: dx_acc [N, H] fp32 (memory, 16-bit x only;
+// fp32 x accumulates in dx itself), dW_t [Vc, H] fp32 per vocabulary tile when the tokens span
+// several chunks (else the GEMM writes the dW slice in T); the speed strategy sums dW over token
+// chunks in T itself.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,7 +18,6 @@
 #include "kiln/autograd.h"
 #include "kiln/cuda.h"
 #include "kiln/ops/linalg.h"
-#include "lce/cuda/lce_fused_gemm.h"
 #include "lce/cuda/lce_kernels.h"
 #include "lce/lce_internal.h"
 #include "ops/cuda/gemm.h"
@@ -28,8 +27,8 @@ namespace {
 
 struct Ctx {
   const lce::Problem& p;
-  DType t, acc, tile;  // tile: the logit tiles' type (Problem::tile)
-  bool low;            // 16-bit T: dz in T
+  DType t, acc;
+  bool low;  // 16-bit T
   int device;
   void* stream;
   bool tf32;
@@ -37,17 +36,13 @@ struct Ctx {
       : p(pr),
         t(pr.x.dtype()),
         acc(pr.acc_dtype()),
-        tile(pr.tile),
         low(is_low_precision(pr.x.dtype())),
         device(pr.x.device().index),
         stream(current_raw_stream(pr.x.device().index)),
         tf32(get_float32_matmul_precision() == "high") {}
   size_t esize() const { return element_size(t); }
   size_t asize() const { return element_size(acc); }
-  int64_t padded(int64_t cols) const { return lce::tile_stride(cols, tile); }
-  // dz's row stride when written over a tile of row stride ld: the same bytes per row.
-  int64_t dz_stride(int64_t ld) const { return ld * static_cast<int64_t>(element_size(tile) / element_size(dzt())); }
-  DType dzt() const { return low ? t : acc; }
+  int64_t padded(int64_t cols) const { return lce::tile_stride(cols, t); }
   const char* xp(int64_t row) const { return static_cast<const char*>(p.x.data_ptr()) + row * p.k.h * esize(); }
   const char* wp(int64_t row) const { return static_cast<const char*>(p.w.data_ptr()) + row * p.k.h * esize(); }
   const void* bias() const { return p.bias.defined() ? p.bias.data_ptr() : nullptr; }
@@ -97,71 +92,25 @@ void outputs(const Ctx& c, const Tensor& terms, const Tensor& tot, lce::Forward&
   lce_k::reduce(c.t, terms.data_ptr(), k.n, tot.data_ptr(), k, f.loss.data_ptr(), f.zterm.data_ptr(), c.stream);
 }
 
-// The operands as the fused-epilogue GEMMs take them (used when fused_gemm_usable says so).
-lce_k::FusedGemm fused_operands(const Ctx& c) {
-  lce_k::FusedGemm f;
-  f.t = c.t;
-  f.x = c.p.x.data_ptr();
-  f.w = c.p.w.data_ptr();
-  f.n = c.p.k.n;
-  f.v = c.p.k.v;
-  f.h = c.p.k.h;
-  f.bias = c.bias();
-  f.cw = c.cw();
-  f.target = c.target();
-  f.k = c.p.k;
-  f.stream = c.stream;
-  return f;
-}
-
-// The memory strategy's forward by the fused-epilogue GEMM: windows of rows x classes, each row's
-// statistics straight from the accumulators into the state. The partials take the bytes the tile
-// path's logit tile would (chunk_n x chunk_v), so working memory stays independent of N and V:
-// all rows and as many classes as fit per launch (one launch over [8192, 128256] at the defaults).
-lce::Forward forward_memory_fused(const Ctx& c, const lce_k::FusedGemm& fg) {
-  const lce::Consts& k = c.p.k;
-  const int64_t N = k.n, V = k.v, Nc = std::min(c.p.chunk_n, std::max<int64_t>(N, 1)), Vc = std::min(c.p.chunk_v, V);
-  const lce::FusedWindows win = lce::fused_windows(k, Nc * c.padded(Vc) * static_cast<int64_t>(element_size(c.tile)));
-  const int64_t R = win.rows, C = win.cols;
-  const Tensor tot = make_totals(c);
-  Tensor part = c.buf({lce::fused_partial_bytes(k, R, C)}, kUInt8), state = c.buf({4, R}, c.acc),
-         terms = c.buf({2, N}, c.acc);
-  lce::Forward f;
-  f.lse = c.buf({N}, c.acc);
-  for (int64_t r0 = 0; r0 < N; r0 += R) {
-    const int64_t rows = std::min(R, N - r0);
-    c.zero(state);  // target logits of ignored rows stay 0, as the tile path leaves them
-    for (int64_t c0 = 0; c0 < V; c0 += C)
-      lce_k::fused_stats(fg, r0, rows, c0, std::min(C, V - c0), part.data_ptr(), c0 == 0, state.data_ptr(), R);
-    lce_k::finalize(c.t, rows, r0, state.data_ptr(), R, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
-                    terms.data_ptr(), N, c.stream);
-  }
-  outputs(c, terms, tot, f);
-  return f;
-}
-
 }  // namespace
 
 lce::Forward lce_forward_memory(const lce::Problem& p) {
   NoGradGuard ng;
   DeviceGuard dg(p.x.device().index);
   const Ctx c(p);
-  const lce_k::FusedGemm fg = fused_operands(c);
-  if (lce_k::fused_gemm_usable(fg, c.device)) return forward_memory_fused(c, fg);
   const lce::Consts& k = p.k;
-  const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1)),
-                Vc = std::min(p.chunk_v, V);
+  const int64_t N = k.n, H = k.h, V = k.v, Nc = p.plan.chunk_n, Vc = p.plan.chunk_v;
   const int64_t ld = c.padded(Vc);
   const Tensor tot = make_totals(c);
-  Tensor tile = c.buf({Nc, ld}, c.tile), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
+  Tensor tile = c.buf({Nc, ld}, c.t), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
     for (int64_t v0 = 0; v0 < V; v0 += Vc) {
       const int64_t cols = std::min(Vc, V - v0);
-      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.tile, 0.0);
-      lce_k::stats(c.t, c.tile, tile.data_ptr(), rows, cols, ld, v0, c.bias(), c.cw(), c.target() + n0, k, v0 == 0,
+      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.t, 0.0);
+      lce_k::stats(c.t, tile.data_ptr(), rows, cols, ld, v0, c.bias(), c.cw(), c.target() + n0, k, v0 == 0,
                    state.data_ptr(), Nc, c.stream);
     }
     lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
@@ -176,8 +125,7 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
   DeviceGuard dg(p.x.device().index);
   const Ctx c(p);
   const lce::Consts& k = p.k;
-  const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1)),
-                Vc = std::min(p.chunk_v, V);
+  const int64_t N = k.n, H = k.h, V = k.v, Nc = p.plan.chunk_n, Vc = p.plan.chunk_v;
   lce::Grads out;
   Tensor dx_acc;
   if (nd.dx) {
@@ -195,42 +143,36 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
   }
   const int64_t ld = c.padded(Vc);
   const Tensor tot = make_totals(c);
-  Tensor tile = c.buf({Nc, ld}, c.tile);
-  void* dz = tile.data_ptr();                // dz overwrites the tile in place
-  const int64_t ldz = c.dz_stride(ld);       // 16-bit dz over fp32 tiles: the first half of each row
-  const bool one_chunk = Nc >= N;            // dW slices written in T directly, no fp32 tile
-  Tensor dwt = nd.dw && c.low && !one_chunk ? c.buf({Vc, H}, c.acc) : Tensor();
+  Tensor tile = c.buf({Nc, ld}, c.t);
+  void* dz = tile.data_ptr();      // dz overwrites the tile in place
+  const bool one_chunk = Nc >= N;  // dW slices written in T directly, no fp32 tile
+  const bool dw_acc = c.low && !one_chunk;
+  Tensor dwt = nd.dw && dw_acc ? c.buf({Vc, H}, c.acc) : Tensor();
   Tensor dbt = nd.db ? c.buf({Vc}, c.acc) : Tensor();
-  const DType dzt = c.dzt();
   const bool per_token = k.red == lce::Red::None;
-  const lce_k::FusedGemm fg = fused_operands(c);
-  const bool fused = lce_k::fused_gemm_usable(fg, c.device);  // dz straight from the GEMM's accumulators
-  // One stream: dW GEMMs on a side stream (workspace-free, within the memory bound) measured slower
-  // on the H200 (sessions 10 and 11: 48.9-52.0 ms against 47.5-48.1 at 8192 x 4096 x 128256 bf16).
+  // One stream: the dW GEMMs on a side stream measured slower here (H200, 8192 x 4096 x 128256 bf16:
+  // 48.9-52.0 ms against 47.5-48.1).
   for (int64_t v0 = 0; v0 < V; v0 += Vc) {
     const int64_t cols = std::min(Vc, V - v0);
-    const bool dw_acc = c.low && !one_chunk;
-    void* dws = nd.dw ? (dw_acc ? dwt.data_ptr() : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize()) : nullptr;
+    void* dws = !nd.dw ? nullptr
+                : dw_acc ? dwt.data_ptr()
+                         : static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize();
     for (int64_t n0 = 0; n0 < N; n0 += Nc) {
       const int64_t rows = std::min(Nc, N - n0);
-      if (fused) {
-        lce_k::fused_grad(fg, n0, rows, v0, cols, lse.data_ptr(), grad.data_ptr(), per_token, tot.data_ptr(), dz, ldz);
-      } else {
-        c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.tile, 0.0);
-        lce_k::grad(c.t, c.tile, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(),
-                    lse.data_ptr(), grad.data_ptr(), per_token, tot.data_ptr(), k, dz, ldz, c.stream);
-      }
+      c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.t, 0.0);
+      lce_k::grad(c.t, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
+                  grad.data_ptr(), per_token, tot.data_ptr(), k, dz, ld, c.stream);
       if (nd.dx)
-        c.mm(false, false, rows, H, cols, dz, ldz, c.wp(v0), H, dzt,
+        c.mm(false, false, rows, H, cols, dz, ld, c.wp(v0), H, c.t,
              static_cast<char*>(dx_acc.data_ptr()) + n0 * H * c.asize(), H, c.acc, 1.0);
       if (nd.dw)
-        c.mm(true, false, cols, H, rows, dz, ldz, c.xp(n0), H, dzt, dws, H, dw_acc || !c.low ? c.acc : c.t,
+        c.mm(true, false, cols, H, rows, dz, ld, c.xp(n0), H, c.t, dws, H, dw_acc || !c.low ? c.acc : c.t,
              n0 == 0 ? 0.0 : 1.0);
-      if (nd.db) lce_k::colsum(c.t, dz, rows, cols, ldz, n0 == 0, dbt.data_ptr(), c.stream);
+      if (nd.db) lce_k::colsum(c.t, dz, rows, cols, ld, n0 == 0, dbt.data_ptr(), c.stream);
     }
     if (nd.dw && dw_acc)
       lce_k::store(c.t, dwt.data_ptr(), static_cast<char*>(out.dw.data_ptr()) + v0 * H * c.esize(), cols * H,
-                     c.stream);
+                   c.stream);
     if (nd.db)
       lce_k::store(c.t, dbt.data_ptr(), static_cast<char*>(out.db.data_ptr()) + v0 * c.esize(), cols, c.stream);
   }
@@ -243,13 +185,13 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   DeviceGuard dg(p.x.device().index);
   const Ctx c(p);
   const lce::Consts& k = p.k;
-  const int64_t N = k.n, H = k.h, V = k.v, Nc = std::min(p.chunk_n, std::max<int64_t>(N, 1));
+  const int64_t N = k.n, H = k.h, V = k.v, Nc = p.plan.chunk_n;
   const Tensor tot = make_totals(c);
   const int64_t ld = c.padded(V);
-  Tensor logits = c.buf({Nc, ld}, c.tile), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
-  void* dz = logits.data_ptr();               // dz overwrites the logits in place
-  const int64_t ldz = c.dz_stride(ld);        // 16-bit dz over fp32 logits: the first half of each row
-  const DType dzt = c.dzt();
+  // One logits buffer: two half-budget buffers, a chunk's row passes beside the previous chunk's
+  // GEMMs, measured slower (H200, 8192 x 4096 x 128256: 41.62 ms against 36.31).
+  Tensor logits = c.buf({Nc, ld}, c.t), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
+  void* dz = logits.data_ptr();  // dz overwrites the logits in place
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
   if (nd.dx) f.dx = c.buf({N, H}, c.t);
@@ -259,50 +201,31 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   // per chunk (the memory strategy rounds once); a [V, H] fp32 accumulator would cost more
   // memory than the logits chunk and a slower GEMM epilogue.
   Tensor db_acc = nd.db ? c.buf({V}, c.acc) : Tensor();
-  const bool fused_rows = lce::fused_row_pass() && c.low && c.tile == c.t;
-  // KILN_LCE_WGMMA=1: each chunk's logits stored by the fused-epilogue GEMM with their statistics (no stats pass).
-  const lce_k::FusedGemm fg = fused_operands(c);
-  const bool fused_gemm = c.tile == c.t && !fused_rows && lce_k::fused_gemm_usable(fg, c.device);
-  Tensor part = fused_gemm ? c.buf({lce::fused_partial_bytes(k, Nc, V)}, kUInt8) : Tensor();
-  // One logits buffer: two half-budget buffers, each chunk's row passes beside the previous chunk's
-  // dW and dx GEMMs on the side stream, measured slower (H200, session 12, 8192 x 4096 x 128256:
-  // 41.62 / 40.37 ms against 36.31 / 35.14 in two interleaved passes).
   std::optional<SideStream> side;
-  if (nd.dw && lce::side_stream_dw() && N > Nc) side.emplace(c.device, c.stream);  // one chunk: nothing to overlap
+  if (p.plan.side_stream) side.emplace(c.device, c.stream);
   if (nd.db && N == 0) c.zero(db_acc);
   if (nd.dw && N == 0) c.zero(f.dw);
   if (nd.dx && N == 0) c.zero(f.dx);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
     if (side) side->join();  // the chunk's logits overwrite the dz the last dW GEMM read
-    if (fused_gemm) {
-      c.zero(state);  // target logits of ignored rows stay 0, as the stats pass leaves them
-      lce_k::fused_stats(fg, n0, rows, 0, V, part.data_ptr(), true, state.data_ptr(), Nc, logits.data_ptr(), ld);
-    } else {
-      c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.tile, 0.0);
-    }
-    const bool fused = nd.any() && fused_rows &&
-                       lce_k::rowpass(c.t, logits.data_ptr(), rows, V, ld, n0, c.bias(), c.cw(), c.target(), k,
-                                      tot.data_ptr(), f.lse.data_ptr(), terms.data_ptr(), N, c.stream);
-    if (!fused) {
-      if (!fused_gemm)
-        lce_k::stats(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true,
-                     state.data_ptr(), Nc, c.stream);
-      lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
-                      terms.data_ptr(), N, c.stream);
-      if (!nd.any()) continue;
-      lce_k::grad(c.t, c.tile, logits.data_ptr(), rows, V, ld, 0, n0, c.bias(), c.cw(), c.target(),
-                  f.lse.data_ptr(), nullptr, false, tot.data_ptr(), k, dz, ldz, c.stream);
-    }
+    c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.t, 0.0);
+    lce_k::stats(c.t, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true,
+                 state.data_ptr(), Nc, c.stream);
+    lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
+                    terms.data_ptr(), N, c.stream);
+    if (!nd.any()) continue;
+    lce_k::grad(c.t, logits.data_ptr(), rows, V, ld, 0, n0, c.bias(), c.cw(), c.target(), f.lse.data_ptr(), nullptr,
+                false, tot.data_ptr(), k, dz, ld, c.stream);
     if (nd.dw) {  // on the side stream when there is one: its tiles fill the dx GEMM's last wave
       if (side) side->follow();
-      c.mm(true, false, V, H, rows, dz, ldz, c.xp(n0), H, dzt, f.dw.data_ptr(), H, c.t, n0 == 0 ? 0.0 : 1.0,
+      c.mm(true, false, V, H, rows, dz, ld, c.xp(n0), H, c.t, f.dw.data_ptr(), H, c.t, n0 == 0 ? 0.0 : 1.0,
            side ? side->stream() : nullptr);
     }
     if (nd.dx)  // each dx row block is produced once: written in T directly
-      c.mm(false, false, rows, H, V, dz, ldz, c.wp(0), H, dzt,
-           static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(), H, c.t, 0.0);
-    if (nd.db) lce_k::colsum(c.t, dz, rows, V, ldz, n0 == 0, db_acc.data_ptr(), c.stream);
+      c.mm(false, false, rows, H, V, dz, ld, c.wp(0), H, c.t, static_cast<char*>(f.dx.data_ptr()) + n0 * H * c.esize(),
+           H, c.t, 0.0);
+    if (nd.db) lce_k::colsum(c.t, dz, rows, V, ld, n0 == 0, db_acc.data_ptr(), c.stream);
   }
   if (side) side->join();  // dW complete before anyone reads it or frees a buffer
   if (nd.db) lce_k::store(c.t, db_acc.data_ptr(), f.db.data_ptr(), V, c.stream);

@@ -1,8 +1,8 @@
 #pragma once
-// Device helpers shared by the fused linear cross-entropy's kernels (lce_kernels.cu, the fused
-// row pass lce_rowpass.cu): exps and logs in the accumulation type A, the soft-cap, online
-// logsumexp merges, aligned vectors, and the per-token finish / per-row gradient coefficients, so
-// every kernel runs the same FP operations per element.
+// Device helpers of the fused linear cross-entropy's kernels (lce_kernels.cu): exps and logs in the
+// accumulation type A, the soft-cap, online logsumexp merges, aligned vectors, and the per-token
+// finish / per-row gradient coefficients, so every kernel runs the same FP operations per element.
+// E is the logit tiles' element type.
 #include <cmath>
 #include <type_traits>
 

@@ -1,7 +1,6 @@
-// CUDA kernels of the fused linear cross-entropy. The logits exist only as tiles written by
-// cuBLASLt: in T for 16-bit T (fp32 sums rounded once, as torch's linear stores them; fp32 with
-// KILN_LCE_TILE32=1), fp32 (fp64) otherwise. These kernels read each tile once per pass, 16-byte
-// vectors converted to A in registers:
+// CUDA kernels of the fused linear cross-entropy. The logits exist only as tiles of T written by
+// cuBLASLt (16-bit T: the fp32 sums rounded once, as torch's linear stores them). These kernels
+// read each tile once per pass, 16-byte vectors converted to A in registers:
 //   stats:   one block per tile row; each thread keeps an online (max, sum exp) over its strided
 //            16-byte column vectors (coalesced, two in flight), applying bias and soft-cap on the
 //            fly, one rescale per vector (its max first), plus the weighted logit sum for label
@@ -9,7 +8,7 @@
 //            fixed tree, thread 0 merges into the running row state. Reads the tile, writes O(rows).
 //   grad:    one block per row: dz = (a p - c w_v - b [v == y]) (1 - (s / cap)^2), p = exp(s - lse),
 //            with the row's a, b, c computed once per thread from (g, lse, target, totals). Reads
-//            the raw tile once, writes dz once, possibly over the tile itself (16-bit for 16-bit
+//            the raw tile once, writes dz (T) once, possibly over the tile itself (16-bit for 16-bit
 //            inputs: the dx/dW GEMMs take bf16/fp16 operands with fp32 accumulation, as cuBLASLt's
 //            fast path wants).
 //   colsum:  bias gradient, one thread per column, rows in order (deterministic, no atomics).
@@ -22,7 +21,6 @@
 #include "core/cuda/check.h"
 #include "core/cuda/device_types.cuh"
 #include "core/dispatch.h"
-#include "core/env.h"
 #include "lce/cuda/lce_device.cuh"
 #include "lce/cuda/lce_kernels.h"
 
@@ -75,24 +73,24 @@ __global__ void prepare_kernel(const int64_t* target, const A* cw, lce::Consts k
   }
 }
 
-// Online (max, sum exp) over the row of tile elements E, VW columns per load and two loads in
+// Online (max, sum exp) over the tile row, VW columns per load and two loads in
 // flight per thread (the tile is read once; one scalar load at a time left the kernel latency-bound).
 // Per vector: its max first, one rescale of the running sum when it moves, then VW exps.
 // kPlain (16-bit tiles, fp32; no bias, soft-cap or smoothing): per element one convert, one FFMA,
 // one ex2 and one add; the general path's per-element checks made these passes instruction-bound
 // (~70 instructions an element: 1.9-2.7 TB/s on the H200).
-template <typename T, typename A, typename E, int VW, bool kPlain>
-__global__ void stats_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0, const T* bias, const A* cw,
+template <typename T, typename A, int VW, bool kPlain>
+__global__ void stats_kernel(const T* tile, int64_t cols, int64_t ld, int64_t v0, const T* bias, const A* cw,
                              const int64_t* target, lce::Consts k, bool first, A* state, int64_t st) {
   __shared__ A sm[kThreads], ss[kThreads], sw[kThreads];
   const int64_t r = blockIdx.x;
-  const E* z = tile + r * ld;
+  const T* z = tile + r * ld;
   const A cap = static_cast<A>(k.softcap);
   const int64_t y = target[r] - v0;
   const bool smooth = k.eps != 0.0;
   A m = -INFINITY, s = 0, ws = 0, m_log2e = -INFINITY;
   // Column j's logit: bias and soft-cap applied.
-  auto logit = [&](E raw, int64_t j) {
+  auto logit = [&](T raw, int64_t j) {
     A v = convert<A>(raw);
     if constexpr (kPlain) return v;
     if (bias) v += convert<A>(bias[v0 + j]);
@@ -115,13 +113,13 @@ __global__ void stats_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0
         if (e < n) s += fast_ex2(fmaf(v[e], kLog2e, -m_log2e));
       return;
     }
-    take_vector<A, E, VW>(v, n, cw ? cw + v0 : nullptr, j, smooth, m, s, ws);
+    take_vector<A, T, VW>(v, n, cw ? cw + v0 : nullptr, j, smooth, m, s, ws);
   };
   const int64_t step = static_cast<int64_t>(blockDim.x) * VW;
   int64_t j = static_cast<int64_t>(threadIdx.x) * VW;
   for (; j + step + VW <= cols; j += 2 * step) {  // two full vectors
-    const Vec<E, VW> a = *reinterpret_cast<const Vec<E, VW>*>(z + j);
-    const Vec<E, VW> b = *reinterpret_cast<const Vec<E, VW>*>(z + j + step);
+    const Vec<T, VW> a = *reinterpret_cast<const Vec<T, VW>*>(z + j);
+    const Vec<T, VW> b = *reinterpret_cast<const Vec<T, VW>*>(z + j + step);
     A va[VW], vb[VW];
 #pragma unroll
     for (int e = 0; e < VW; ++e) va[e] = logit(a.v[e], j + e), vb[e] = logit(b.v[e], j + step + e);
@@ -159,17 +157,15 @@ __global__ void finalize_kernel(int64_t rows, int64_t n0, const A* state, int64_
 }
 
 // One block per tile row, VW columns per thread per segment of blockDim.x * VW columns; the
-// row's coefficients are computed once per thread. In place with a narrower dz (16-bit dz over an
-// fp32 tile, twice the row stride): a segment's dz bytes only cover tile columns of this or
-// earlier segments, so one barrier between a segment's loads and its stores keeps every read
-// first. A dz as wide as the tile overwrites only what its own thread read: no barrier.
-template <typename T, typename A, typename E, typename DZ, int VW, bool kPlain>
-__global__ void grad_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const T* bias,
+// row's coefficients are computed once per thread. In place, each thread overwrites only what it
+// read itself: no barrier.
+template <typename T, typename A, int VW, bool kPlain>
+__global__ void grad_kernel(const T* tile, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const T* bias,
                             const A* cw, const int64_t* target, const A* lse_all, const A* g, bool g_per_token,
-                            const A* totals, lce::Consts k, DZ* dz, int64_t ldz, bool overlap) {
+                            const A* totals, lce::Consts k, T* dz, int64_t ldz) {
   const int64_t r = blockIdx.x, i = n0 + r;
-  const E* z = tile + r * ld;
-  DZ* out = dz + r * ldz;
+  const T* z = tile + r * ld;
+  T* out = dz + r * ldz;
   const int64_t y = target[i];
   const RowGrad<A> rg = row_grad<A>(y, lse_all[i], g ? g[g_per_token ? i : 0] : A(1), cw, totals, k);
   const bool dead = rg.dead;  // uniform over the block
@@ -178,17 +174,16 @@ __global__ void grad_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0,
   for (int64_t base = 0; base < cols; base += step) {
     const int64_t j0 = base + static_cast<int64_t>(threadIdx.x) * VW;
     const bool full = j0 + VW <= cols;
-    Vec<E, VW> in;
+    if (j0 >= cols) continue;
+    Vec<T, VW> in;
     if (!dead) {
       if (full) {
-        in = *reinterpret_cast<const Vec<E, VW>*>(z + j0);
+        in = *reinterpret_cast<const Vec<T, VW>*>(z + j0);
       } else {
-        for (int e = 0; e < VW; ++e) in.v[e] = j0 + e < cols ? z[j0 + e] : convert<E>(A(0));
+        for (int e = 0; e < VW; ++e) in.v[e] = j0 + e < cols ? z[j0 + e] : convert<T>(A(0));
       }
     }
-    if (overlap) __syncthreads();
-    if (j0 >= cols) continue;
-    Vec<DZ, VW> o;
+    Vec<T, VW> o;
     if constexpr (kPlain) {  // dz = a exp(s - lse) - b [v == y], full vectors without per-element checks
       if (!dead && full) {
         const float l2 = rg.lse * kLog2e;
@@ -201,8 +196,8 @@ __global__ void grad_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0,
           for (int e = 0; e < VW; ++e)
             if (e == yl) d[e] -= rg.c.b;
 #pragma unroll
-        for (int e = 0; e < VW; ++e) o.v[e] = convert<DZ>(d[e]);
-        *reinterpret_cast<Vec<DZ, VW>*>(out + j0) = o;
+        for (int e = 0; e < VW; ++e) o.v[e] = convert<T>(d[e]);
+        *reinterpret_cast<Vec<T, VW>*>(out + j0) = o;
         continue;
       }
     }
@@ -213,20 +208,20 @@ __global__ void grad_kernel(const E* tile, int64_t cols, int64_t ld, int64_t v0,
       if (!dead && j < cols) {
         A sv = convert<A>(in.v[e]);
         if (bias) sv += convert<A>(bias[v0 + j]);
-        d = element_grad<A, E>(softcap(sv, cap), v0 + j, y, rg, cw, cap);
+        d = element_grad<A, T>(softcap(sv, cap), v0 + j, y, rg, cw, cap);
       }
-      o.v[e] = convert<DZ>(d);
+      o.v[e] = convert<T>(d);
     }
     if (full) {
-      *reinterpret_cast<Vec<DZ, VW>*>(out + j0) = o;
+      *reinterpret_cast<Vec<T, VW>*>(out + j0) = o;
     } else {
       for (int e = 0; e < VW && j0 + e < cols; ++e) out[j0 + e] = o.v[e];
     }
   }
 }
 
-template <typename DZ, typename A>
-__global__ void colsum_kernel(const DZ* dz, int64_t rows, int64_t cols, int64_t ld, bool first, A* acc) {
+template <typename T, typename A>
+__global__ void colsum_kernel(const T* dz, int64_t rows, int64_t cols, int64_t ld, bool first, A* acc) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (j >= cols) return;
   A s = first ? A(0) : acc[j];
@@ -289,35 +284,16 @@ void with_types(DType t, F&& f) {
   });
 }
 
-// Calls f(E-tag) with the tile's device element type: T when tt is T's 16-bit type, else A.
-template <typename T, typename A, typename F>
-void with_tile(DType t, DType tt, F&& f) {
-  if constexpr (is_16bit_float_v<T>) {
-    if (tt == t) return f(TypeTag<T>{});
-  }
-  KILN_CHECK(element_size(tt) == sizeof(A), "linear_cross_entropy", "logit tiles of ", dtype_name(tt),
-             " for ", dtype_name(t), " inputs");
-  f(TypeTag<A>{});
-}
-
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// Threads of a row pass's block: 256, or (KILN_LCE_SHORT_ROWS=1, a measurement switch, read per launch
-// so tests can flip it) 64 for rows of at most 8192 columns, the memory strategy's tiles: 256 threads
-// give each of a 5632-column row's threads under three vectors, against a block-wide merge of 8 barriers.
-unsigned row_threads(int64_t cols) {
-  const bool short_rows = detail::env_flag("linear_cross_entropy", "KILN_LCE_SHORT_ROWS", false);
-  return short_rows && cols <= 8192 ? 64u : static_cast<unsigned>(kThreads);
-}
-
 // The row passes' plain path: 16-bit tiles summed in fp32, no bias, soft-cap or label smoothing.
-template <typename A, typename E>
+template <typename A, typename T>
 constexpr bool is_plain_capable() {
-  return sizeof(E) == 2 && std::is_same_v<A, float>;
+  return sizeof(T) == 2 && std::is_same_v<A, float>;
 }
-template <typename A, typename E>
+template <typename A, typename T>
 bool plain_rows(const void* bias, const lce::Consts& k) {
-  return is_plain_capable<A, E>() && bias == nullptr && k.softcap == 0.0 && k.eps == 0.0;
+  return is_plain_capable<A, T>() && bias == nullptr && k.softcap == 0.0 && k.eps == 0.0;
 }
 
 // Rows of `ld` elements starting at p can be read as `bytes`-wide aligned vectors.
@@ -337,26 +313,23 @@ void prepare(DType t, const int64_t* target, const void* cw, const lce::Consts& 
   });
 }
 
-void stats(DType t, DType tt, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, const void* bias,
+void stats(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, const void* bias,
            const void* cw, const int64_t* target, const lce::Consts& k, bool first, void* state, int64_t state_stride,
            void* stream) {
   if (rows == 0) return;
   with_types(t, [&](auto ttag, auto at) {
     using T = typename decltype(ttag)::type;
     using A = typename decltype(at)::type;
-    with_tile<T, A>(t, tt, [&](auto et) {
-      using E = typename decltype(et)::type;
-      constexpr int VW = 16 / sizeof(E);  // 16-byte vectors: 8 elements of a 16-bit tile
-      auto launch = [&](auto kernel) {
-        kernel<<<static_cast<unsigned>(rows), row_threads(cols), 0, as_stream(stream)>>>(
-            static_cast<const E*>(tile), cols, ld, v0, static_cast<const T*>(bias), static_cast<const A*>(cw),
-            target, k, first, static_cast<A*>(state), state_stride);
-      };
-      if (!vector_ok(static_cast<const E*>(tile), ld, 16)) launch(stats_kernel<T, A, E, 1, false>);
-      else if (plain_rows<A, E>(bias, k)) launch(stats_kernel<T, A, E, VW, is_plain_capable<A, E>()>);
-      else launch(stats_kernel<T, A, E, VW, false>);
-      KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
-    });
+    constexpr int VW = 16 / sizeof(T);  // 16-byte vectors: 8 elements of a 16-bit tile
+    auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
+          static_cast<const T*>(tile), cols, ld, v0, static_cast<const T*>(bias), static_cast<const A*>(cw), target,
+          k, first, static_cast<A*>(state), state_stride);
+    };
+    if (!vector_ok(static_cast<const T*>(tile), ld, 16)) launch(stats_kernel<T, A, 1, false>);
+    else if (plain_rows<A, T>(bias, k)) launch(stats_kernel<T, A, VW, is_plain_capable<A, T>()>);
+    else launch(stats_kernel<T, A, VW, false>);
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
   });
 }
 
@@ -373,32 +346,26 @@ void finalize(DType t, int64_t rows, int64_t n0, const void* state, int64_t stat
   });
 }
 
-void grad(DType t, DType tt, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0,
+void grad(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0,
           const void* bias, const void* cw, const int64_t* target, const void* lse, const void* g, bool g_per_token,
           const void* totals, const lce::Consts& k, void* dz, int64_t ldz, void* stream) {
   if (rows == 0 || cols == 0) return;
   with_types(t, [&](auto ttag, auto at) {
     using T = typename decltype(ttag)::type;
     using A = typename decltype(at)::type;
-    using DZ = std::conditional_t<is_16bit_float_v<T>, T, A>;
-    with_tile<T, A>(t, tt, [&](auto et) {
-      using E = typename decltype(et)::type;
-      constexpr int VW = 32 / sizeof(E);  // two 16-byte loads per thread per segment
-      const bool overlap = dz == tile && sizeof(DZ) != sizeof(E);
-      auto launch = [&](auto kernel) {
-        kernel<<<static_cast<unsigned>(rows), row_threads(cols), 0, as_stream(stream)>>>(
-            static_cast<const E*>(tile), cols, ld, v0, n0, static_cast<const T*>(bias), static_cast<const A*>(cw),
-            target, static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token,
-            static_cast<const A*>(totals), k, static_cast<DZ*>(dz), ldz, overlap);
-      };
-      if (vector_ok(static_cast<const E*>(tile), ld, 32) &&
-          vector_ok(static_cast<const DZ*>(dz), ldz, VW * sizeof(DZ)))
-        plain_rows<A, E>(bias, k) ? launch(grad_kernel<T, A, E, DZ, VW, is_plain_capable<A, E>()>)
-                                  : launch(grad_kernel<T, A, E, DZ, VW, false>);
-      else
-        launch(grad_kernel<T, A, E, DZ, 1, false>);
-      KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
-    });
+    constexpr int VW = 32 / sizeof(T);  // two 16-byte loads per thread per segment
+    auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
+          static_cast<const T*>(tile), cols, ld, v0, n0, static_cast<const T*>(bias), static_cast<const A*>(cw),
+          target, static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token, static_cast<const A*>(totals), k,
+          static_cast<T*>(dz), ldz);
+    };
+    if (vector_ok(static_cast<const T*>(tile), ld, 32) && vector_ok(static_cast<const T*>(dz), ldz, 32))
+      plain_rows<A, T>(bias, k) ? launch(grad_kernel<T, A, VW, is_plain_capable<A, T>()>)
+                                : launch(grad_kernel<T, A, VW, false>);
+    else
+      launch(grad_kernel<T, A, 1, false>);
+    KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
   });
 }
 
@@ -407,9 +374,8 @@ void colsum(DType t, const void* dz, int64_t rows, int64_t cols, int64_t ld, boo
   with_types(t, [&](auto tt, auto at) {
     using T = typename decltype(tt)::type;
     using A = typename decltype(at)::type;
-    using DZ = std::conditional_t<is_16bit_float_v<T>, T, A>;
-    colsum_kernel<DZ, A><<<blocks_for(cols, kThreads), kThreads, 0, as_stream(stream)>>>(
-        static_cast<const DZ*>(dz), rows, cols, ld, first, static_cast<A*>(acc));
+    colsum_kernel<T, A><<<blocks_for(cols, kThreads), kThreads, 0, as_stream(stream)>>>(
+        static_cast<const T*>(dz), rows, cols, ld, first, static_cast<A*>(acc));
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
   });
 }

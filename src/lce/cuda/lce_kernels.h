@@ -1,8 +1,8 @@
 #pragma once
 // Launchers of the fused linear cross-entropy's CUDA kernels (lce_kernels.cu). Plain C++: no CUDA
-// headers. `t` is the input dtype T (f32, f64, bf16, f16); the accumulation type A is fp64 for
-// fp64 and fp32 otherwise; `tt` is the logit tiles' type, A or (for 16-bit T) T; pointers are
-// device pointers; stream is a cudaStream_t.
+// headers. `t` is the input dtype T (f32, f64, bf16, f16), also the type of the logit tiles and of
+// dz; the accumulation type A is fp64 for fp64 and fp32 otherwise; pointers are device pointers;
+// stream is a cudaStream_t.
 #include <cstdint>
 
 #include "kiln/dtype.h"
@@ -12,30 +12,22 @@ namespace kiln::cuda::lce_k {
 
 // totals (4 x A): Totals<A> {weight_sum, count, class_sum, invalid}; one block, fixed order.
 void prepare(DType t, const int64_t* target, const void* cw, const lce::Consts& k, void* totals, void* stream);
-// Online logsumexp of a [rows, cols] tile of type tt (row stride ld; columns v0..) merged into state
-// (4 rows of `state_stride`, A: max, sum, target logit, weighted sum); first: overwrite instead.
-void stats(DType t, DType tt, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, const void* bias,
+// Online logsumexp of a [rows, cols] tile (row stride ld; columns v0..) merged into state (4 rows
+// of `state_stride`, A: max, sum, target logit, weighted sum); first: overwrite instead.
+void stats(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, const void* bias,
            const void* cw, const int64_t* target, const lce::Consts& k, bool first, void* state,
            int64_t state_stride, void* stream);
 // lse[n0 + r] and the token terms (terms: [2, n_total] A: loss_n, z_n) from the state.
 void finalize(DType t, int64_t rows, int64_t n0, const void* state, int64_t state_stride, const int64_t* target,
               const void* cw, const void* totals, const lce::Consts& k, void* lse, void* terms, int64_t n_total,
               void* stream);
-// dz[r, j] = dL/dz for the raw logit tile (type tt, row stride ld, columns v0.., rows n0..); dz
-// has T's type when T is 16-bit (else A), row stride ldz. dz may be the tile itself (in place: ldz
-// = ld for a tile of dz's type; a 16-bit dz over an fp32 tile has ldz = 2 * ld, the first half of
-// each row). g: upstream gradient (A; null means 1), one per token when g_per_token.
-void grad(DType t, DType tt, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0,
+// dz[r, j] = dL/dz for the raw logit tile (row stride ld, columns v0.., rows n0..), row stride ldz;
+// dz may be the tile itself (in place, ldz = ld). g: upstream gradient (A; null means 1), one per
+// token when g_per_token.
+void grad(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0,
           const void* bias, const void* cw, const int64_t* target, const void* lse, const void* g, bool g_per_token,
           const void* totals, const lce::Consts& k, void* dz, int64_t ldz, void* stream);
-// The speed strategy's fused row pass (lce_rowpass.cu, sm_90, 16-bit T with tiles in T): for
-// each row of the [rows, cols] logits chunk (all V columns, row stride ld, rows n0..) the stats,
-// lse / loss terms (as finalize) and dz in place (as grad with g = 1), reading the chunk once.
-// Returns false, having done nothing, where it does not apply (the caller runs the three passes).
-bool rowpass(DType t, void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t n0, const void* bias,
-             const void* cw, const int64_t* target, const lce::Consts& k, const void* totals, void* lse, void* terms,
-             int64_t n_total, void* stream);
-// acc[j] (A) = (first ? 0 : acc[j]) + sum_r dz[r, j], rows in order (dz of the dz type above).
+// acc[j] (A) = (first ? 0 : acc[j]) + sum_r dz[r, j], rows in order.
 void colsum(DType t, const void* dz, int64_t rows, int64_t cols, int64_t ld, bool first, void* acc, void* stream);
 // loss (T) and zterm (A) from terms: reduced ([] outputs) or per token ([N]).
 void reduce(DType t, const void* terms, int64_t n, const void* totals, const lce::Consts& k, void* loss, void* zterm,

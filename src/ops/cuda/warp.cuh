@@ -1,6 +1,6 @@
 #pragma once
-// Warp and block reductions shared by the nn kernels (norm, loss, optim) and the fused loss's GEMM epilogues. Fixed shuffle order,
-// so results are bitwise reproducible run to run.
+// Warp and block reductions shared by the nn kernels (norm, loss, optim). Fixed shuffle order, so
+// results are bitwise reproducible run to run.
 #include <cuda_runtime.h>
 
 namespace kiln::cuda {
@@ -20,17 +20,6 @@ __device__ __forceinline__ A warp_max(A v) {
     v = other > v ? other : v;
   }
   return v;
-}
-
-// Max and sum over the four lanes of a quad (the threads holding one row of a wgmma accumulator
-// fragment), lanes 1 then 2 apart.
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // Sum over a 1-D block of kThreads (a multiple of 32, at most 1024); every thread gets the result.
