@@ -34,9 +34,9 @@
 # `lce flex`, then `train` as separate calls.
 #
 # Knobs (environment): OUT, BUILD, DEADLINE, JOBS (ninja, default nproc), CTEST_JOBS (12),
-# TESTS_SERIAL=1 (CTest, then pytest), ITERS /
-# WARMUP (compare_torch.py; default 20 / 5, 10 / 3 under `all`), LCE_ROWS / FLEX_ROWS (indices, e.g.
-# 0,3), TRAIN_STEPS (6), TRAIN_WARMUP (2), PASSES (ab, 2), KILN_* tuning variables pass through.
+# TESTS_SERIAL=1 (CTest, then pytest), ITERS / WARMUP (compare_torch.py; default 20 / 5, 10 / 3 under
+# `all`), LCE_ROWS / FLEX_ROWS (row indices, e.g. 0,3), TRAIN_STEPS (6), TRAIN_WARMUP (2), PASSES (ab,
+# 2); KILN_* tuning variables pass through to every part. Exit status 0 when every part ran to its end.
 #
 # The GPU machine has no package registry: Highway, Gloo, fmt and CLI11 come as Debian packages in
 # .device/debs (git-ignored), fetched here by `scripts/gpu.sh prepare`, carried with the call
@@ -220,12 +220,12 @@ run_pytest() {
 }
 
 suite_compare() {  # suite_compare lce|flex
-  local which=$1 rows
-  if [ "$which" = lce ]; then rows=${LCE_ROWS:-}; else rows=${FLEX_ROWS:-}; fi
+  local which=$1 rows flag=--rows
+  if [ "$which" = lce ]; then rows=${LCE_ROWS:-} flag=--lce-rows; else rows=${FLEX_ROWS:-}; fi
   # shellcheck disable=SC2046  # compare_args' words are separate arguments
   part "$which" "$(limit "$which")" "$OUT/bench.log" \
     env PYTHONPATH="$BUILD/python" python3 python/bench/compare_torch.py --only "$which" \
-    --out "$WORK/$which.json" $(compare_args) ${rows:+--rows "$rows"}
+    --out "$WORK/$which.json" $(compare_args) ${rows:+"$flag" "$rows"}
 }
 
 suite_train() {

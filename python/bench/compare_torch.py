@@ -167,6 +167,8 @@ def lce_shapes(args):
     if args.device == "cpu":
         return [dict(N=256, H=64, V=1000)] if args.quick else [dict(N=2048, H=1024, V=32000)]
     full = [dict(N=8192, H=4096, V=128256), dict(N=8192, H=2304, V=256000), dict(N=32768, H=4096, V=128256)]
+    if getattr(args, "lce_rows", None):  # a subset, e.g. "0,2"
+        return [full[int(i)] for i in args.lce_rows.split(",")]
     return full[:1] if args.quick else full
 
 
@@ -450,6 +452,8 @@ def main(argv=None):
     p.add_argument("--only", choices=["lce", "flex"], help="run one family only")
     p.add_argument("--quick", action="store_true", help="fewer shapes and iterations")
     p.add_argument("--rows", help="FlexAttention rows on CUDA by index into FLEX_ROWS, e.g. 0,3,4")
+    p.add_argument("--lce-rows", help="LCE shapes on CUDA by index (0: 8192x4096x128256, 1: 8192x2304x256000, "
+                   "2: 32768x4096x128256), e.g. 0,2")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a tiny smoke run)")
     p.add_argument("--out", help="JSON path (default $OUT/compare_torch.json, else ./compare_torch.json)")
     p.add_argument("--warmup", type=int, default=None)
