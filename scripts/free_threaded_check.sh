@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs kiln's Python tests under a free-threaded interpreter (python3.13t, issue 6): the extension
+# Runs kiln's Python tests under a free-threaded interpreter (python3.13t): the extension
 # is built with nanobind's FREE_THREADED option, and python/tests/test_threads.py checks that
 # concurrent calls give bit-identical results and that `import kiln` leaves the GIL disabled.
 #
@@ -8,7 +8,7 @@
 # with --disable-gil from Debian trixie's source package (fetched through a private apt state:
 # the system's sources, package lists and installed packages are not touched; the orig tarball's
 # hash is checked by apt against the signed Sources index). It needs the -dev packages CPython's
-# stdlib builds against (libssl-dev, libffi-dev, zlib1g-dev, ... present on kiln's dev machines).
+# stdlib builds against (libssl-dev, libffi-dev, zlib1g-dev, ... present on kiln's build machines).
 #
 # Steps (each skipped when already done, so reruns are cheap):
 #   1. CPython 3.13 (--disable-gil) into $FT_PREFIX (default /opt/py313t), ~10 min on 2 cores

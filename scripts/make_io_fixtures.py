@@ -148,8 +148,7 @@ def make_torch():
 def check(build_dir):
     out = tempfile.mkdtemp(prefix="kiln_io_export_")
     exe = os.path.join(build_dir, "tests", "test_io")
-    env = dict(os.environ, KILN_IO_EXPORT_DIR=out)
-    subprocess.run([exe, "--gtest_filter=*ExportForTorch*"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run([exe, "--gtest_filter=*ExportForTorch*", out], check=True, stdout=subprocess.DEVNULL)
     ok = True
     ref_sd, _ = torch_state()
     for name, loader in [("kiln_state.pt", lambda p: torch.load(p, weights_only=True)),

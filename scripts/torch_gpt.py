@@ -1,4 +1,4 @@
-"""kiln's GPT in PyTorch (shared by scripts/golden_check.py and scripts/device/train_bench.py).
+"""kiln's GPT in PyTorch (shared by scripts/golden_check.py and bench/train_bench.py).
 
 The same architecture as apps/train/model.cpp: token embedding, per block RMSNorm -> fused qkv
 projection -> half-split rotary -> attention (causal + document mask) -> output projection ->

@@ -1,19 +1,20 @@
-"""kiln against PyTorch, side by side in one process: fused linear cross-entropy (issue 3's shapes)
-and FlexAttention (issue 4's target table).
+"""kiln against PyTorch, side by side in one process: fused linear cross-entropy (three LLM head
+shapes) and FlexAttention (seven mask / score rows).
 
     PYTHONPATH=build/python python3 python/bench/compare_torch.py            # on the GPU machine
+    scripts/gpu.sh lce flex                                                  # the same, built there
     python3 python/bench/compare_torch.py --only flex --quick
     python3 python/bench/compare_torch.py --device cpu --quick               # tiny smoke run
 
 LCE (bf16): torch eager (fp32 logits), torch.compile of the same, kiln's memory and speed strategies
 (kiln.torch.linear_cross_entropy), and the three GEMMs alone (the floor). Flex (bf16): torch's
-flex_attention compiled, SDPA with a dense boolean mask where the issue lists it (cuDNN causal for the
+flex_attention compiled, SDPA with a dense boolean mask on the window rows (cuDNN causal for the
 causal row), kiln.torch.flex_attention; block-mask creation times for both. Times: CUDA events after
 warm-up, mean per iteration; fwd runs under no_grad, fwd+bwd backpropagates a fixed random gradient.
 Memory: peak allocated during one fwd+bwd minus what was allocated before, torch's allocator
 (torch.cuda.max_memory_allocated) plus kiln's (kiln.cuda.max_memory_allocated) — kiln's outputs and
 gradients live in kiln's allocator. Prints one table; writes everything to $OUT/compare_torch.json
-(or --out). A variant that fails (e.g. a kernel not implemented yet) is reported with its error.
+(or --out), rewritten after every row. A variant that fails (e.g. a kernel not implemented yet) is reported with its error.
 """
 import argparse
 import gc
@@ -92,7 +93,7 @@ def _error(e):
 
 def median_call_ms(runner, fn, calls=5):
     """fn's last result and the median of `calls` timed calls, each synchronised: one timed BlockMask
-    creation read 0.2 ms in one run and 9.0 in another (session 18), a host-side outlier."""
+    creation read 0.2 ms in one run and 9.0 in another on the H200, a host-side outlier."""
     times = []
     for _ in range(calls):
         runner.sync()
@@ -166,12 +167,14 @@ def lce_shapes(args):
     if args.device == "cpu":
         return [dict(N=256, H=64, V=1000)] if args.quick else [dict(N=2048, H=1024, V=32000)]
     full = [dict(N=8192, H=4096, V=128256), dict(N=8192, H=2304, V=256000), dict(N=32768, H=4096, V=128256)]
+    if getattr(args, "lce_rows", None):  # a subset, e.g. "0,2"
+        return [full[int(i)] for i in args.lce_rows.split(",")]
     return full[:1] if args.quick else full
 
 
-def bench_lce(runner, args):
+def bench_lce(runner, args, rows, save):
+    """Appends one row per shape to rows, calling save() after each."""
     dev, dtype = runner.device, (torch.bfloat16 if runner.cuda else torch.float32)
-    rows = []
     for shp in lce_shapes(args):
         N, H, V = shp["N"], shp["H"], shp["V"]
         g = torch.Generator(device=dev).manual_seed(0)
@@ -229,9 +232,9 @@ def bench_lce(runner, args):
         rows.append({"name": f"lce N={N} H={H} V={V} {str(dtype).split('.')[-1]}", "shape": shp,
                      "variants": variants, "ratios": ratios})
         print_row(rows[-1])
+        save()
         del x, w, t
         gc.collect()
-    return rows
 
 
 # ---------------------------------------------------------------- flex attention
@@ -281,7 +284,8 @@ def kiln_capture_device(dev):
         return torch.device("cpu")
 
 
-def bench_flex(runner, args):
+def bench_flex(runner, args, rows, save):
+    """Appends one row per mask / score row to rows, calling save() after each."""
     from torch.nn.attention.flex_attention import create_block_mask as torch_cbm
     from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
@@ -291,7 +295,6 @@ def bench_flex(runner, args):
         import warnings
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     cap_dev = kiln_capture_device(dev)
-    rows = []
     for r in flex_rows(args):
         B, H, S, D = r["B"], r["H"], r["S"], r["D"]
         # A fresh compile per row: one shared compiled function hit dynamo's recompile limit (8)
@@ -361,7 +364,7 @@ def bench_flex(runner, args):
             variants["torch_flex"] = run_variant(runner, tf_fwd, fb(tf), note=None if runner.cuda else "eager (CPU)")
         except Exception as e:
             variants["torch_flex"] = {"error": _error(e)}
-        # SDPA: a dense boolean mask where the issue lists it; cuDNN / flash causal for the causal row.
+        # SDPA: a dense boolean mask on the window rows; cuDNN / flash causal for the causal row.
         if r["sdpa"] == "dense":
             need = B * S * S  # bool mask bytes (broadcast over heads)
             if need > args.dense_limit_gib * (1 << 30):
@@ -401,9 +404,9 @@ def bench_flex(runner, args):
                 ratios[f"kiln_vs_{name}_fwd_bwd"] = ratio(variants["kiln_flex"], variants[name], "fwd_bwd_ms")
         rows.append({"name": row_name(r), "shape": r, "variants": variants, "ratios": ratios, "info": info})
         print_row(rows[-1])
+        save()
         del q, k, v, dout
         gc.collect()
-    return rows
 
 
 # ---------------------------------------------------------------- report
@@ -449,6 +452,8 @@ def main(argv=None):
     p.add_argument("--only", choices=["lce", "flex"], help="run one family only")
     p.add_argument("--quick", action="store_true", help="fewer shapes and iterations")
     p.add_argument("--rows", help="FlexAttention rows on CUDA by index into FLEX_ROWS, e.g. 0,3,4")
+    p.add_argument("--lce-rows", help="LCE shapes on CUDA by index (0: 8192x4096x128256, 1: 8192x2304x256000, "
+                   "2: 32768x4096x128256), e.g. 0,2")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a tiny smoke run)")
     p.add_argument("--out", help="JSON path (default $OUT/compare_torch.json, else ./compare_torch.json)")
     p.add_argument("--warmup", type=int, default=None)
@@ -472,21 +477,25 @@ def main(argv=None):
                        or platform.machine(), "argv": sys.argv[1:] if argv is None else list(argv),
                        "warmup": warmup, "iters": iters,
                        "time": time.strftime("%Y-%m-%d %H:%M:%S")}}
-    rows = []
+    out = args.out or os.path.join(os.environ.get("OUT") or ".", "compare_torch.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+
+    def save():  # after every row: a run stopped by a time limit keeps the rows it measured
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+
     if args.only in (None, "lce"):
-        result["lce"] = bench_lce(runner, args)
-        rows += result["lce"]
+        result["lce"] = []
+        bench_lce(runner, args, result["lce"], save)
     if args.only in (None, "flex"):
-        result["flex"] = bench_flex(runner, args)
-        rows += result["flex"]
+        result["flex"] = []
+        bench_flex(runner, args, result["flex"], save)
+    rows = result.get("lce", []) + result.get("flex", [])
     print(f"kiln {kiln.__version__} vs torch {torch.__version__} on {result['meta']['device']} "
           f"(warm-up {warmup}, {iters} iterations; peak = extra allocated over the inputs, torch + kiln; "
           f"'k': kiln's allocator only)")
     print_table(rows)
-    out = args.out or os.path.join(os.environ.get("OUT") or ".", "compare_torch.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    save()
     print(f"wrote {out}")
     return result
 

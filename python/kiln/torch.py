@@ -42,7 +42,7 @@ def to_torch(t) -> "torch.Tensor":
 
 # torch's C entry points, where this torch has them: torch.cuda.current_stream, Tensor.__dlpack__
 # and torch.from_dlpack spend tens of microseconds of Python each (device-index lookups, Stream
-# objects), a large part of a short flex_attention call's host time (H200, session 13).
+# objects), a large part of a short flex_attention call's host time (H200).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _torch_to_capsule = getattr(torch._C, "_to_dlpack", None)
 _torch_from_capsule = getattr(torch._C, "_from_dlpack", None)
@@ -233,7 +233,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     grad_enabled = torch.is_grad_enabled()
     if not (grad_enabled and any(t.requires_grad for t in (query, key, value, *captured))):
         # Nothing to differentiate (inference, torch.no_grad): no autograd.Function, which costs
-        # ~40 us of host time a call (H200 host, session 17), as much as kiln's own forward.
+        # ~40 us of host time a call (H200 host), as much as kiln's own forward.
         with _on_torch_stream(query.device):
             out, lse, _ = _flex_forward((False,) * (3 + len(captured)), score_mod, block_mask, scale, enable_gqa,
                                         return_lse, captured_kiln, query, key, value)

@@ -268,14 +268,8 @@ TEST(IoCrc, KnownValue) { EXPECT_EQ(crc32("123456789", 9), 0xCBF43926u); }
 
 // ---- fixtures written by PyTorch and safetensors ----
 
-std::string fixture_dir() {
-  if (const char* env = std::getenv("KILN_IO_FIXTURES")) return env;
-  const std::string here = std::filesystem::path(__FILE__).parent_path().string() + "/fixtures";
-  for (const std::string& c : {here, std::string("tests/io/fixtures"), std::string("../tests/io/fixtures"),
-                               std::string("../../tests/io/fixtures")})
-    if (std::filesystem::exists(c + "/pt_state_dict.pt")) return c;
-  return here;
-}
+// tests/io/fixtures, named by tests/CMakeLists.txt.
+std::string fixture_dir() { return KILN_IO_FIXTURES_DIR; }
 
 std::vector<uint8_t> from_hex(const std::string& h) {
   std::vector<uint8_t> out;
@@ -336,13 +330,14 @@ TEST(IoFixtures, ConvertedFixturesRoundTrip) {
   expect_same(pt.tensors, load_bytes(z.data(), z.size()).tensors);
 }
 
-// Writes kiln's files for scripts/make_io_fixtures.py --check (which loads them in PyTorch).
+// Writes kiln's files into the folder given after the gtest flags, for
+// `scripts/make_io_fixtures.py --check` (which loads them in PyTorch).
 TEST(IoExport, ExportForTorch) {
-  const char* out = std::getenv("KILN_IO_EXPORT_DIR");
-  if (out == nullptr) GTEST_SKIP() << "KILN_IO_EXPORT_DIR not set (used by scripts/make_io_fixtures.py --check)";
+  const std::vector<std::string>& args = kiln::testing::program_args();
+  if (args.size() != 1) GTEST_SKIP() << "needs an output folder (run by scripts/make_io_fixtures.py --check)";
   const Checkpoint pt = load(fixture_dir() + "/pt_state_dict.pt");
-  save_torch(std::string(out) + "/kiln_state.pt", pt.tensors);
-  save(std::string(out) + "/kiln_state.safetensors", pt.tensors, {{"written_by", "kiln"}});
+  save_torch(args[0] + "/kiln_state.pt", pt.tensors);
+  save(args[0] + "/kiln_state.safetensors", pt.tensors, {{"written_by", "kiln"}});
 }
 
 }  // namespace

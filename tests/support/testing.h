@@ -32,6 +32,10 @@ struct ScopedEnv {
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 };
 
+// The command-line arguments after GoogleTest's own flags (tests/support/test_main.cpp), e.g. the
+// paths a re-executed test binary is given: `test_train --gtest_filter=TrainChild.Run RUN DATA`.
+const std::vector<std::string>& program_args();
+
 // ||out - ref|| / ||ref|| in float64 over all elements; +inf if any NaN/inf appears in out
 // where ref is finite, or if shapes differ.
 double rel_error(const Tensor& out, const Tensor& ref);

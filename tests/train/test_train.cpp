@@ -19,6 +19,7 @@
 #include "kiln/kiln.h"
 #include "micro_config.h"
 #include "model.h"
+#include "support/testing.h"
 #include "tokenizer.h"
 #include "train.h"
 
@@ -203,12 +204,12 @@ TEST(Train, MaskBlockSizeKeepsTheLosses) {
   fs::remove_all(data);
 }
 
-// The child half of the kill test: trains when KILN_TRAIN_CHILD_RUN is set (see below).
+// The child half of the kill test: trains when its binary is given RUN and DATA after the gtest
+// flags (see below).
 TEST(TrainChild, Run) {
-  const char* run = std::getenv("KILN_TRAIN_CHILD_RUN");
-  const char* data = std::getenv("KILN_TRAIN_CHILD_DATA");
-  if (!run || !data) GTEST_SKIP() << "only runs as the kill test's child process";
-  TrainConfig c = micro_config(data, run);
+  const std::vector<std::string>& args = kiln::testing::program_args();
+  if (args.size() != 2) GTEST_SKIP() << "only runs as the kill test's child process";
+  TrainConfig c = micro_config(args[1], args[0]);
   c.steps = 100000;  // runs until killed
   c.checkpoint_every = 2;
   c.eval_every = 0;
@@ -223,9 +224,8 @@ TEST(Train, KillNineLosesOnlyStepsSinceCheckpoint) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     // exec a fresh copy of this binary (no OpenMP state inherited across fork).
-    setenv("KILN_TRAIN_CHILD_RUN", run.c_str(), 1);
-    setenv("KILN_TRAIN_CHILD_DATA", data.c_str(), 1);
-    execl("/proc/self/exe", "test_train", "--gtest_filter=TrainChild.Run", static_cast<char*>(nullptr));
+    execl("/proc/self/exe", "test_train", "--gtest_filter=TrainChild.Run", run.c_str(), data.c_str(),
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   // Wait for a few checkpoints, then kill -9 at an arbitrary moment.

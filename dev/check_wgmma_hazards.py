@@ -3,7 +3,7 @@
 Usage: cuobjdump -sass -fun flex_fwd kernel.cubin > k.sass; python3 check_wgmma_hazards.py k.sass
 A P V-like product takes P from registers; until the wgmma group is waited for
 (WARPGROUP.DEPBAR.LE gsb0, 0x0) neither those registers nor the accumulators may be written.
-ptxas reused them once in the overlapped flex forward (session 7: wrong results on the H200), so
+ptxas reused them once in an overlapped flex forward (wrong results on the H200), so
 check the SASS of any kernel that does work between a wgmma issue and its wait."""
 import re, sys
 lines = open(sys.argv[1]).read().split('\n')

@@ -1,7 +1,7 @@
 // Non-empty and partial BlockMask blocks of the training benchmark's mask (causal & same document,
 // B = 4, T = 4096) for documents of random lengths (uniform 1-2047, the synthetic data) and for 4
 // equal documents, at 128- and 64-token blocks. Build:
-//   g++ -std=c++20 -O1 -Iinclude -Isrc scripts/tools/flex_block_counts.cpp build/libkiln.a -o /tmp/flex_block_counts \
+//   g++ -std=c++20 -O1 -Iinclude -Isrc dev/flex_block_counts.cpp build/libkiln.a -o /tmp/flex_block_counts \
 //     -L/usr/local/cuda/lib64 -lhwy -lnvrtc -lcudart -lcublasLt -lcublas -lopenblas -fopenmp -lpthread -ldl
 #include <cstdio>
 #include <random>
