@@ -41,8 +41,10 @@ train: configure
 	cmake --build $(BUILD) -j $(JOBS) --target kiln_cli
 	$(BUILD)/kiln train
 
+# The CPU benchmarks of the fused loss and FlexAttention at small shapes (GPU figures: scripts/gpu.sh).
 bench: build
-	$(BUILD)/kiln bench
+	$(BUILD)/bench/bench_lce --device cpu --tokens 512 --hidden 256 --vocab 8192
+	$(BUILD)/bench/bench_flex --device cpu
 
 clean:
 	rm -rf $(BUILD)
