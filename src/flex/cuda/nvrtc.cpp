@@ -20,8 +20,9 @@
 #include <vector>
 
 #include "core/cuda/check.h"
-#include "core/env.h"
 #include "core/cuda/tensor_map.h"
+#include "core/embedded.h"
+#include "core/env.h"
 #include "kiln/error.h"
 
 namespace kiln::flex::cuda {
@@ -49,6 +50,27 @@ std::string hex64(uint64_t v) {
 // 128 bits from two differently seeded FNV-1a passes: enough to name a handful of kernels.
 std::string key_of(const std::string& text) {
   return hex64(fnv1a(text, 14695981039346656037ull)) + hex64(fnv1a(text, 0x9e3779b97f4a7c15ull));
+}
+
+// The embedded kernel sources (cmake/KilnEmbed.cmake), offered to every program as headers: the
+// generated source #includes its parts by their names ("flex/cuda/wgmma.cuh").
+struct Headers {
+  std::vector<const char*> text, names;
+  std::string key;  // of every header's name and text: part of the disk cache's key
+};
+const Headers& headers() {
+  static const Headers h = [] {
+    Headers r;
+    std::string all;
+    for (const kiln::detail::EmbeddedFile* f : kiln::detail::embedded_files()) {
+      r.text.push_back(f->text.data());  // NUL-terminated
+      r.names.push_back(f->name);
+      all.append(f->name).append(1, '\0').append(f->text).append(1, '\0');
+    }
+    r.key = key_of(all);
+    return r;
+  }();
+  return h;
 }
 
 #define KILN_NVRTC_CHECK(call)                                                                        \
@@ -167,7 +189,9 @@ std::string device_arch(int device) {
 
 std::string compile_cubin(const std::string& source, const std::string& arch) {
   nvrtcProgram prog = nullptr;
-  KILN_NVRTC_CHECK(nvrtcCreateProgram(&prog, source.c_str(), "kiln_flex.cu", 0, nullptr, nullptr));
+  const Headers& h = headers();
+  KILN_NVRTC_CHECK(nvrtcCreateProgram(&prog, source.c_str(), "kiln_flex.cu", static_cast<int>(h.text.size()),
+                                      h.text.data(), h.names.data()));
   std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(&prog, [](nvrtcProgram* p) { nvrtcDestroyProgram(p); });
   const std::string arch_opt = "--gpu-architecture=" + arch;
   const char* opts[] = {arch_opt.c_str(), "-std=c++17", "-w"};
@@ -191,7 +215,9 @@ std::string compile_cubin(const std::string& source, const std::string& arch) {
 std::string cache_path(const std::string& source, const std::string& arch) {
   const std::string dir = kiln::detail::cache_dir();
   if (dir.empty()) return "";
-  return dir + "/flex-" + key_of("nvrtc " + nvrtc_version() + "\narch " + arch + "\n" + source) + ".cubin";
+  const std::string key =
+      key_of("nvrtc " + nvrtc_version() + "\narch " + arch + "\nheaders " + headers().key + "\n" + source);
+  return dir + "/flex-" + key + ".cubin";
 }
 
 std::string cached_cubin(const std::string& source, const std::string& arch) {

@@ -1,10 +1,10 @@
 #pragma once
 // Run-time compilation of the generated FlexAttention source: NVRTC -> cubin, cached in memory
 // (source + device -> loaded module) and on disk ($KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
-// ~/.cache/kiln; one file per hash of source + arch + NVRTC version, written atomically), so a
-// second process loads the cubin without compiling. Modules load through the driver API reached
-// via cudaGetDriverEntryPointByVersion (no link-time libcuda dependency: the library still loads
-// on machines without a driver). No CUDA headers here.
+// ~/.cache/kiln; one file per hash of source + embedded headers + arch + NVRTC version, written
+// atomically), so a second process loads the cubin without compiling. Modules load through the
+// driver API reached via cudaGetDriverEntryPointByVersion (no link-time libcuda dependency: the
+// library still loads on machines without a driver). No CUDA headers here.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -17,8 +17,9 @@ std::string nvrtc_version();
 // "sm_90a" on sm_90 (H100/H200), otherwise "sm_<major><minor>" of the device.
 std::string device_arch(int device);
 
-// Compiles `source` for `arch` ("sm_90a") with NVRTC; no GPU needed. Throws kiln::Error naming
-// flex_attention with the NVRTC log on failure.
+// Compiles `source` for `arch` ("sm_90a") with NVRTC; no GPU needed. The kernel sources embedded
+// into the library (core/embedded.h) are its headers: `#include "core/cuda/hopper.cuh"` finds the
+// file as it was at build time. Throws kiln::Error naming flex_attention with the NVRTC log on failure.
 std::string compile_cubin(const std::string& source, const std::string& arch);
 // The disk cache in front of compile_cubin (a missing or unwritable cache directory only costs
 // the compile).
