@@ -43,6 +43,9 @@ class Backend {
   virtual void send(const Tensor& t, int dst, const OpContext& c) = 0;
   virtual void recv(const Tensor& t, int src, const OpContext& c) = 0;
   virtual void barrier(const OpContext& c) = 0;
+  // Bytes a small collective may carry beside each rank's input-check header, so it completes in
+  // that one exchange (0: never; the same on every rank of a communicator).
+  virtual size_t inline_capacity() const { return 0; }
   // The input check: all-gathers each rank's header (host int64 words) into all (size * words).
   virtual void exchange_header(const std::vector<int64_t>& mine, std::vector<int64_t>& all, const OpContext& c) = 0;
   // The point-to-point check: sends mine to peer and receives peer's into theirs.

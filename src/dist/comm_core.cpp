@@ -232,10 +232,27 @@ void CommState::worker_loop() {
 
 void CommState::run_op(PendingOp& op) {
   try {
-    if (!op.header.empty()) check_header(op, OpContext{op.header_tag, op.deadline, op.ready.get()});
-    if (!op.rejected.empty()) {
-      finish(op, WorkStatus::ERROR, ErrorKind::Invalid, op.rejected);
-      return;
+    if (!op.header.empty()) {
+      // A small collective rides on the input check: every rank's bytes arrive with the headers.
+      const size_t room = op.p2p ? 0 : backend->inline_capacity();
+      const bool fits = op.finish_inline && op.inline_bytes >= 0 && static_cast<size_t>(op.inline_bytes) <= room &&
+                        op.rejected.empty();
+      std::vector<int64_t> mine = op.header;
+      mine.resize(kHeaderWords + room / 8, 0);
+      if (fits && op.inline_bytes > 0) op.pack(reinterpret_cast<uint8_t*>(mine.data() + kHeaderWords));
+      const std::vector<int64_t> all = check_header(op, mine, OpContext{op.header_tag, op.deadline, op.ready.get()});
+      if (!op.rejected.empty()) {
+        finish(op, WorkStatus::ERROR, ErrorKind::Invalid, op.rejected);
+        return;
+      }
+      if (fits) {
+        std::vector<const uint8_t*> rows;
+        for (int r = 0; r < size; ++r)
+          rows.push_back(reinterpret_cast<const uint8_t*>(all.data() + r * mine.size() + kHeaderWords));
+        op.finish_inline(rows);
+        finish(op, WorkStatus::COMPLETED, ErrorKind::None, "");
+        return;
+      }
     }
     op.run(*backend, OpContext{op.tag, op.deadline, op.ready.get()});
     finish(op, WorkStatus::COMPLETED, ErrorKind::None, "");
@@ -252,20 +269,22 @@ void CommState::run_op(PendingOp& op) {
 }
 
 // Compares this rank's header with every peer's; on a difference raises the same message on
-// every rank (the groups of ranks and what each group called).
-void CommState::check_header(PendingOp& op, const OpContext& c) {
+// every rank (the groups of ranks and what each group called). Returns every rank's row.
+std::vector<int64_t> CommState::check_header(PendingOp& op, const std::vector<int64_t>& mine, const OpContext& c) {
   std::vector<std::vector<int64_t>> rows;
   std::vector<int> row_ranks;
+  std::vector<int64_t> all;
   if (op.p2p) {
     std::vector<int64_t> theirs;
-    backend->swap_header(op.header, theirs, op.peer, c);
-    rows = {op.header, theirs};
+    backend->swap_header(mine, theirs, op.peer, c);
+    rows = {std::vector<int64_t>(mine.begin(), mine.begin() + kHeaderWords),
+            std::vector<int64_t>(theirs.begin(), theirs.begin() + kHeaderWords)};
     row_ranks = {rank, op.peer};
   } else {
-    std::vector<int64_t> all;
-    backend->exchange_header(op.header, all, c);
+    backend->exchange_header(mine, all, c);
     for (int r = 0; r < size; ++r) {
-      rows.emplace_back(all.begin() + r * kHeaderWords, all.begin() + (r + 1) * kHeaderWords);
+      const auto row = all.begin() + static_cast<std::ptrdiff_t>(r * mine.size());
+      rows.emplace_back(row, row + kHeaderWords);
       row_ranks.push_back(r);
     }
   }
@@ -276,7 +295,7 @@ void CommState::check_header(PendingOp& op, const OpContext& c) {
                                                              std::to_string(row_ranks[i]));
     else if (rows[i][kRejected] != 0) rejected.push_back(row_ranks[i]);
   if (!rejected.empty()) {
-    if (!op.rejected.empty()) return;  // this rank's own error is the one to raise
+    if (!op.rejected.empty()) return all;  // this rank's own error is the one to raise
     throw InputMismatch(where + rank_list(rejected) + " rejected its input (see the error there)");
   }
   if (op.p2p) {
@@ -286,11 +305,11 @@ void CommState::check_header(PendingOp& op, const OpContext& c) {
     if (!pair_ok)
       throw InputMismatch(where + "the peers disagree: rank " + std::to_string(rank) + " " + describe_header(a.data()) +
                           ", rank " + std::to_string(op.peer) + " " + describe_header(b.data()));
-    return;
+    return all;
   }
   std::map<std::vector<int64_t>, std::vector<int>> groups;
   for (size_t i = 0; i < rows.size(); ++i) groups[rows[i]].push_back(row_ranks[i]);
-  if (groups.size() == 1) return;
+  if (groups.size() == 1) return all;
   std::vector<std::pair<std::vector<int>, std::string>> parts;
   for (const auto& [row, ranks] : groups) parts.emplace_back(ranks, describe_header(row.data()));
   std::sort(parts.begin(), parts.end(), [](const auto& x, const auto& y) { return x.first[0] < y.first[0]; });

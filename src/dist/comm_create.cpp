@@ -218,6 +218,7 @@ std::shared_ptr<Communicator> Communicator::shrink(const std::vector<int>& exclu
   const CommOptions opts = get_options();
   std::unique_ptr<detail::Backend> made;
   if (s.backend->splits_through_parent()) {
+    if (!s.aborted) s.drain();  // a healthy parent shrinks after the ops queued before
     detail::BackendInit init{new_name, new_rank, static_cast<int>(survivors.size()), s.device,
                              std::make_shared<PrefixStore>(prefix + "/shrink", s.root_store), opts.timeout, "", ""};
     made = s.backend->shrink(excl, init);

@@ -1,10 +1,12 @@
 // The communicator's operations: local checks (raised here, and told to the peers through the
 // input check so they fail at once instead of at the timeout), the input-check header, the
 // flight-recorder entry, and the backend call queued for the worker.
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "dist/comm_state.h"
 #include "dist/op_header.h"
+#include "dist/reduce.h"
 
 namespace kiln::dist {
 
@@ -17,6 +19,27 @@ using detail::TraceEntry;
 namespace {
 
 using RunFn = std::function<void(Backend&, const OpContext&)>;
+using Rows = std::vector<const uint8_t*>;
+
+// How a small collective completes inside the input check (PendingOp::inline_bytes ...).
+struct Inline {
+  int64_t bytes = -1;
+  std::function<void(uint8_t*)> pack;
+  std::function<void(const Rows&)> finish;
+};
+
+Inline inline_of(const Tensor& t, std::function<void(const Rows&)> finish) {
+  if (!t.defined()) return {};
+  return {static_cast<int64_t>(t.nbytes()), [t](uint8_t* dst) { std::memcpy(dst, t.data_ptr(), t.nbytes()); },
+          std::move(finish)};
+}
+
+// Block `block` (of `bytes`) of every rank's row, one after another.
+std::vector<uint8_t> gather_blocks(const Rows& rows, size_t block, size_t bytes) {
+  std::vector<uint8_t> out(rows.size() * bytes);
+  for (size_t r = 0; r < rows.size(); ++r) std::memcpy(out.data() + r * bytes, rows[r] + block * bytes, bytes);
+  return out;
+}
 
 std::string tensor_problem(const detail::CommState& s, const Tensor& t, const std::string& what) {
   if (!t.defined()) return what + " is undefined";
@@ -62,7 +85,8 @@ std::string first_problem(std::initializer_list<std::string> problems) {
 // Queues an op, or raises this rank's own input problem after queueing a rejected op whose input
 // check tells the peers (so their op fails now, with the same sequence numbers kept).
 std::shared_ptr<Work> queue_op(detail::CommState& s, const char* op, bool p2p, int peer, const std::string& problem,
-                               std::vector<int64_t> header, TraceEntry entry, RunFn run, bool async_op) {
+                               std::vector<int64_t> header, TraceEntry entry, RunFn run, bool async_op,
+                               Inline small = {}) {
   s.throw_if_aborted(op);
   auto p = std::make_shared<PendingOp>();
   p->op = op;
@@ -70,6 +94,11 @@ std::shared_ptr<Work> queue_op(detail::CommState& s, const char* op, bool p2p, i
   p->peer = peer;
   if (s.options.check_inputs) p->header = std::move(header);
   p->run = std::move(run);
+  if (problem.empty()) {
+    p->inline_bytes = small.bytes;
+    p->pack = std::move(small.pack);
+    p->finish_inline = std::move(small.finish);
+  }
   if (problem.empty()) return s.submit(p, std::move(entry), async_op);
   const std::string msg = std::string("[") + op + "] " + s.describe() + ": " + problem;
   if (!p2p && s.options.check_inputs) {
@@ -116,8 +145,13 @@ std::shared_ptr<Work> Communicator::all_reduce(const Tensor& t, ReduceOp op, boo
   describe_io(e, {t}, {t});
   e.reduce_op = reduce_op_name(op);
   auto header = detail::make_header(OpCode::kAllReduce, dtype_code(t), numel_of(t), numel_of(t), -1, static_cast<int>(op));
+  const int W = s.size;
   return queue_op(s, "all_reduce", false, -1, problem, std::move(header), std::move(e),
-                  [t, op](Backend& b, const OpContext& c) { b.all_reduce(t, op, c); }, async_op);
+                  [t, op](Backend& b, const OpContext& c) { b.all_reduce(t, op, c); }, async_op,
+                  inline_of(t, [t, op, W](const Rows& rows) {
+                    const auto blocks = gather_blocks(rows, 0, t.nbytes());
+                    detail::reduce_blocks(t.data_ptr(), blocks.data(), W, static_cast<size_t>(t.numel()), t.dtype(), op);
+                  }));
 }
 
 std::shared_ptr<Work> Communicator::all_gather_single(const Tensor& output, const Tensor& input, bool async_op) {
@@ -132,7 +166,11 @@ std::shared_ptr<Work> Communicator::all_gather_single(const Tensor& output, cons
   describe_io(e, {input}, {output});
   auto header = detail::make_header(OpCode::kAllGather, dtype_code(input), numel_of(input), numel_of(output), -1, 0);
   return queue_op(s, "all_gather_single", false, -1, problem, std::move(header), std::move(e),
-                  [output, input](Backend& b, const OpContext& c) { b.all_gather(output, input, c); }, async_op);
+                  [output, input](Backend& b, const OpContext& c) { b.all_gather(output, input, c); }, async_op,
+                  inline_of(input, [output, input](const Rows& rows) {
+                    const auto all = gather_blocks(rows, 0, input.nbytes());
+                    std::memcpy(output.data_ptr(), all.data(), all.size());
+                  }));
 }
 
 std::shared_ptr<Work> Communicator::reduce_scatter_single(const Tensor& output, const Tensor& input, ReduceOp op,
@@ -150,9 +188,14 @@ std::shared_ptr<Work> Communicator::reduce_scatter_single(const Tensor& output, 
   e.reduce_op = reduce_op_name(op);
   auto header = detail::make_header(OpCode::kReduceScatter, dtype_code(input), numel_of(input), numel_of(output), -1,
                                     static_cast<int>(op));
+  const int W = s.size, R = s.rank;
   return queue_op(s, "reduce_scatter_single", false, -1, problem, std::move(header), std::move(e),
                   [output, input, op](Backend& b, const OpContext& c) { b.reduce_scatter(output, input, op, c); },
-                  async_op);
+                  async_op, inline_of(input, [output, op, W, R](const Rows& rows) {
+                    const auto blocks = gather_blocks(rows, static_cast<size_t>(R), output.nbytes());
+                    detail::reduce_blocks(output.data_ptr(), blocks.data(), W, static_cast<size_t>(output.numel()),
+                                          output.dtype(), op);
+                  }));
 }
 
 std::shared_ptr<Work> Communicator::broadcast(const Tensor& t, int root, bool async_op) {
@@ -165,7 +208,8 @@ std::shared_ptr<Work> Communicator::broadcast(const Tensor& t, int root, bool as
   e.peer = root;
   auto header = detail::make_header(OpCode::kBroadcast, dtype_code(t), numel_of(t), numel_of(t), root, 0);
   return queue_op(s, "broadcast", false, -1, problem, std::move(header), std::move(e),
-                  [t, root](Backend& b, const OpContext& c) { b.broadcast(t, root, c); }, async_op);
+                  [t, root](Backend& b, const OpContext& c) { b.broadcast(t, root, c); }, async_op,
+                  inline_of(t, [t, root](const Rows& rows) { std::memcpy(t.data_ptr(), rows[root], t.nbytes()); }));
 }
 
 std::shared_ptr<Work> Communicator::all_to_all_single(const Tensor& output, const Tensor& input, bool async_op) {
@@ -179,15 +223,22 @@ std::shared_ptr<Work> Communicator::all_to_all_single(const Tensor& output, cons
   TraceEntry e;
   describe_io(e, {input}, {output});
   auto header = detail::make_header(OpCode::kAllToAll, dtype_code(input), numel_of(input), numel_of(output), -1, 0);
+  const int R = s.rank;
   return queue_op(s, "all_to_all_single", false, -1, problem, std::move(header), std::move(e),
-                  [output, input](Backend& b, const OpContext& c) { b.all_to_all(output, input, c); }, async_op);
+                  [output, input](Backend& b, const OpContext& c) { b.all_to_all(output, input, c); }, async_op,
+                  inline_of(input, [output, R](const Rows& rows) {
+                    const size_t chunk = output.nbytes() / rows.size();
+                    const auto all = gather_blocks(rows, static_cast<size_t>(R), chunk);
+                    std::memcpy(output.data_ptr(), all.data(), all.size());
+                  }));
 }
 
 std::shared_ptr<Work> Communicator::barrier(bool async_op) {
   auto& s = *state_;
   auto header = detail::make_header(OpCode::kBarrier, -1, 0, 0, -1, 0);
+  // The input check's exchange is itself a barrier.
   return queue_op(s, "barrier", false, -1, "", std::move(header), TraceEntry{},
-                  [](Backend& b, const OpContext& c) { b.barrier(c); }, async_op);
+                  [](Backend& b, const OpContext& c) { b.barrier(c); }, async_op, Inline{0, nullptr, [](const Rows&) {}});
 }
 
 namespace {

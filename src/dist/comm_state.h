@@ -37,6 +37,11 @@ struct PendingOp {
   std::vector<int64_t> header;  // this rank's input-check words (empty: no check)
   std::string rejected;         // this rank's own input error: the check tells the peers
   std::function<void(Backend&, const OpContext&)> run;
+  // A small collective completes within the input check (Backend::inline_capacity): inline_bytes
+  // (-1: never) that pack writes beside this rank's header; finish_inline gets every rank's.
+  int64_t inline_bytes = -1;
+  std::function<void(uint8_t*)> pack;
+  std::function<void(const std::vector<const uint8_t*>&)> finish_inline;
   std::shared_ptr<void> ready;  // Backend::on_submit's token
   std::shared_ptr<Work::State> work;
   uint64_t record_id = 0;
@@ -88,7 +93,7 @@ struct CommState : std::enable_shared_from_this<CommState> {
 
   void worker_loop();
   void run_op(PendingOp& op);
-  void check_header(PendingOp& op, const OpContext& c);
+  std::vector<int64_t> check_header(PendingOp& op, const std::vector<int64_t>& mine, const OpContext& c);
   void watchdog_loop();
   void heartbeat(const std::shared_ptr<PendingOp>& cur);
 

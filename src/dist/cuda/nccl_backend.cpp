@@ -106,8 +106,20 @@ class NcclBackend final : public Backend {
   ~NcclBackend() override {
     cuda::DeviceGuard guard(device_);
     {
+      // A non-blocking communicator is finalized (polled, bounded) before it is destroyed; one
+      // that does not finish in time is aborted instead.
       std::lock_guard<std::mutex> lock(mu_);
-      if (comm_) ncclCommDestroy(comm_);
+      if (comm_) {
+        bool clean = ncclCommFinalize(comm_) != ncclSystemError;
+        const auto until = Clock::now() + std::chrono::seconds(10);
+        ncclResult_t state = ncclInProgress;
+        while (clean && state == ncclInProgress && Clock::now() < until) {
+          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) clean = false;
+          if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        if (clean && state == ncclSuccess) ncclCommDestroy(comm_);
+        else ncclCommAbort(comm_);
+      }
       comm_ = nullptr;
     }
     cudaEventDestroy(done_);
@@ -239,8 +251,11 @@ class NcclBackend final : public Backend {
       cuda::DeviceGuard guard(device_);
       std::vector<int> excl = excluded;
       ncclConfig_t config = nonblocking_config();
-      KILN_NCCL_CHECK(comm_, ncclCommShrink(comm_, excl.data(), static_cast<int>(excl.size()), &child, &config,
-                                            NCCL_SHRINK_DEFAULT));
+      if (excl.empty())  // nothing to leave out: a copy of the parent
+        KILN_NCCL_CHECK(comm_, ncclCommSplit(comm_, 0, rank_, &child, &config));
+      else
+        KILN_NCCL_CHECK(comm_, ncclCommShrink(comm_, excl.data(), static_cast<int>(excl.size()), &child, &config,
+                                              NCCL_SHRINK_DEFAULT));
     }
     wait_ready(child, Clock::now() + init.timeout, "ncclCommShrink");
     return std::make_unique<NcclBackend>(init, child);
