@@ -165,8 +165,8 @@ std::shared_ptr<Store> default_store();
 // `kiln run`: nproc copies of command on this machine, each with torchrun's variables (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT: a free port left for
 // torch.distributed) and KILN_STORE_PORT (kiln's store, hosted by the launcher, so it outlives any
-// rank). SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to every child. When a
-// child fails the others get SIGTERM, then SIGKILL after kill_grace. Returns 0 when every child
+// rank). The children form one process group: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2
+// are forwarded to it; when a child fails the group gets SIGTERM, then SIGKILL after kill_grace. Returns 0 when every child
 // exits 0, else the first failure's status (its exit code, or 128 + the signal that ended it).
 struct LaunchOptions {
   int nproc = 1;

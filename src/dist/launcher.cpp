@@ -1,5 +1,5 @@
-// run_local (`kiln run`): children in their own process group, signals forwarded, the rest ended
-// when one fails. Everything the children need (argv, environment) is built before fork, so the
+// run_local (`kiln run`): children in one process group of their own, signals forwarded to it, the
+// group ended when one child fails. Everything the children need (argv, environment) is built before fork, so the
 // child only calls async-signal-safe functions before exec.
 #include <signal.h>
 #include <sys/prctl.h>
@@ -67,9 +67,9 @@ int run_local(const LaunchOptions& o) {
   std::vector<pid_t> pids(static_cast<size_t>(n), -1);
   pid_t group = 0;
   int first_failure = -1;
+  // Signals go to the children's process group, so whatever they started themselves gets them too.
   auto kill_all = [&](int sig) {
-    for (pid_t p : pids)
-      if (p > 0) ::kill(p, sig);
+    if (group > 0) ::kill(-group, sig);
   };
   for (int r = 0; r < n; ++r) {
     std::vector<char*> envp;
