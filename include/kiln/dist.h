@@ -238,7 +238,9 @@ class Communicator {
   const std::string& get_backend() const;  // "gloo" or "nccl"
   Device get_device() const;
   CommOptions get_options() const;
+  // Reconfigurable while the communicator lives (the rest of CommOptions is fixed at creation).
   void set_timeout(std::chrono::milliseconds timeout);  // for ops called from now on
+  void set_abort_process_on_error(bool abort_process);
 
   // Tensors are contiguous, on the communicator's device, of dtype float32, float64, bfloat16,
   // float16, int64, int32, int8 or uint8 (any dtype where nothing is reduced). bf16 / fp16 reduce in

@@ -395,9 +395,11 @@ void CommState::abort_with(ErrorKind kind, const std::string& message, bool publ
                            const std::shared_ptr<PendingOp>& failed, WorkStatus failed_status) {
   std::deque<std::shared_ptr<PendingOp>> pending;
   std::shared_ptr<PendingOp> cur;
+  bool end_process;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (aborted) return;
+    end_process = options.abort_process_on_error;
     abort_kind = kind;
     abort_message = message;
     aborted = true;
@@ -425,7 +427,7 @@ void CommState::abort_with(ErrorKind kind, const std::string& message, bool publ
   }
   idle_cv.notify_all();
   watchdog_cv.notify_all();
-  if (options.abort_process_on_error) {
+  if (end_process) {
     std::fprintf(stderr, "kiln: %s; ending the process (abort_process_on_error)\n", message.c_str());
     std::fflush(stderr);
     ::_exit(kAbortExitCode);  // opted in by the user: the launcher restarts the job

@@ -60,6 +60,17 @@ std::string reduce_problem(DType dt, ReduceOp op) {
   }
 }
 
+// Where output and input share memory: "" when they do not, or when input is exactly output's
+// block `block` (the in-place form of all_gather / reduce_scatter, block -1: none allowed).
+std::string overlap_problem(const Tensor& big, const Tensor& small, int64_t block) {
+  const auto* b0 = static_cast<const char*>(big.data_ptr());
+  const auto* s0 = static_cast<const char*>(small.data_ptr());
+  const bool apart = s0 + small.nbytes() <= b0 || b0 + big.nbytes() <= s0 || small.nbytes() == 0;
+  if (apart || (block >= 0 && s0 == b0 + block * static_cast<int64_t>(small.nbytes()))) return {};
+  return block >= 0 ? "input and output overlap other than input being output's block of this rank"
+                    : "input and output overlap";
+}
+
 int dtype_code(const Tensor& t) { return t.defined() ? static_cast<int>(t.dtype()) : -1; }
 int64_t numel_of(const Tensor& t) { return t.defined() ? t.numel() : -1; }
 
@@ -137,6 +148,11 @@ void Communicator::set_timeout(std::chrono::milliseconds timeout) {
   state_->options.timeout = timeout;
 }
 
+void Communicator::set_abort_process_on_error(bool abort_process) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->options.abort_process_on_error = abort_process;
+}
+
 std::shared_ptr<Work> Communicator::all_reduce(const Tensor& t, ReduceOp op, bool async_op) {
   auto& s = *state_;
   std::string problem = tensor_problem(s, t, "the tensor");
@@ -162,6 +178,7 @@ std::shared_ptr<Work> Communicator::all_gather_single(const Tensor& output, cons
   if (problem.empty() && output.numel() != input.numel() * s.size)
     problem = "output has " + std::to_string(output.numel()) + " elements, expected size * input = " +
               std::to_string(s.size) + " * " + std::to_string(input.numel());
+  if (problem.empty()) problem = overlap_problem(output, input, s.rank);
   TraceEntry e;
   describe_io(e, {input}, {output});
   auto header = detail::make_header(OpCode::kAllGather, dtype_code(input), numel_of(input), numel_of(output), -1, 0);
@@ -182,6 +199,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter_single(const Tensor& output, 
   if (problem.empty() && input.numel() != output.numel() * s.size)
     problem = "input has " + std::to_string(input.numel()) + " elements, expected size * output = " +
               std::to_string(s.size) + " * " + std::to_string(output.numel());
+  if (problem.empty()) problem = overlap_problem(input, output, s.rank);
   if (problem.empty()) problem = reduce_problem(input.dtype(), op);
   TraceEntry e;
   describe_io(e, {input}, {output});
@@ -220,6 +238,7 @@ std::shared_ptr<Work> Communicator::all_to_all_single(const Tensor& output, cons
   if (problem.empty() && (input.numel() != output.numel() || input.numel() % s.size != 0))
     problem = "input and output need the same number of elements, a multiple of the size " + std::to_string(s.size) +
               "; got " + std::to_string(input.numel()) + " and " + std::to_string(output.numel());
+  if (problem.empty()) problem = overlap_problem(output, input, -1);
   TraceEntry e;
   describe_io(e, {input}, {output});
   auto header = detail::make_header(OpCode::kAllToAll, dtype_code(input), numel_of(input), numel_of(output), -1, 0);

@@ -56,6 +56,9 @@ DIST_SCENARIO(bad_inputs) {
   expect_error([&] { comm->all_gather_single(empty({5}, kFloat32), full({2}, 1, kFloat32)); },
                {"output has 5 elements"});
   expect_error([&] { comm->all_reduce(full({2}, 1, kInt32), ReduceOp::AVG); }, {"AVG needs a floating-point tensor"});
+  const Tensor shared = full({3 * child.world}, 1, kFloat32);
+  expect_error([&] { comm->all_to_all_single(shared, shared); }, {"input and output overlap"});
+  expect_error([&] { comm->all_gather_single(shared, shared.narrow(0, 1, 3)); }, {"overlap other than"});
   still_works();
   // Point to point with an impossible peer: a local error; send / recv sizes that disagree: both.
   expect_error([&] { comm->send(full({2}, 1, kFloat32), R); }, {"dst", "is not another rank"});

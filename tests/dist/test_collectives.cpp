@@ -107,6 +107,22 @@ DIST_SCENARIO(every_op_matches_float64) {
       }
       EXPECT_EQ(got, expect) << label("all_to_all_single", dt, n);
     }
+  // In place: all_gather from this rank's block of the output, reduce_scatter into the input's.
+  for (int64_t n : {int64_t{3}, int64_t{20000}}) {
+    Tensor buf = make_input(kFloat32, W * n, R, 800 + static_cast<int>(n));
+    comm->all_gather_single(buf, buf.narrow(0, R * n, n));
+    std::vector<double> want;
+    for (int r = 0; r < W; ++r) {
+      const auto v = make_input(kFloat32, W * n, r, 800 + static_cast<int>(n)).to_vector();
+      want.insert(want.end(), v.begin() + r * n, v.begin() + (r + 1) * n);
+    }
+    EXPECT_EQ(buf.to_vector(), want) << "in-place all_gather_single n=" << n;
+    Tensor in = make_input(kFloat32, W * n, R, 850 + static_cast<int>(n));
+    comm->reduce_scatter_single(in.narrow(0, R * n, n), in);
+    const auto full = reference(kFloat32, W * n, W, 850 + static_cast<int>(n), ReduceOp::SUM);
+    expect_matches(in.narrow(0, R * n, n), std::vector<double>(full.begin() + R * n, full.begin() + (R + 1) * n),
+                   kFloat32, "in-place reduce_scatter_single");
+  }
   // send / recv around the ring (even ranks send first, so no pair waits on itself).
   for (DType dt : {kFloat32, kBFloat16, kInt64}) {
     const int64_t n = 1001;

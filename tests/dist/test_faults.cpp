@@ -184,3 +184,31 @@ DIST_SCENARIO(user_abort) {
 TEST(DistFaults, AbortFailsBlockedPeers) { EXPECT_TRUE(ranks_ended(run_ranks({"user_abort", 3}))); }
 
 }  // namespace kiln::dist::testing
+
+namespace kiln::dist::testing {
+
+// abort_process_on_error (opted in on rank 1): the failure ends rank 1's process with status 75
+// after its flight recorder is dumped.
+DIST_SCENARIO(abort_process) {
+  auto comm = new_comm("gloo", kCPU, "main", child.options(std::chrono::milliseconds(20000)));
+  comm->barrier();
+  if (child.rank == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    comm->abort();
+    return;
+  }
+  comm->set_abort_process_on_error(true);
+  Tensor t = full({8}, 1, kFloat32);
+  comm->all_reduce(t);
+  ADD_FAILURE() << "the process went on after the communicator failed";
+}
+
+TEST(DistFaults, AbortProcessOnErrorEndsTheProcess) {
+  const auto r = run_ranks({"abort_process", 2});
+  EXPECT_TRUE(ranks_ended(r, {0, 75}));
+  EXPECT_NE(r.logs[1].find("ending the process (abort_process_on_error)"), std::string::npos) << r.logs[1];
+  std::ifstream dump(r.dir + "/trace/main.rank1.json");
+  EXPECT_TRUE(dump.good()) << "no flight-recorder dump from the ended rank";
+}
+
+}  // namespace kiln::dist::testing

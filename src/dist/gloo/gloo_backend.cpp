@@ -111,8 +111,10 @@ class GlooBackend final : public Backend {
   void all_gather(const Tensor& out, const Tensor& in, const OpContext& c) override {
     if (out.nbytes() == 0) return;
     gloo::AllgatherOptions opts(ctx_);
-    opts.setInput<uint8_t>(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
-    opts.setOutput<uint8_t>(static_cast<uint8_t*>(out.data_ptr()), out.nbytes());
+    auto* o = static_cast<uint8_t*>(out.data_ptr());
+    if (in.data_ptr() != o + static_cast<size_t>(rank_) * in.nbytes())  // else in place: no input
+      opts.setInput<uint8_t>(static_cast<uint8_t*>(in.data_ptr()), in.nbytes());
+    opts.setOutput<uint8_t>(o, out.nbytes());
     opts.setTag(c.tag);
     opts.setTimeout(gloo_timeout(c));
     gloo::allgather(opts);
