@@ -125,7 +125,7 @@ class HashStore final : public Store {
   std::shared_ptr<State> state_;
 };
 
-// Every key prefixed with "prefix/" in the underlying store.
+// Every key prefixed with "prefix/" in the underlying store (whose timeout its gets and waits keep).
 class PrefixStore final : public Store {
  public:
   PrefixStore(std::string prefix, std::shared_ptr<Store> store);
@@ -165,9 +165,10 @@ std::shared_ptr<Store> default_store();
 // `kiln run`: nproc copies of command on this machine, each with torchrun's variables (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT: a free port left for
 // torch.distributed) and KILN_STORE_PORT (kiln's store, hosted by the launcher, so it outlives any
-// rank). The children form one process group: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2
-// are forwarded to it; when a child fails the group gets SIGTERM, then SIGKILL after kill_grace. Returns 0 when every child
-// exits 0, else the first failure's status (its exit code, or 128 + the signal that ended it).
+// rank). The children form one process group: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and
+// SIGUSR2 are forwarded to it; when a child fails the group gets SIGTERM, then SIGKILL after
+// kill_grace. Returns 0 when every child exits 0, else the first failure's status (its exit code,
+// or 128 + the signal that ended it).
 struct LaunchOptions {
   int nproc = 1;
   std::vector<std::string> command;  // program (PATH is searched) and its arguments
@@ -208,7 +209,8 @@ struct CommOptions {
   // recorder is dumped, as torch's async error handling does, so a launcher can restart the job.
   bool abort_process_on_error = false;
   // Exchange a small header (op, dtype, sizes, root) before each collective so ranks that
-  // disagree get a clear error instead of corrupt results or a hang (one small all-gather extra).
+  // disagree get a clear error instead of corrupt results or a hang. It costs one small all-gather
+  // per collective; collectives of up to a few KiB complete inside it. Must agree on every rank.
   bool check_inputs = true;
   std::string trace_dir = "kiln_trace";  // flight recorder dumps: <trace_dir>/<name>.rank<r>.json
   size_t trace_capacity = 2048;          // operations the flight recorder keeps
@@ -269,7 +271,8 @@ class Communicator {
   // The survivors without exclude_ranks, renumbered in order: called by every survivor, also on an
   // aborted communicator (the way on after a TimeoutError or CommError). name "": "<name>.shrink<k>".
   std::shared_ptr<Communicator> shrink(const std::vector<int>& exclude_ranks, const std::string& name = "");
-  // Fails every pending op, closes the connections so peers' ops fail too; later calls raise CommError.
+  // Fails every pending op at once and closes the connections so peers' ops fail too; later calls
+  // raise CommError. (A Gloo op already running on this rank's worker ends by Gloo's own timeout.)
   void abort();
   bool is_aborted() const;
 
