@@ -110,7 +110,8 @@ class NcclBackend final : public Backend {
       // that does not finish in time is aborted instead.
       std::lock_guard<std::mutex> lock(mu_);
       if (comm_) {
-        bool clean = ncclCommFinalize(comm_) != ncclSystemError;
+        const ncclResult_t fin = ncclCommFinalize(comm_);
+        bool clean = fin == ncclSuccess || fin == ncclInProgress;
         const auto until = Clock::now() + std::chrono::seconds(10);
         ncclResult_t state = ncclInProgress;
         while (clean && state == ncclInProgress && Clock::now() < until) {
