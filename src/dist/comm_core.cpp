@@ -258,6 +258,10 @@ void CommState::run_op(PendingOp& op) {
     finish(op, WorkStatus::COMPLETED, ErrorKind::None, "");
   } catch (const InputMismatch& e) {
     finish(op, WorkStatus::ERROR, ErrorKind::Invalid, e.what());
+    try {
+      dump(dump_path());  // every rank raises the same error: each leaves its dump for `kiln trace`
+    } catch (const std::exception&) {
+    }
   } catch (const std::exception& e) {
     std::shared_ptr<PendingOp> cur;
     {
