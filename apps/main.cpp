@@ -1,4 +1,4 @@
-// The `kiln` command: one subcommand per job (train, generate, info, inspect, convert; benchmarks are bench/). Errors from the library are printed, never aborted on.
+// The `kiln` command: one subcommand per job (train, generate, info, inspect, convert, run, trace; benchmarks are bench/). Errors from the library are printed, never aborted on.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "dist_commands.h"
 #include "io_commands.h"
 #include "train_mlp.h"
 #include "train/train.h"
@@ -59,6 +60,9 @@ int main(int argc, char** argv) {
   convert->add_option("IN", convert_in)->required();
   convert->add_option("OUT", convert_out)->required();
 
+  kiln::apps::DistCommands dist;
+  kiln::apps::add_dist_commands(app, dist);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*info) return run_info();
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
     if (*generate) return kiln::train::run_generate(gen_cfg, std::cout);
     if (*inspect) return kiln::apps::run_inspect(inspect_path, std::cout);
     if (*convert) return kiln::apps::run_convert(convert_in, convert_out, std::cout);
+    if (const int rc = kiln::apps::run_dist_commands(dist); rc >= 0) return rc;
   } catch (const kiln::Error& e) {
     std::cerr << "kiln: " << e.what() << "\n";
     return 1;

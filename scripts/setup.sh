@@ -5,7 +5,7 @@
 set -euo pipefail
 
 DEBS=(cmake ninja-build g++ pkg-config libopenblas-dev libhwy-dev nlohmann-json3-dev libfmt-dev
-      libcli11-dev libgtest-dev ccache clang libclang-rt-14-dev)
+      libcli11-dev libgtest-dev ccache clang libclang-rt-14-dev libgloo-dev)
 PY_DEPS=(nanobind scikit-build-core numpy pytest ml_dtypes)  # ml_dtypes: bf16 NumPy arrays
 
 missing=()

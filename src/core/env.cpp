@@ -1,8 +1,10 @@
 // The only file of kiln that reads the process environment (core/env.h, kiln/tuning.h).
 #include "core/env.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -69,6 +71,84 @@ std::string cache_dir() {
   if (const char* x = env("XDG_CACHE_HOME")) return std::string(x) + "/kiln";
   if (const char* home = env("HOME")) return std::string(home) + "/.cache/kiln";
   return {};
+}
+
+namespace {
+
+constexpr const char* kLaunchOp = "launch_env";
+
+int parse_int(const char* var, const char* v, int lo, int hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  KILN_CHECK(errno == 0 && end != v && *end == 0 && x >= lo && x <= hi, kLaunchOp, var,
+             " must be an integer in [", lo, ", ", hi, "], got '", v, "'");
+  return static_cast<int>(x);
+}
+
+// The first host of a Slurm node list: "gpu[03-05,9],cpu1" -> "gpu03".
+std::string first_slurm_host(const std::string& list) {
+  const size_t cut = list.find_first_of(",[");
+  if (cut == std::string::npos || list[cut] == ',') return list.substr(0, cut);
+  const size_t end = list.find_first_of(",-]", cut + 1);
+  return list.substr(0, cut) + list.substr(cut + 1, end - cut - 1);
+}
+
+}  // namespace
+
+LaunchEnv parse_launch_env(const std::function<const char*(const char*)>& lookup) {
+  auto get = [&](const char* var) -> const char* {
+    const char* v = lookup(var);
+    return v && *v ? v : nullptr;
+  };
+  constexpr int kMaxRanks = 1 << 24;
+  LaunchEnv e;
+  const char* master_port = get("MASTER_PORT");
+  if (get("RANK") && get("WORLD_SIZE")) {
+    e.source = "env";
+    e.world_size = parse_int("WORLD_SIZE", get("WORLD_SIZE"), 1, kMaxRanks);
+    e.rank = parse_int("RANK", get("RANK"), 0, e.world_size - 1);
+    if (const char* v = get("LOCAL_RANK")) e.local_rank = parse_int("LOCAL_RANK", v, 0, kMaxRanks);
+    e.local_world_size = e.world_size;
+    if (const char* v = get("LOCAL_WORLD_SIZE")) e.local_world_size = parse_int("LOCAL_WORLD_SIZE", v, 1, kMaxRanks);
+  } else if (get("SLURM_PROCID") && get("SLURM_NTASKS")) {
+    e.source = "slurm";
+    e.world_size = parse_int("SLURM_NTASKS", get("SLURM_NTASKS"), 1, kMaxRanks);
+    e.rank = parse_int("SLURM_PROCID", get("SLURM_PROCID"), 0, e.world_size - 1);
+    if (const char* v = get("SLURM_LOCALID")) e.local_rank = parse_int("SLURM_LOCALID", v, 0, kMaxRanks);
+    e.local_world_size = e.world_size;
+    if (const char* v = get("SLURM_NTASKS_PER_NODE")) e.local_world_size = parse_int("SLURM_NTASKS_PER_NODE", v, 1, kMaxRanks);
+    const char* nodes = get("SLURM_STEP_NODELIST") ? get("SLURM_STEP_NODELIST") : get("SLURM_JOB_NODELIST");
+    if (nodes) e.master_addr = first_slurm_host(nodes);
+    if (!master_port)
+      if (const char* job = get("SLURM_JOB_ID")) e.master_port = 10000 + parse_int("SLURM_JOB_ID", job, 0, 1 << 30) % 20000;
+  }
+  if (const char* v = get("MASTER_ADDR")) e.master_addr = v;
+  if (master_port) e.master_port = parse_int("MASTER_PORT", master_port, 1, 65534);
+  e.store_port = e.master_port + 1;
+  if (const char* v = get("KILN_STORE_PORT")) {
+    e.store_port = parse_int("KILN_STORE_PORT", v, 1, 65535);
+    e.store_hosted_by_launcher = true;
+  }
+  if (const char* v = get("GLOO_SOCKET_IFNAME")) e.gloo_iface = v;
+  return e;
+}
+
+LaunchEnv launch_env() {
+  return parse_launch_env([](const char* var) { return std::getenv(var); });
+}
+
+std::vector<std::string> environment_with(const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const std::string name = kv.substr(0, kv.find('='));
+    bool replaced = false;
+    for (const auto& [k, v] : overrides) replaced = replaced || k == name;
+    if (!replaced) out.push_back(kv);
+  }
+  for (const auto& [k, v] : overrides) out.push_back(k + "=" + v);
+  return out;
 }
 
 }  // namespace detail
