@@ -303,7 +303,7 @@ int main(int argc, char** argv) {
                  "[--score none|alibi|softcap:C] [--dtype f32|bf16|f16] [--reps N] [--bm-seq N] [--block-size N (128)] [--json] [--flex-only]\n",
                  e.what());
     return 2;
-  } catch (const Error& e) {
+  } catch (const kiln::Error& e) {
     std::fprintf(stderr, "bench_flex: %s\n", e.what());
     return 1;
   }
