@@ -173,29 +173,6 @@ TEST(FlexCudaCodegen, GeneratedSourcesCompileWithNvrtc) {
     const detail::Program wp = detail::compile(masks[1].expr), ap = detail::compile(scores[0].expr);
     EXPECT_NE(cuda::generate_source(&ap, &wp, cfg).find("#define MASK_RANGES 1"), std::string::npos);
     EXPECT_NO_THROW(cuda::compile_cubin(cuda::generate_source(&ap, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused = true;  // the fused backward (E = 128): the window's runs with split P, then softcap's joint P / dS
-    EXPECT_NE(cuda::generate_source(&ap, &wp, cfg).find("#define BWD_FUSED 1"), std::string::npos);
-    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&ap, &wp, cfg), "sm_90a"));
-    const detail::Program cp = detail::compile(scores[1].expr);
-    cfg.bwd_split_p = false;
-    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused_reducer = true;  // its adds by a reducer warpgroup, then in place
-    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused_inplace = true;
-    EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_INPLACE 1"), std::string::npos);
-    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused_ascending = true;  // q tiles walked upward, turns from the highest kv block
-    EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_ASCENDING 1"), std::string::npos);
-    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused_persist = true;  // persistent, with the reducer, then with the adds inline
-    EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_PERSIST 1"), std::string::npos);
-    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused_reducer = cfg.bwd_fused_inplace = false;
-    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused_tma_sums = true;  // swizzled parts, bulk tensor reductions
-    EXPECT_NE(cuda::generate_source(&cp, &wp, cfg).find("#define FUSED_TMA_SUMS 1"), std::string::npos);
-    EXPECT_NO_THROW(cuda::compile_cubin(bwd_only + cuda::generate_source(&cp, &wp, cfg), "sm_90a"));
-    cfg.bwd_fused = cfg.bwd_fused_ascending = cfg.bwd_fused_persist = cfg.bwd_fused_tma_sums = false;
     cfg.mask_ranges = cfg.fwd_keepbits = cfg.bwd_split_p = cfg.bwd_paired = cfg.bwd_tma = false;
     cfg.fwd_kbuf = 1;
     cfg.bwd_tma = true;  // the TMA backward, with captured-tensor gradients
@@ -1103,90 +1080,6 @@ TEST(FlexAttentionCuda, PersistentForwardMatchesReferenceAndDefaultBits) {
   }
 }
 
-// KILN_FLEX_BWD_FUSED=1: dQ formed in the dK/dV kernel over 128-row kv units, its parts added by
-// ordered bulk reductions (kernel_source_bwd_fused.cpp). Its sums run in another order than the dQ
-// kernel's, so: against the reference (causal; rows that attend nothing; a window, GQA; softcap's
-// joint P / dS; lengths off the blocks), the same bits run to run, and the same with every listed
-// block marked partial. By default on the caller's 128-blocks while the backward's are halved (not
-// with softcap: no fused backward there), then with the blocks kept for both (KILN_FLEX_HALVE_BLOCKS=0).
-void check_fused_backward() {
-  GpuCase c;
-  c.E = 128;
-  c.Hq = 4;
-  c.L = 700;
-  c.S = 900;
-  // late: q rows below 301 attend nothing, so q blocks 0 and 1 list no kv block (tiles without parts).
-  const MaskMod causal = causal_mask(), late = MaskMod([](Expr, Expr, Expr q, Expr kv) { return kv < q - 300; }),
-                window = sliding_window_mask(300);
-  check_cuda(c, kBFloat16, &causal, kCausal, ScoreMod(), nullptr);
-  check_cuda(c, kFloat16, &late, [](int64_t, int64_t, int64_t q, int64_t kv) { return kv < q - 300; }, ScoreMod(),
-             nullptr);
-  check_cuda(c, kBFloat16, &window, [](int64_t, int64_t, int64_t q, int64_t kv) { return q >= kv && q - kv < 300; },
-             ScoreMod(), nullptr);
-  check_cuda(c, kBFloat16, &causal, kCausal, softcap(5.0), kSoftcap5);
-  const Tensor q = randn({2, 4, c.L, 128}), k = randn({2, 2, c.S, 128}), v = randn({2, 2, c.S, 128}),
-               cot = randn({2, 4, c.L, 128});
-  const BlockMask bm = create_block_mask(window, 1, 1, c.L, c.S);
-  FlexOptions o;
-  o.block_mask = &bm;
-  o.enable_gqa = true;
-  const FlexRun a = run_on(kGpu, kBFloat16, q, k, v, o, cot);
-  EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot))) << "two fused backward runs differ";
-  const BlockMask partial = all_partial(bm, 128);
-  o.block_mask = &partial;
-  EXPECT_TRUE(same_bits(a, run_on(kGpu, kBFloat16, q, k, v, o, cot))) << "full vs partial changes the fused backward";
-}
-
-// With the adds inline (thread 0), by the reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1), and by it
-// in place (KILN_FLEX_BWD_FUSED_INPLACE=1: first parts stored, last ones converted, q tiles without
-// parts zeroed apart); modes 3 and 4 are 0 and 2 in the ascending order (KILN_FLEX_BWD_FUSED_ASCENDING=1),
-// 5 and 6 are 0 and 4 persistent (KILN_FLEX_BWD_FUSED_PERSIST=1), 7 and 8 are 0 and 6 with swizzled
-// parts added by bulk tensor reductions (KILN_FLEX_BWD_FUSED_TMA_SUMS=1).
-TEST(FlexAttentionCuda, FusedBackwardMatchesReferenceAndIsDeterministic) {
-  KILN_REQUIRE_CUDA();
-  manual_seed(57);
-  const ScopedEnv fused("KILN_FLEX_BWD_FUSED", "1");
-  for (const int mode : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
-    SCOPED_TRACE("mode " + std::to_string(mode));
-    const bool in_place = mode == 2 || mode == 4 || mode == 6 || mode == 8;
-    const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", mode == 1 || in_place ? "1" : "0"),
-        inplace("KILN_FLEX_BWD_FUSED_INPLACE", in_place ? "1" : "0"),
-        ascending("KILN_FLEX_BWD_FUSED_ASCENDING", mode == 3 || mode == 4 || mode == 6 || mode == 8 ? "1" : "0"),
-        persist("KILN_FLEX_BWD_FUSED_PERSIST", mode == 5 || mode == 6 || mode == 8 ? "1" : "0"),
-        tma_sums("KILN_FLEX_BWD_FUSED_TMA_SUMS", mode >= 7 ? "1" : "0");
-    check_fused_backward();
-    const ScopedEnv keep("KILN_FLEX_HALVE_BLOCKS", "0");
-    check_fused_backward();
-  }
-}
-
-// The fused backward's scheduling switches keep its arithmetic and its order of adds: persistent CTAs
-// (2 batches x 2 kv heads x 71 units of 128 rows > the H200's 132 SMs, so CTAs take two or three units)
-// and the swizzled parts' bulk tensor reductions give the bits of one CTA a unit and of the plain bulk
-// reductions, in either walk order, with the reducer in place and with the adds inline.
-TEST(FlexAttentionCuda, FusedBackwardPersistentAndSwizzledSumsKeepTheBits) {
-  KILN_REQUIRE_CUDA();
-  manual_seed(61);
-  const int64_t L = 9000, S = 9000;
-  const Tensor q = randn({2, 4, L, 128}), k = randn({2, 2, S, 128}), v = randn({2, 2, S, 128}),
-               cot = randn({2, 4, L, 128});
-  const BlockMask bm = create_block_mask(sliding_window_mask(300), 1, 1, L, S);
-  FlexOptions o;
-  o.block_mask = &bm;
-  o.return_lse = true;
-  o.enable_gqa = true;
-  const ScopedEnv fused("KILN_FLEX_BWD_FUSED", "1");
-  for (const char* in_place : {"1", "0"}) {
-    const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", in_place), inplace("KILN_FLEX_BWD_FUSED_INPLACE", in_place);
-    for (const char* ascending : {"0", "1"}) {
-      SCOPED_TRACE(std::string("in place ") + in_place + ", ascending " + ascending);
-      const ScopedEnv order("KILN_FLEX_BWD_FUSED_ASCENDING", ascending);
-      expect_same_bits_across("KILN_FLEX_BWD_FUSED_PERSIST", "1", "0", q, k, v, cot, o);
-      expect_same_bits_across("KILN_FLEX_BWD_FUSED_TMA_SUMS", "1", "0", q, k, v, cot, o);
-    }
-  }
-}
-
 // Short rows at E = 128 (a window): by default the persistent forward runs on the caller's 128-blocks
 // with 128 x 128 tiles while the backward walks the halved 64-blocks. Against the reference, and the
 // forward bit for bit the one with the blocks kept for both (KILN_FLEX_HALVE_BLOCKS=0), which runs
@@ -1428,36 +1321,6 @@ TEST(FlexCudaConfig, DefaultsFollowTheMeasuredRules) {
   EXPECT_EQ(c.fwd_tile_m, 128);
   EXPECT_EQ(c.fwd_tile_n, 128);
   EXPECT_TRUE(c.fwd_last_issues) << "two warpgroups a CTA: the last warp done with a stage issues";
-  // The fused backward (a measurement switch): E = 128 with merged lists or no BlockMask, no
-  // captured-tensor gradients.
-  EXPECT_FALSE(config(9).bwd_fused);
-  {
-    const ScopedEnv on("KILN_FLEX_BWD_FUSED", "1");
-    EXPECT_FALSE(config(9).bwd_fused) << "two lists a row";
-    p.all_full = true;
-    EXPECT_TRUE(config(9).bwd_fused);
-    EXPECT_FALSE(config(9, 100).bwd_fused) << "captured-tensor gradients";
-    {
-      const ScopedEnv in_place("KILN_FLEX_BWD_FUSED_INPLACE", "1");
-      EXPECT_FALSE(config(9).bwd_fused_inplace) << "in place needs the reducer";
-      const ScopedEnv reducer("KILN_FLEX_BWD_FUSED_REDUCER", "1");
-      EXPECT_TRUE(config(9).bwd_fused_inplace);
-    }
-    {
-      const ScopedEnv ascending("KILN_FLEX_BWD_FUSED_ASCENDING", "1"), persist("KILN_FLEX_BWD_FUSED_PERSIST", "1"),
-          tma_sums("KILN_FLEX_BWD_FUSED_TMA_SUMS", "1");
-      EXPECT_TRUE(config(9).bwd_fused_ascending);
-      EXPECT_TRUE(config(9).bwd_fused_persist);
-      EXPECT_TRUE(config(9).bwd_fused_tma_sums);
-    }
-    EXPECT_FALSE(config(9).bwd_fused_ascending);
-    EXPECT_FALSE(config(9).bwd_fused_persist);
-    EXPECT_FALSE(config(9).bwd_fused_tma_sums);
-    p.E = p.Ev = 64;
-    EXPECT_FALSE(config(9).bwd_fused) << "E = 64";
-    p.E = p.Ev = 128;
-    p.all_full = false;
-  }
   // A score_mod: no split P, no folded scale.
   const detail::Program soft = detail::compile(softcap(30.0).expr);
   p.score = &soft;

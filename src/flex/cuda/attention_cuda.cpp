@@ -43,8 +43,6 @@ struct State {
   int fwd_threads = kThreads;
   int64_t fwd_q_tiles = 0;
   int64_t fwd_grid = 0;  // CTAs of the forward: one per q tile, or what fits at once (fwd_persist)
-  int64_t fused_grid = 0;  // bwd_fused: CTAs of its flex_bwd_dkdv
-  bool fused_on_fwd_blocks = false;  // bwd_fused where the backward's blocks are halved: it walks fwd_p's
   int64_t grad_numel = 0;
   bool check_indices = false;  // a load may go out of range: read the kernel's flag back
   bool profile = false;        // KILN_FLEX_PROFILE: print the kernels' phase cycles
@@ -141,15 +139,14 @@ bool read_error(const State& st, const Tensor& err) {
 // What determines a configuration's source besides the mods' programs.
 std::string config_id(const KernelConfig& cfg) {
   char id[200];
-  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d", cfg.bf16,
+  std::snprintf(id, sizeof(id), "%d%d/%d/%dx%d/%dx%dx%d/%d%d%d/%d%d%d%d%d%d%d%d%d%d%d%d%d%d/%d%d%d/%d%d%d%d%d%d%d", cfg.bf16,
                 cfg.profile, cfg.head_dim, cfg.tile_m, cfg.tile_n, cfg.fwd_tile_m, cfg.fwd_tile_n, cfg.fwd_mt,
                 cfg.fwd_wgmma, cfg.bwd_wgmma, cfg.index_check, cfg.fwd_kbuf, cfg.bwd_kbuf, cfg.bwd_qbuf,
                 cfg.fwd_overlap, cfg.fwd_tma, cfg.bwd_tma, cfg.index32, cfg.fwd_keepbits, cfg.walk_ahead,
-                cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods, cfg.bwd_paired, cfg.bwd_split_p, cfg.bwd_fused,
-                cfg.bwd_fused_unordered, cfg.bwd_fused_reducer, cfg.bwd_fused_inplace,
+                cfg.mask_bits, cfg.fwd_persist, cfg.fast_mods, cfg.bwd_paired, cfg.bwd_split_p,
                 cfg.bwd_dkdv_min_blocks, cfg.bwd_dq_min_blocks, cfg.fwd_min_blocks, cfg.fast_mods && cfg.magic_i2f,
                 cfg.fold_scale, cfg.fwd_last_issues, cfg.fwd_stages, cfg.merged_walk, cfg.mask_ranges,
-                cfg.fwd_pingpong, cfg.bwd_fused_ascending, cfg.bwd_fused_persist, cfg.bwd_fused_tma_sums);
+                cfg.fwd_pingpong);
   return id;
 }
 
@@ -301,35 +298,19 @@ std::shared_ptr<State> make_state(const cpu::Problem& p, DType dtype, Device dev
   const auto tiles_bytes = [&](int64_t tiles) {
     return cfg.bwd_wgmma ? tiles * kTileM * p.E * 2 + 1024 : tiles * kTileM * padded_row(p.E) * 2;
   };
-  // The fused backward walks 128-row kv blocks: the caller's where the backward's are halved.
-  if (cfg.bwd_fused) {
-    const cpu::Problem& fp = fwd_p ? *fwd_p : p;
-    st->fused_on_fwd_blocks = fwd_p != nullptr;
-    if (fp.KB != KernelConfig::kFusedKv || fp.QB % kTileM != 0 || (!fp.all_full && !fp.q_all_idx)) cfg.bwd_fused = false;
-  }
   const int64_t q_sets = cfg.bwd_tma ? 2 : cfg.bwd_qbuf;
   st->bwd_dq_smem = tiles_bytes(cfg.bwd_tma ? 2 + 2 * cfg.bwd_kbuf : 3 + cfg.bwd_kbuf);
   st->bwd_dkdv_smem = tiles_bytes(2 + 2 * q_sets) + 2 * kTileM * 4 * q_sets;
-  // The fused one: 128-row K and V, two Q / dO buffers, the dS^T tile [128 x 64], the fp32 part [64 x E]
-  // and two buffers of lse2 / delta rows.
-  // (With the reducer, two parts.)
-  if (cfg.bwd_fused)
-    st->bwd_dkdv_smem = (2 * KernelConfig::kFusedKv + 4 * kTileM) * p.E * 2 + KernelConfig::kFusedKv * kTileM * 2 +
-                        (cfg.bwd_fused_reducer ? 2 : 1) * kTileM * p.E * 4 + 4 * kTileM * 4 + 1024;
   st->bwd_smem = std::max(st->bwd_dq_smem, st->bwd_dkdv_smem);
   st->cfg = cfg;
   st->kernels = &kernels_for(p, cfg, fwd_p ? &st->fwd_cfg : nullptr, device.index, st->fwd_smem, st->bwd_smem);
   st->fwd_grid = p.B * p.Hq * st->fwd_q_tiles;
   int sms = 0;  // the persistent kernels' CTAs: what fits the SMs at once
-  if (st->fwd_cfg.fwd_persist || (cfg.bwd_fused && cfg.bwd_fused_persist))
+  if (st->fwd_cfg.fwd_persist)
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
   if (st->fwd_cfg.fwd_persist) {
     const int per_sm = max_active_blocks(st->kernels->fwd, st->fwd_threads, st->fwd_smem);
     st->fwd_grid = std::min<int64_t>(st->fwd_grid, int64_t{sms} * std::max(per_sm, 1));
-  }
-  if (cfg.bwd_fused) {  // a CTA a 128-row kv unit, or (persistent) one an SM, its shared memory allowing no second
-    st->fused_grid = p.B * p.Hkv * ceil_div(p.S, KernelConfig::kFusedKv);
-    if (cfg.bwd_fused_persist) st->fused_grid = std::min<int64_t>(st->fused_grid, sms);
   }
   return st;
 }
@@ -376,37 +357,6 @@ bool forward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v,
   }
   return read_error(st, err);
 }
-
-namespace {
-
-// The fused backward (KernelConfig::bwd_fused) after the preprocess: flex_bwd_dkdv over 128-row kv
-// units (on the caller's blocks where the backward's are halved; 128-row K / V boxes) adds dQ's fp32
-// parts into zeroed sums in a fixed order, and flex_bwd_dq writes dQ from them (bwd_fused_inplace: the
-// reducer writes dQ, flex_bwd_dq only the zeros of q tiles without parts).
-void launch_fused_backward(const State& st, const FlexParams& P, void* stream) {
-  const cpu::Problem& p = st.p;
-  const TensorOptions dev = TensorOptions().device(st.device);
-  FlexParams F = P;
-  if (st.fused_on_fwd_blocks) set_block_lists(F, st.fwd_p);
-  F.kv_tiles = ceil_div(p.S, KernelConfig::kFusedKv);
-  const bool bf16 = st.dtype == kBFloat16;
-  encode_tile_map(F.kmap, F.k, bf16, p.B * p.Hkv, p.S, p.E, KernelConfig::kFusedKv);
-  encode_tile_map(F.vmap, F.v, bf16, p.B * p.Hkv, p.S, p.E, KernelConfig::kFusedKv);
-  const int64_t n = p.B * p.Hq * p.L * p.E;
-  // The sums need zeros unless each tile's first part is stored (bwd_fused_inplace).
-  const Tensor sums = st.cfg.bwd_fused_inplace ? empty({n}, dev.dtype(kFloat32)) : zeros({n}, dev.dtype(kFloat32));
-  const Tensor turns = zeros({p.B * p.Hq * P.q_tiles}, dev.dtype(kInt32));
-  F.dqacc = sums.data_ptr<float>();
-  if (st.cfg.bwd_fused_tma_sums) encode_sums_map(F.dqmap, F.dqacc, p.B * p.Hq, p.L, p.E);
-  F.dqsem = reinterpret_cast<unsigned*>(turns.data_ptr<int32_t>());
-  const int threads = 2 * kThreads + (st.cfg.bwd_fused_reducer ? kThreads : 0);  // the reducer's warpgroup
-  launch(st.kernels->bwd_dkdv, st.fused_grid, threads, st.bwd_dkdv_smem, stream, &F);
-  // flex_bwd_dq: the convert pass, or (in place) dQ's zeros for q tiles that list no kv block.
-  const int64_t dq_grid = st.cfg.bwd_fused_inplace ? p.B * p.Hq * P.q_tiles : ceil_div(n / 8, kThreads);
-  launch(st.kernels->bwd_dq, dq_grid, kThreads, 0, stream, &F);
-}
-
-}  // namespace
 
 bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
               const Tensor& dout_in, const Tensor& lse, const Tensor& dlse, Tensor& dq, Tensor& dk, Tensor& dv,
@@ -458,10 +408,6 @@ bool backward(const State& st, const Tensor& q, const Tensor& k, const Tensor& v
     P.slots = slots.data_ptr<double>();
     P.capgrad = capgrad.data_ptr<double>();
     grid = P.nslots;
-  }
-  if (st.cfg.bwd_fused) {
-    launch_fused_backward(st, P, stream);
-    return read_error(st, err);
   }
   // The dK/dV kernel on a side stream beside the dQ kernel (they share only read-only inputs): each
   // fills the other's last wave and launch gaps (H200, session 11, fwd+bwd: 16 documents 5.74 ->

@@ -411,14 +411,6 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   if (cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_TMA 1\n";
   if (cfg.bwd_paired && cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_PAIRED 1\n";
   if (cfg.bwd_split_p) os << "#define BWD_SPLIT_P 1\n";
-  if (cfg.bwd_fused) os << "#define BWD_FUSED 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_unordered) os << "#define FUSED_UNORDERED 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_reducer) os << "#define FUSED_REDUCER 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_reducer && cfg.bwd_fused_inplace && !cfg.bwd_fused_unordered)
-    os << "#define FUSED_INPLACE 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_ascending) os << "#define FUSED_ASCENDING 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_persist) os << "#define FUSED_PERSIST 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_tma_sums) os << "#define FUSED_TMA_SUMS 1\n";
   os << "#define BWD_DKDV_MIN_BLOCKS " << cfg.bwd_dkdv_min_blocks << "\n";
   os << "#define BWD_DQ_MIN_BLOCKS " << cfg.bwd_dq_min_blocks << "\n";
   os << "#define FWD_MIN_BLOCKS " << cfg.fwd_min_blocks << "\n";

@@ -113,31 +113,6 @@ struct KernelConfig {
   // its dP product is still in flight, then dS (the default on sm_90; KILN_FLEX_BWD_SPLIT_P=0 turns
   // it off).
   bool bwd_split_p = false;
-  // The fused backward (kernel_source_bwd_fused.cpp; KILN_FLEX_BWD_FUSED=1): flex_bwd_dkdv forms dQ too,
-  // over 128-row kv units, and flex_bwd_dq converts its sums. E = 128, paired TMA products, no
-  // captured-tensor gradients, merged lists; make_state also needs 128-row kv blocks.
-  bool bwd_fused = false;
-  // A measurement only (KILN_FLEX_BWD_FUSED_UNORDERED=1): the fused backward's parts added in any order
-  // without waiting for each other (not deterministic: never a default).
-  bool bwd_fused_unordered = false;
-  // The fused backward's adds by a reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1): two part
-  // buffers, the consumers never wait on a turn.
-  bool bwd_fused_reducer = false;
-  // With the reducer and the ordered adds: a q tile's first part stored and its last converted into dQ by
-  // the reducer warp, no zero / convert passes (KILN_FLEX_BWD_FUSED_INPLACE=1).
-  bool bwd_fused_inplace = false;
-  // The fused backward's q tiles walked upward, each tile's parts from the highest kv block down, units
-  // launched from a head's highest kv block (KILN_FLEX_BWD_FUSED_ASCENDING=1; the causal row's order).
-  bool bwd_fused_ascending = false;
-  // The fused backward persistent: one CTA an SM takes units in turn, the next unit's loads beside the
-  // last unit's dK / dV stores (KILN_FLEX_BWD_FUSED_PERSIST=1).
-  bool bwd_fused_persist = false;
-  // The fused backward's dQ parts staged in shared memory with the 128-byte swizzle and added by bulk
-  // tensor reductions through FlexParams::dqmap (KILN_FLEX_BWD_FUSED_TMA_SUMS=1): the plain row-major
-  // part took its 8 rows a store into the same 8 banks.
-  bool bwd_fused_tma_sums = false;
-  // Its kv rows a CTA.
-  static constexpr int kFusedKv = 128;
   // Every kernel's BlockMask walk loads the lists' next entries a step ahead
   // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
   bool walk_ahead = false;
@@ -222,8 +197,7 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
 // prelude, wgmma helpers (kernel_source_wgmma.cpp), walks and mod_score (kernel_source_walks.cpp),
 // the forward's tiles and kernel (kernel_source_fwd.cpp), the persistent forward
 // (kernel_source_persist.cpp) and the backward: its shared part and flex_bwd_pre (kernel_source_bwd.cpp),
-// the dQ kernel (kernel_source_bwd_dq.cpp), the dK/dV kernel (kernel_source_bwd_dkdv.cpp) and the
-// fused backward (kernel_source_bwd_fused.cpp, kernel_source_bwd_fused_parts.cpp).
+// the dQ kernel (kernel_source_bwd_dq.cpp) and the dK/dV kernel (kernel_source_bwd_dkdv.cpp).
 const std::string& kernel_template();
 const char* params_struct_source();
 const char* kernel_prelude();
@@ -235,8 +209,5 @@ const char* kernel_forward_persist();
 const char* kernel_backward_common();
 const char* kernel_backward_dq();
 const char* kernel_backward_dkdv();
-const char* kernel_backward_fused_config();
-const char* kernel_backward_fused_parts();
-const char* kernel_backward_fused();
 
 }  // namespace kiln::flex::cuda

@@ -274,17 +274,6 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
   // is P (dP - delta) as without one.
   cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 &&
                     (!p.score || detail::score_grad_is_one(*p.score));
-  // The fused backward (a measurement switch, KILN_FLEX_BWD_FUSED=1; make_state also needs 128-row kv
-  // blocks, the caller's where the backward's are halved).
-  cfg.bwd_fused = cfg.bwd_paired && p.E == 128 && grad_numel == 0 && (p.all_full || p.kv_all_idx != nullptr) &&
-                  env_flag("KILN_FLEX_BWD_FUSED", false);
-  cfg.bwd_fused_unordered = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_UNORDERED", false);
-  cfg.bwd_fused_reducer = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_REDUCER", false);
-  cfg.bwd_fused_inplace = cfg.bwd_fused_reducer && !cfg.bwd_fused_unordered &&
-                          env_flag("KILN_FLEX_BWD_FUSED_INPLACE", false);
-  cfg.bwd_fused_ascending = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_ASCENDING", false);
-  cfg.bwd_fused_persist = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_PERSIST", false);
-  cfg.bwd_fused_tma_sums = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_TMA_SUMS", false);
   // Short rows at E = 64 (where the forward takes 64 x 64 tiles, fewer than 6 blocks a row) run more
   // CTAs an SM: the forward held to 93 registers (5 CTAs instead of 4) and the wgmma dK/dV kernel to
   // 168 (3 instead of 2; not with captured-tensor gradients, which spill ~800 bytes there); no

@@ -5,8 +5,7 @@
 // file holds the parameter block, the prelude and their assembly (kernel_template); the walks and
 // mod_score are in kernel_source_walks.cpp, the forward in kernel_source_fwd.cpp (and
 // kernel_source_persist.cpp), the backward kernels in kernel_source_bwd.cpp (shared part, flex_bwd_pre),
-// kernel_source_bwd_dq.cpp and kernel_source_bwd_dkdv.cpp (and the fused backward,
-// kernel_source_bwd_fused.cpp).
+// kernel_source_bwd_dq.cpp and kernel_source_bwd_dkdv.cpp.
 //
 // Tiles (mma.sync): a CTA is 4 warps; each warp owns 16 rows of a 64 x 64 score tile and
 // accumulates in fp32 registers (mma C fragments). Q/K/V/dO tiles sit in shared memory with rows
@@ -358,9 +357,7 @@ __device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const 
 const std::string& kernel_template() {
   static const std::string source = std::string(kernel_prelude()) + wgmma_helpers_source() + kernel_walks() +
                                     kernel_forward_tiles() + kernel_forward() + kernel_forward_persist() +
-                                    kernel_backward_common() + kernel_backward_dq() + kernel_backward_dkdv() +
-                                    kernel_backward_fused_config() + kernel_backward_fused_parts() +
-                                    kernel_backward_fused();
+                                    kernel_backward_common() + kernel_backward_dq() + kernel_backward_dkdv();
   return source;
 }
 

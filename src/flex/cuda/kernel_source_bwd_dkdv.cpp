@@ -56,8 +56,7 @@ __device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4
 // lse2 and delta of q rows r0.. of (b, h) into smem (lse2_s, then delta_s right after it) by
 // cp.async in the caller's group: no thread waits for them here (a plain load stalled each q
 // tile of dK/dV for a global round trip). Rows past L read 0: their elements are out of bounds,
-// so y = -inf and p = 0 whatever lse2 is. A thread past the first 2 TILE_M loads nothing (the fused
-// backward's second warpgroup).
+// so y = -inf and p = 0 whatever lse2 is.
 __device__ __forceinline__ void load_rows(float* lse2_s, const FlexParams& P, i64 bh, i64 r0) {
   for (int i = threadIdx.x; i < 2 * TILE_M; i += NTHREADS) {
     const int r = i % TILE_M;
@@ -207,7 +206,6 @@ __device__ __forceinline__ void dkdv_pair_dk_dv(float (*dk)[4], float (*dv)[4], 
 }
 #endif
 
-#if !BWD_FUSED  // the fused backward's flex_bwd_dkdv forms dQ too (kernel_source_bwd_fused.cpp)
 extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -390,7 +388,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
   }
   PROF_FLUSH(16);
 }
-#endif  // !BWD_FUSED
 
 // capgrad[x] = sum over slots (slot-major, then warp) of slots[.][x]: a fixed order.
 extern "C" __global__ void flex_capgrad_reduce(const FlexParams P) {

@@ -137,7 +137,6 @@ __device__ __forceinline__ void dq_tile_ds_from_p(float (*p)[4], const float (*d
 }
 #endif
 
-#if !BWD_FUSED  // the fused backward's flex_bwd_dq converts its sums (kernel_source_bwd_fused.cpp)
 extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
   PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
@@ -364,7 +363,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
   PROF_MARK(7);
   PROF_FLUSH(8);
 }
-#endif  // !BWD_FUSED
 
 )kiln_src";
 }

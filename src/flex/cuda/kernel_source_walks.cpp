@@ -275,9 +275,6 @@ __device__ __forceinline__ bool in_run(Run r, int j) { return (unsigned)(j - r.l
 #ifndef FWD_PERSIST
 #define FWD_PERSIST 0  // TMA with two stages only: one CTA walks several q tiles (kernel_source_persist.cpp)
 #endif
-#ifndef BWD_FUSED
-#define BWD_FUSED 0  // flex_bwd_dkdv forms dQ too (kernel_source_bwd_fused.cpp)
-#endif
 #ifndef FWD_KEEPBITS
 #define FWD_KEEPBITS 0  // TMA only: a non-interior tile's keep bits while QK^T is in flight
 #endif
