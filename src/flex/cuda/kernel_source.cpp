@@ -288,11 +288,12 @@ __device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], co
   }
 }
 
-// The forward's products with FWD_MT m16 row blocks per warp; each B fragment read from shared
-// memory feeds FWD_MT mmas. Per element the mma sequence is tile_abt / tile_pb's, so the bits are
-// too. The forward's tile (FWD_TILE_M q rows, FWD_TILE_N kv columns a step, FWD_MT) comes from
-// KernelConfig; FWD_MT = 2 with only 2 warps (64 rows) measured slower on the H200 (2026-12-03,
-// 997af05: causal 4x16x8192x128 fwd 8.83 vs 7.84 ms).
+// The forward's products: a warp owns FWD_MT m16 row blocks, each B fragment read from shared memory
+// feeding FWD_MT mmas. Per element the mma sequence is tile_abt / tile_pb's, so the bits are too. The
+// forward's tile (FWD_TILE_M q rows, FWD_TILE_N kv columns a step) comes from KernelConfig; one m16
+// block a warp (two with only 2 warps of 64 rows measured slower on the H200, 997af05: causal
+// 4x16x8192x128 fwd 8.83 vs 7.84 ms).
+#define FWD_MT 1
 #define FWD_WARPS (FWD_TILE_M / (16 * FWD_MT))
 #define FWD_THREADS (32 * FWD_WARPS)
 
@@ -302,12 +303,7 @@ __device__ __forceinline__ void tile_abt_mt(float (*acc)[FWD_TILE_N / 8][4], con
   for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
     for (int n = 0; n < FWD_TILE_N / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
-  // Not unrolled at two m blocks: ptxas would hoist every B fragment and spill at E = 128.
-#if FWD_MT == 1
 #pragma unroll
-#else
-#pragma unroll 1
-#endif
   for (int k0 = 0; k0 < HEAD_DIM; k0 += 16) {
     u32 a[FWD_MT][4];
 #pragma unroll
