@@ -17,8 +17,6 @@ constexpr int kTileN = 64;      // kv columns per step (BlockMask blocks must be
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPreRows = 4;  // rows each flex_bwd_pre lane group reads, their loads in flight together
-// KILN_FLEX_PROFILE counters: the forward's at 0.., dQ's at 8.., dK/dV's at 16.. (8 each).
-constexpr int kProfileSlots = 24;
 
 // The kernels' argument block. Every field is 8 bytes (pointers, int64, double), so the host and
 // the generated device struct (same field list, in kernel_source.cpp) have one layout; the device
@@ -34,13 +32,12 @@ struct FlexParams {
   void *dq, *dk, *dv;
   const int32_t *kv_num, *kv_idx, *fkv_num, *fkv_idx;
   const int32_t *q_num, *q_idx, *fq_num, *fq_idx;
-  // MERGED_WALK: the partial and full lists merged (detail::merge_block_lists), else null.
+  // KernelConfig::merged_walk: the partial and full lists merged (detail::merge_block_lists), else null.
   const int32_t *kv_all_num, *kv_all_idx, *q_all_num, *q_all_idx;
   int32_t* err;
   double* slots;    // [nslots][kWarps][grad_numel] per-warp captured-gradient slots
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
-  unsigned long long* prof;  // KILN_FLEX_PROFILE: per-phase cycle counters (kProfileSlots), else null
-  uint32_t* mbits;  // KILN_FLEX_MASK_BITS: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
+  uint32_t* mbits;  // KernelConfig::mask_bits: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
   int64_t B, Hq, Hkv, L, S, G;
   int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -52,14 +49,10 @@ struct FlexParams {
   int64_t ssize[kMaxBuffers][3], sstride[kMaxBuffers][3], sgoff[kMaxBuffers];
   const void* mptr[kMaxBuffers];
   int64_t msize[kMaxBuffers][3], mstride[kMaxBuffers][3];
-  // KILN_FLEX_FWD_TMA / KILN_FLEX_BWD_TMA: CUtensorMaps of q and dout [B*Hq, L, E], k and v
-  // [B*Hkv, S, E] (64-column boxes, 128-byte swizzle; the forward's rows per box, then the
-  // backward's), read by bulk tensor copies; omap: out's, written by the persistent forward's bulk
-  // tensor stores; dqmap: the fused backward's fp32 sums [B*Hq, L, E] (32-column boxes of 64 rows,
-  // 128-byte swizzle) for its bulk tensor reductions (bwd_fused_tma_sums); unused otherwise.
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128], dqmap[128];
-  float* dqacc;     // bwd_fused: dQ's fp32 sums [B, Hq, L, E], zeroed before the dK/dV kernel adds into them
-  unsigned* dqsem;  // bwd_fused: the parts added to each 64-row q tile of each (b, h) so far, zeroed
+  // KernelConfig::wgmma: CUtensorMaps of q and dout [B*Hq, L, E], k and v [B*Hkv, S, E] (64-column
+  // boxes, 128-byte swizzle; the forward's rows per box, then the backward's), read by bulk tensor
+  // copies; omap: out's, written by the persistent forward's bulk tensor stores; unused otherwise.
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
 };
 
 // What a generated source depends on besides the mods: the decisions kernel_config_for

@@ -1,7 +1,7 @@
 // The FlexAttention CUDA kernels as source text, compiled at run time by NVRTC after the
 // generated mod functions (codegen.cpp). Self-contained: no CUDA headers; bf16/fp16 travel as
-// 16-bit patterns, tensor cores via inline PTX: mma.sync m16n8k16 (sm_80+) or, on sm_90a, wgmma
-// (the helpers in kernel_source_wgmma.cpp; FWD_WGMMA / BWD_WGMMA pick per kernel group). This
+// 16-bit patterns, tensor cores via inline PTX: on sm_90a wgmma with TMA tile loads (the helpers in
+// kernel_source_wgmma.cpp; FWD_WGMMA / BWD_WGMMA), else mma.sync m16n8k16 with cp.async. This
 // file holds the parameter block, the prelude and their assembly (kernel_template); the walks and
 // mod_score are in kernel_source_walks.cpp, the forward in kernel_source_fwd.cpp (and
 // kernel_source_persist.cpp), the backward kernels in kernel_source_bwd.cpp (shared part, flex_bwd_pre),
@@ -11,12 +11,12 @@
 // accumulates in fp32 registers (mma C fragments). Q/K/V/dO tiles sit in shared memory with rows
 // padded by 16 bytes (conflict-free ldmatrix: the 8 rows of a phase hit distinct banks). With
 // wgmma a warpgroup owns 64 rows, tiles are swizzled and unpadded, the accumulators keep the same
-// per-thread layout, so the softmax and mask code is shared. K/V (Q/dO in dK/dV)
-// tiles arrive by cp.async, the next one's load issued as soon as its buffer is free, so it
-// overlaps the current tile's MMAs. 64 x 64 divides the BlockMask's 128 blocks; a CTA walks
-// the BlockMask lists, partial and full merged in ascending block order, so a block contributes
-// the same bits whatever its classification (the mask is simply not evaluated on full blocks).
-//   flex_fwd:       per (b, q head, 64-row q tile): online softmax, out in T, lse (natural log).
+// per-thread layout, so the softmax and mask code is shared. K/V (Q/dO in dK/dV) tiles arrive
+// by TMA or cp.async, the next one's load issued as soon as its buffer is free, so it overlaps
+// the current tile's MMAs. 64 x 64 divides the BlockMask's 128 blocks; a CTA walks the BlockMask
+// lists, partial and full merged in ascending block order, so a block contributes the same bits
+// whatever its classification (the mask is simply not evaluated on full blocks).
+//   flex_fwd:       per (b, q head, q tile): online softmax, out in T, lse (natural log).
 //   flex_bwd_pre:   delta = rowsum(dO * O) - dlse, E / 8 lanes a row (16-byte loads), PRE_ROWS rows a lane group.
 //   flex_bwd_dq:    per (b, q head, q tile): dQ = scale * sum dS K over its kv list.
 //   flex_bwd_dkdv:  per (b, kv head, 64-row kv tile): dV = sum P^T dO, dK = scale * sum dS^T Q over
@@ -51,7 +51,6 @@ struct FlexParams {
   int* err;
   double* slots;
   double* capgrad;
-  unsigned long long* prof;
   unsigned* mbits;
   i64 B, Hq, Hkv, L, S, G;
   i64 QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
@@ -63,9 +62,7 @@ struct FlexParams {
   i64 ssize[KILN_MAX_BUFFERS][3], sstride[KILN_MAX_BUFFERS][3], sgoff[KILN_MAX_BUFFERS];
   const void* mptr[KILN_MAX_BUFFERS];
   i64 msize[KILN_MAX_BUFFERS][3], mstride[KILN_MAX_BUFFERS][3];
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128], dqmap[128];
-  float* dqacc;
-  unsigned* dqsem;
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
 };
 static_assert(sizeof(FlexParams) == KILN_PARAMS_SIZE, "host and device FlexParams differ");
 

@@ -92,14 +92,12 @@ __device__ __forceinline__ void fwd_scores_runs(const FlexParams& P, float (*s)[
   });
 }
 #endif
-// `issue` issues S = Q K^T of tile c0 into s (and whatever else the caller queues with it); then s
-// takes the tile's modified, masked scores: a tile that is not interior gets its keep bits
-// (MASK_RANGES: its rows' runs) while the products are in flight.
-template <class Issue>
-__device__ __forceinline__ void fwd_qk_scores_after(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], Issue&& issue,
-                                                    i64 b, i64 h, i64 row_base, i64 c0, int t, bool partial,
-                                                    bool rows_in) {
-  issue();
+// S = Q K^T of the tile c0 at Kx into s, then the tile's modified, masked scores: a tile that is not
+// interior gets its keep bits (MASK_RANGES: its rows' runs) while the product is in flight.
+__device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
+                                              const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
+                                              bool partial, bool rows_in) {
+  wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
   const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
 #if MASK_RANGES
   Run runs[FWD_MT][2];
@@ -120,13 +118,6 @@ __device__ __forceinline__ void fwd_qk_scores_after(const FlexParams& P, float (
   if (interior) fwd_scores<true>(P, s, b, h, row_base, c0, t, partial);
   else fwd_scores_bits(P, s, kb, b, h, row_base, c0, t);
 #endif
-}
-// S = Q K^T of the tile at Kx into s with its scores, as fwd_qk_scores_after.
-__device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
-                                              const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
-                                              bool partial, bool rows_in) {
-  fwd_qk_scores_after(P, s, [&] { wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx); }, b, h,
-                      row_base, c0, t, partial, rows_in);
 }
 #endif
 
