@@ -13,9 +13,17 @@ namespace kiln {
 
 // FlexAttention on CUDA. 0 everywhere means "the measured rule" (src/flex/cuda/kernel_config.cpp).
 struct FlexTuning {
-  // KILN_FLEX_FWD_TILE=MxN: the forward's score tile (q rows x kv columns); both 64 or 128 on
-  // sm_90 (wgmma), and they must divide the BlockMask's blocks, else the rule's tile stays.
+  // KILN_FLEX_FWD_TILE=MxN: the forward's score tile (q rows x kv columns), multiples of 16 with at
+  // most 256 rows; both 64 or 128 on sm_90 (wgmma), else the rule's tile stays. The BlockMask's
+  // blocks must be multiples of the tile, else the forward takes 64 x 64. Rule: 128 x 128 at
+  // E = 128 (64 x 64 on rows of up to 9 blocks), 64 x 64 at E = 64 (64 x 128 on rows of 6 blocks or
+  // more); 64 x 64 off sm_90.
   int fwd_tile_m = 0, fwd_tile_n = 0;
+  // KILN_FLEX_FWD_MIN_BLOCKS=N and KILN_FLEX_BWD_MIN_BLOCKS=DKDV,DQ (each 1 to 8): the forward's, the
+  // dK/dV kernel's and the dQ kernel's minimum resident CTAs an SM (__launch_bounds__, which caps
+  // their registers). Rule: 5 for the forward and 3 for dK/dV (1 with captured-tensor gradients) at
+  // E = 64 with 64 x 64 forward tiles on sm_90, else 1.
+  int fwd_min_blocks = 0, bwd_dkdv_min_blocks = 0, bwd_dq_min_blocks = 0;
 };
 
 // LinearCrossEntropyLoss: no process-wide knobs. Its chunk sizes and memory budget are per-call

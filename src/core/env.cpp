@@ -47,6 +47,23 @@ Tuning& current() {
 Tuning tuning_from_env() {
   Tuning t;
   read_pair("KILN_FLEX_FWD_TILE", t.flex.fwd_tile_m, t.flex.fwd_tile_n);
+  {  // KILN_FLEX_FWD_MIN_BLOCKS=N, KILN_FLEX_BWD_MIN_BLOCKS=DKDV,DQ: each from 1 to 8
+    auto counts = [](const char* var, int n, int* out) {
+      const char* v = env(var);
+      if (!v) return;
+      int c[2] = {0, 0};
+      char tail = 0;
+      const int got = n == 1 ? std::sscanf(v, "%d%c", &c[0], &tail) : std::sscanf(v, "%d,%d%c", &c[0], &c[1], &tail);
+      KILN_CHECK(got == n && c[0] >= 1 && c[0] <= 8 && (n == 1 || (c[1] >= 1 && c[1] <= 8)), kOp, var,
+                 n == 1 ? " must be a count from 1 to 8" : " must read DKDV,DQ, counts from 1 to 8", ", got '", v, "'");
+      for (int i = 0; i < n; ++i) out[i] = c[i];
+    };
+    counts("KILN_FLEX_FWD_MIN_BLOCKS", 1, &t.flex.fwd_min_blocks);
+    int bwd[2] = {t.flex.bwd_dkdv_min_blocks, t.flex.bwd_dq_min_blocks};
+    counts("KILN_FLEX_BWD_MIN_BLOCKS", 2, bwd);
+    t.flex.bwd_dkdv_min_blocks = bwd[0];
+    t.flex.bwd_dq_min_blocks = bwd[1];
+  }
   if (const char* v = env("KILN_GEMM_PICK")) t.gemm.pick = v;
   return t;
 }

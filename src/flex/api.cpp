@@ -11,6 +11,7 @@
 #include "flex/block_mask_impl.h"
 #include "flex/cuda/attention_cuda.h"
 #include "kiln/autograd.h"
+#include "kiln/tuning.h"
 
 namespace kiln::flex {
 namespace {
@@ -23,8 +24,8 @@ struct Prepared {
   std::shared_ptr<detail::Program> score, mask;
   BlockMask block_mask;  // a copy (tensors are shared handles): the backward reads its q_* lists
   std::shared_ptr<cuda::State> cuda;  // CUDA: device buffers and compiled kernels
-  BlockMask merged;                   // CUDA (cuda::merged_walk, the default): block_mask's lists merged
-  // CUDA (cuda::forward_keeps_blocks): the caller's mask and its merged lists, which the forward
+  BlockMask merged;                   // CUDA (cuda::BlockPlan::merge): block_mask's lists merged
+  // CUDA (cuda::BlockPlan::forward_keeps): the caller's mask and its merged lists, which the forward
   // walks while block_mask is halved for the backward (kept alive for the kernels).
   BlockMask fwd_block_mask, fwd_merged;
 };
@@ -103,78 +104,55 @@ std::shared_ptr<detail::Program> compiled(const Expr& e) {
   return prog;
 }
 
-// The problem's block fields from m (its tensors on the kernels' device).
-void use_block_mask(cpu::Problem& p, const BlockMask& m) {
-  p.QB = m.q_block_size;
-  p.KB = m.kv_block_size;
-  p.mB = m.batch();
-  p.mH = m.heads();
-  p.kv_num = m.kv_num_blocks.data_ptr<int32_t>();
-  p.kv_idx = m.kv_indices.data_ptr<int32_t>();
-  p.fkv_num = m.full_kv_num_blocks.data_ptr<int32_t>();
-  p.fkv_idx = m.full_kv_indices.data_ptr<int32_t>();
-  p.q_num = m.q_num_blocks.data_ptr<int32_t>();
-  p.q_idx = m.q_indices.data_ptr<int32_t>();
-  p.fq_num = m.full_q_num_blocks.data_ptr<int32_t>();
-  p.fq_idx = m.full_q_indices.data_ptr<int32_t>();
-  p.kv_m = m.kv_indices.size(3);
-  p.fkv_m = m.full_kv_indices.size(3);
-  p.q_m = m.q_indices.size(3);
-  p.fq_m = m.full_q_indices.size(3);
-  p.nQ = (p.L + p.QB - 1) / p.QB;
-  p.nKV = (p.S + p.KB - 1) / p.KB;
-}
-
 #ifdef KILN_WITH_CUDA
-// On CUDA, short rows of a 128-block mask run at 64-blocks (cuda::halve_blocks says when; the
-// halving, detail::halve_blocks, lists a subset of the caller's blocks, so results are the same
-// elements' sums). Needs the mask to use b / h only where the BlockMask has those dims.
-// Returns whether it halved.
-bool halve_blocks_if_short(Prepared& pr, Device device) {
+// The (possibly halved) mask at 64-blocks for the CUDA kernels (cuda::BlockPlan::halve; the halving,
+// detail::halve_blocks, lists a subset of the caller's blocks, so results are the same elements' sums).
+void halve_for_cuda(Prepared& pr, Device device) {
   cpu::Problem& p = pr.p;
   const Expr& mod = pr.block_mask.mask_mod.expr;
-  const bool dims_fit = (!mod.uses_b() || p.mB == p.B) && (!mod.uses_h() || p.mH == p.Hq);
-  if (!dims_fit || !cuda::halve_blocks(p, device.index)) return false;
   const std::shared_ptr<detail::Program> prog = pr.mask;
   // Keyed by the mod and its captured tensors' versions too: the halving reads their values.
   std::string key = "halved " + std::to_string(reinterpret_cast<uintptr_t>(mod.node().get()));
   for (const detail::Buffer& b : prog->buffers) key += " " + std::to_string(b.src->tensor.version());
   const BlockMask& bm = pr.block_mask;
   pr.block_mask = derived_mask(bm, key, [&] { return detail::halve_blocks(bm, *prog).to(device); });
-  use_block_mask(p, pr.block_mask);
-  return true;
+  detail::use_block_mask(p, pr.block_mask);
 }
 
-// The (possibly halved) mask's lists merged for the kernels' one-list walk where cuda::merged_walk
-// says so (the default; KILN_FLEX_MERGED_WALK=0 walks two), derived once per BlockMask.
-void merge_lists_for_walk(Prepared& pr, Device device) {
+// The mask's lists merged for the kernels' one-list walk (cuda::BlockPlan::merge), derived once per
+// BlockMask.
+void merge_lists_for_cuda(Prepared& pr, Device device) {
   cpu::Problem& p = pr.p;
-  if (!cuda::merged_walk(p)) return;
   const BlockMask& bm = pr.block_mask;
   pr.merged = derived_mask(bm, "merged", [&] { return detail::merge_block_lists(bm).to(device); });
-  p.kv_all_num = pr.merged.kv_num_blocks.data_ptr<int32_t>();
-  p.kv_all_idx = pr.merged.kv_indices.data_ptr<int32_t>();
-  p.q_all_num = pr.merged.q_num_blocks.data_ptr<int32_t>();
-  p.q_all_idx = pr.merged.q_indices.data_ptr<int32_t>();
-  p.kv_all_m = pr.merged.kv_indices.size(3);
-  p.q_all_m = pr.merged.q_indices.size(3);
+  detail::use_merged_lists(p, pr.merged);
 }
 
-// The CUDA state: the backward on the (possibly halved) mask, the forward on the caller's where
-// cuda::forward_keeps_blocks says so (its lists merged before the halving).
+// The CUDA plan of this call, decided once from the problem, the dtype, the device's architecture
+// and the tuning values read here, then the state it is run with: the backward on the (possibly
+// halved) mask, the forward on the caller's where the plan says so (its lists merged before the
+// halving).
 void prepare_cuda(Prepared& pr, const Tensor& q) {
   const Device device = q.device();
-  const bool keep = cuda::forward_keeps_blocks(pr.p, device.index);
+  cuda::check_supported(pr.p, q.dtype());
+  const int major = cuda::device_major(device.index);
+  const FlexTuning tuning = kiln::tuning().flex;
+  // The halving evaluates the mask per BlockMask row: b / h only where the BlockMask has those dims.
+  const Expr& mod = pr.block_mask.mask_mod.expr;
+  const bool can_halve = (!mod.uses_b() || pr.p.mB == pr.p.B) && (!mod.uses_h() || pr.p.mH == pr.p.Hq);
+  const cuda::BlockPlan blocks = cuda::block_plan_for(pr.p, major, can_halve, tuning);
   cpu::Problem fwd_p;
-  if (keep) {
-    merge_lists_for_walk(pr, device);
+  if (blocks.forward_keeps) {
+    merge_lists_for_cuda(pr, device);
     fwd_p = pr.p;
     pr.fwd_block_mask = pr.block_mask;
     pr.fwd_merged = pr.merged;
   }
-  const bool halved = halve_blocks_if_short(pr, device);
-  merge_lists_for_walk(pr, device);
-  pr.cuda = cuda::make_state(pr.p, q.dtype(), device, keep && halved ? &fwd_p : nullptr);
+  if (blocks.halve) halve_for_cuda(pr, device);
+  if (blocks.merge) merge_lists_for_cuda(pr, device);
+  const cpu::Problem* fwd = blocks.forward_keeps ? &fwd_p : nullptr;
+  const cuda::Plan plan = cuda::plan_for(pr.p, fwd, q.dtype(), major, tuning);
+  pr.cuda = cuda::make_state(pr.p, fwd, q.dtype(), device, plan);
 }
 #endif
 
@@ -220,7 +198,7 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
     KILN_CHECK(bm.heads() == 1 || bm.heads() == p.Hq, kOp, "block_mask heads ", bm.heads(), " do not match q heads ",
                p.Hq, " (use 1 to broadcast)");
     pr->block_mask = block_mask_on(bm, q.device());
-    use_block_mask(p, pr->block_mask);
+    detail::use_block_mask(p, pr->block_mask);
     const ExprNode& root = *pr->block_mask.mask_mod.expr.node();
     if (!(root.op == Op::ConstBool && root.ival == 1)) {
       pr->mask = compiled(pr->block_mask.mask_mod.expr);
@@ -341,5 +319,39 @@ FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   if (options.return_lse) res.lse = lse;
   return res;
 }
+
+namespace detail {
+
+void use_block_mask(cpu::Problem& p, const BlockMask& m) {
+  p.QB = m.q_block_size;
+  p.KB = m.kv_block_size;
+  p.mB = m.batch();
+  p.mH = m.heads();
+  p.kv_num = m.kv_num_blocks.data_ptr<int32_t>();
+  p.kv_idx = m.kv_indices.data_ptr<int32_t>();
+  p.fkv_num = m.full_kv_num_blocks.data_ptr<int32_t>();
+  p.fkv_idx = m.full_kv_indices.data_ptr<int32_t>();
+  p.q_num = m.q_num_blocks.data_ptr<int32_t>();
+  p.q_idx = m.q_indices.data_ptr<int32_t>();
+  p.fq_num = m.full_q_num_blocks.data_ptr<int32_t>();
+  p.fq_idx = m.full_q_indices.data_ptr<int32_t>();
+  p.kv_m = m.kv_indices.size(3);
+  p.fkv_m = m.full_kv_indices.size(3);
+  p.q_m = m.q_indices.size(3);
+  p.fq_m = m.full_q_indices.size(3);
+  p.nQ = (p.L + p.QB - 1) / p.QB;
+  p.nKV = (p.S + p.KB - 1) / p.KB;
+}
+
+void use_merged_lists(cpu::Problem& p, const BlockMask& merged) {
+  p.kv_all_num = merged.kv_num_blocks.data_ptr<int32_t>();
+  p.kv_all_idx = merged.kv_indices.data_ptr<int32_t>();
+  p.q_all_num = merged.q_num_blocks.data_ptr<int32_t>();
+  p.q_all_idx = merged.q_indices.data_ptr<int32_t>();
+  p.kv_all_m = merged.kv_indices.size(3);
+  p.q_all_m = merged.q_indices.size(3);
+}
+
+}  // namespace detail
 
 }  // namespace kiln::flex

@@ -19,10 +19,25 @@ struct Program;
 // same kept elements. prog may use b / h only where bm has those dims (bm's row b, h are passed).
 BlockMask halve_blocks(const BlockMask& bm, const Program& prog);
 
-// bm's partial and full lists merged, for the CUDA kernels' one-list walk (the default;
-// KILN_FLEX_MERGED_WALK=0 turns it off): kv_num_blocks [B, H, nQ] and kv_indices [B, H, nQ, m]
+// bm's partial and full lists merged, for the CUDA kernels' one-list walk (every BlockMask with a
+// mask_mod): kv_num_blocks [B, H, nQ] and kv_indices [B, H, nQ, m]
 // list each row's blocks ascending as 2 * block + (1 if partial); q_num_blocks / q_indices the
 // same of the transposed lists. The full_* tensors are bm's (unused). On the CPU.
 BlockMask merge_block_lists(const BlockMask& bm);
+
+}  // namespace kiln::flex::detail
+
+namespace kiln::flex::cpu {
+struct Problem;
+}
+
+namespace kiln::flex::detail {
+
+// p's block fields (sizes, counts, the eight lists' pointers) from m, whose tensors are on the
+// kernels' device.
+void use_block_mask(cpu::Problem& p, const BlockMask& m);
+// p's merged lists (kv_all_* / q_all_*) from merged, merge_block_lists of p's BlockMask on the
+// kernels' device.
+void use_merged_lists(cpu::Problem& p, const BlockMask& merged);
 
 }  // namespace kiln::flex::detail

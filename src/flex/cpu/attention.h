@@ -23,7 +23,7 @@ struct Problem {
   const int32_t *kv_num = nullptr, *kv_idx = nullptr, *fkv_num = nullptr, *fkv_idx = nullptr;
   const int32_t *q_num = nullptr, *q_idx = nullptr, *fq_num = nullptr, *fq_idx = nullptr;
   int64_t kv_m = 1, fkv_m = 1, q_m = 1, fq_m = 1;
-  // CUDA's one-list walk (the default; KILN_FLEX_MERGED_WALK=0 turns it off): the partial and full
+  // CUDA's one-list walk (a BlockMask with a mask_mod, cuda::BlockPlan::merge): the partial and full
   // lists merged as 2 * block + (1 if partial), ascending (detail::merge_block_lists); null otherwise.
   const int32_t *kv_all_num = nullptr, *kv_all_idx = nullptr, *q_all_num = nullptr, *q_all_idx = nullptr;
   int64_t kv_all_m = 1, q_all_m = 1;

@@ -30,17 +30,16 @@ const char* ctype(Kind k) { return k == Kind::Int ? "long long" : k == Kind::Flo
 
 // An instruction's locals and their types: narrow[k] makes int instruction k an `int`, small[k]
 // (within +-2^22) lets its conversion to float be kiln_i2f.
-// fast: KernelConfig::fast_mods (narrow ints, reciprocal multiplies, tanh.approx, and kiln_i2f
-// unless KernelConfig::magic_i2f is off).
+// fast: KernelConfig::fast_mods (narrow ints, kiln_i2f, reciprocal multiplies, tanh.approx).
 struct Locals {
   const Program& p;
   bool fast;
   std::vector<bool> narrow, small;
-  Locals(const Program& prog, bool fast_mods, bool magic_i2f)
+  Locals(const Program& prog, bool fast_mods)
       : p(prog),
         fast(fast_mods),
         narrow(fast_mods ? detail::int32_instructions(prog) : std::vector<bool>(prog.code.size())),
-        small(fast_mods && magic_i2f ? detail::small_int_instructions(prog) : std::vector<bool>(prog.code.size())) {}
+        small(fast_mods ? detail::small_int_instructions(prog) : std::vector<bool>(prog.code.size())) {}
   const char* type(size_t k) const { return narrow[k] ? "int" : ctype(p.code[k].kind); }
 };
 
@@ -188,25 +187,25 @@ void check_program(const Program& p, const char* what) {
              p.buffers.size(), " captured tensors; CUDA supports at most ", kMaxBuffers);
 }
 
-void emit_mask(const Program* mask, bool fast_mods, bool magic_i2f, std::ostream& os) {
+void emit_mask(const Program* mask, bool fast_mods, std::ostream& os) {
   os << "__device__ __forceinline__ bool mask_mod(long long b, long long h, long long q, long long kv, "
         "const FlexParams& P) {\n";
   if (!mask) {
     os << "  return true;\n}\n\n";
     return;
   }
-  emit_forward(Locals(*mask, fast_mods, magic_i2f), "m", os);
+  emit_forward(Locals(*mask, fast_mods), "m", os);
   os << "  return v" << mask->result << ";\n";
   os << "}\n\n";
 }
 
-void emit_score(const Program* score, bool fast_mods, bool magic_i2f, std::ostream& os) {
+void emit_score(const Program* score, bool fast_mods, std::ostream& os) {
   os << "__device__ __forceinline__ float score_mod(float score, long long b, long long h, long long q, long long kv, "
         "const FlexParams& P) {\n";
   if (!score) {
     os << "  return score;\n}\n\n";
   } else {
-    emit_forward(Locals(*score, fast_mods, magic_i2f), "s", os);
+    emit_forward(Locals(*score, fast_mods), "s", os);
     os << "  return v" << score->result << ";\n";
     os << "}\n\n";
   }
@@ -218,7 +217,7 @@ void emit_score(const Program* score, bool fast_mods, bool magic_i2f, std::ostre
     return;
   }
   const Program& p = *score;
-  const Locals lc(p, fast_mods, magic_i2f);
+  const Locals lc(p, fast_mods);
   emit_forward(lc, "s", os);
   os << "  float dscore = 0.f;\n";
   for (size_t k = 0; k < p.code.size(); ++k)
@@ -293,19 +292,18 @@ void emit_score(const Program* score, bool fast_mods, bool magic_i2f, std::ostre
 
 }  // namespace
 
-std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods,
-                                   bool magic_i2f) {
+std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods) {
   if (score) check_program(*score, "score_mod");
   if (mask) check_program(*mask, "mask_mod");
   std::ostringstream os;
-  emit_mask(mask, fast_mods, magic_i2f, os);
-  emit_score(score, fast_mods, magic_i2f, os);
+  emit_mask(mask, fast_mods, os);
+  emit_score(score, fast_mods, os);
   return os.str();
 }
 
-std::string mask_range_functions(const detail::Program& mask, bool fast_mods, bool magic_i2f) {
+std::string mask_range_functions(const detail::Program& mask, bool fast_mods) {
   std::ostringstream fwd, os;
-  emit_forward(Locals(mask, fast_mods, magic_i2f), "m", fwd);
+  emit_forward(Locals(mask, fast_mods), "m", fwd);
   if (!emit_mask_range(mask, Op::KvIdx, "mask_kv_range", fwd.str(), os) ||
       !emit_mask_range(mask, Op::QIdx, "mask_q_range", fwd.str(), os))
     return "";
@@ -378,58 +376,36 @@ std::string wgmma_wrappers(const KernelConfig& cfg) {
 std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg) {
   KILN_CHECK(cfg.head_dim == 64 || cfg.head_dim == 128, "flex_attention", "CUDA head dim must be 64 or 128, got ",
              cfg.head_dim);
-  KILN_CHECK(cfg.fwd_mt >= 1 && cfg.fwd_tile_m % (16 * cfg.fwd_mt) == 0 && cfg.fwd_threads() <= 512 &&
+  KILN_CHECK(cfg.fwd_tile_m > 0 && cfg.fwd_tile_m % 16 == 0 && cfg.fwd_threads() <= 512 && cfg.fwd_tile_n > 0 &&
                  cfg.fwd_tile_n % 16 == 0,
-             "flex_attention", "bad forward tile ", cfg.fwd_tile_m, " x ", cfg.fwd_tile_n, " with ", cfg.fwd_mt,
-             " m16 blocks a warp");
-  KILN_CHECK(!cfg.fwd_wgmma || ((cfg.fwd_tile_m == 64 || cfg.fwd_tile_m == 128) && cfg.fwd_mt == 1 &&
-                                (cfg.fwd_tile_n == 64 || cfg.fwd_tile_n == 128)),
+             "flex_attention", "bad forward tile ", cfg.fwd_tile_m, " x ", cfg.fwd_tile_n);
+  KILN_CHECK(!cfg.wgmma || ((cfg.fwd_tile_m == 64 || cfg.fwd_tile_m == 128) && (cfg.fwd_tile_n == 64 || cfg.fwd_tile_n == 128)),
              "flex_attention", "the wgmma forward takes 64- or 128-row tiles of 64 or 128 columns, got ",
-             cfg.fwd_tile_m, " x ", cfg.fwd_tile_n, " with ", cfg.fwd_mt, " m16 blocks a warp");
+             cfg.fwd_tile_m, " x ", cfg.fwd_tile_n);
   std::ostringstream os;
   os << "// kiln FlexAttention kernels (generated; compiled at run time by NVRTC)\n";
   os << "#define KILN_BF16 " << (cfg.bf16 ? 1 : 0) << "\n";
   os << "#define HEAD_DIM " << cfg.head_dim << "\n";
-  os << "#define TILE_M " << cfg.tile_m << "\n";
-  os << "#define TILE_N " << cfg.tile_n << "\n";
+  os << "#define TILE_M " << kTileM << "\n";
+  os << "#define TILE_N " << kTileN << "\n";
   os << "#define FWD_TILE_M " << cfg.fwd_tile_m << "\n";
   os << "#define FWD_TILE_N " << cfg.fwd_tile_n << "\n";
-  os << "#define FWD_MT " << cfg.fwd_mt << "\n";
-  os << "#define FWD_WGMMA " << (cfg.fwd_wgmma ? 1 : 0) << "\n";
-  os << "#define BWD_WGMMA " << (cfg.bwd_wgmma ? 1 : 0) << "\n";
-  if (cfg.profile) os << "#define FLEX_PROFILE 1\n";
+  os << "#define FWD_WGMMA " << (cfg.wgmma ? 1 : 0) << "\n";
+  os << "#define BWD_WGMMA " << (cfg.wgmma ? 1 : 0) << "\n";
   os << "#define KILN_INDEX_CHECK " << (cfg.index_check ? 1 : 0) << "\n";
   os << "#define KILN_INDEX32 " << (cfg.index32 && !cfg.index_check ? 1 : 0) << "\n";
-  if (cfg.fwd_kbuf == 2) os << "#define FWD_KBUF 2\n";
-  if (cfg.fwd_overlap && cfg.fwd_wgmma) os << "#define FWD_OVERLAP 1\n";
-  else if (cfg.fwd_tma && cfg.fwd_wgmma) os << "#define FWD_TMA 1\n";
-  if (cfg.fwd_persist && cfg.fwd_tma && cfg.fwd_wgmma && !cfg.fwd_overlap && cfg.fwd_kbuf == 2)
-    os << "#define FWD_PERSIST 1\n#define FWD_PSTAGES " << cfg.persist_stages() << "\n";
-  if (cfg.fwd_keepbits && cfg.fwd_tma && cfg.fwd_wgmma && !cfg.fwd_overlap) os << "#define FWD_KEEPBITS 1\n";
-  if (cfg.bwd_kbuf == 2) os << "#define BWD_KBUF 2\n";
-  if (cfg.bwd_qbuf == 2) os << "#define BWD_QBUF 2\n";
-  if (cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_TMA 1\n";
-  if (cfg.bwd_paired && cfg.bwd_tma && cfg.bwd_wgmma) os << "#define BWD_PAIRED 1\n";
+  if (cfg.wgmma) os << "#define FWD_TMA 1\n";
+  if (cfg.fwd_persist && cfg.wgmma) os << "#define FWD_PERSIST 1\n#define FWD_PSTAGES " << cfg.persist_stages() << "\n";
+  if (cfg.fwd_keepbits && cfg.wgmma) os << "#define FWD_KEEPBITS 1\n";
+  if (cfg.wgmma) os << "#define BWD_TMA 1\n";
   if (cfg.bwd_split_p) os << "#define BWD_SPLIT_P 1\n";
-  if (cfg.bwd_fused) os << "#define BWD_FUSED 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_unordered) os << "#define FUSED_UNORDERED 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_reducer) os << "#define FUSED_REDUCER 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_reducer && cfg.bwd_fused_inplace && !cfg.bwd_fused_unordered)
-    os << "#define FUSED_INPLACE 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_ascending) os << "#define FUSED_ASCENDING 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_persist) os << "#define FUSED_PERSIST 1\n";
-  if (cfg.bwd_fused && cfg.bwd_fused_tma_sums) os << "#define FUSED_TMA_SUMS 1\n";
   os << "#define BWD_DKDV_MIN_BLOCKS " << cfg.bwd_dkdv_min_blocks << "\n";
   os << "#define BWD_DQ_MIN_BLOCKS " << cfg.bwd_dq_min_blocks << "\n";
   os << "#define FWD_MIN_BLOCKS " << cfg.fwd_min_blocks << "\n";
-  if (cfg.walk_ahead) os << "#define WALK_AHEAD 1\n";
   if (cfg.fold_scale && !score) os << "#define FOLD_SCALE 1\n";
   if (cfg.fwd_last_issues && cfg.staged_tma_forward()) os << "#define FWD_LAST_ISSUES 1\n";
-  if (cfg.fwd_stages == 3 && cfg.staged_tma_forward()) os << "#define FWD_STAGES 3\n";
-  if (cfg.fwd_pingpong && cfg.staged_tma_forward() && cfg.fwd_threads() == 256 && cfg.fwd_keepbits)
-    os << "#define FWD_PINGPONG 1\n";
   if (cfg.merged_walk) os << "#define MERGED_WALK 1\n";
-  if (cfg.mask_bits && cfg.fwd_tma && cfg.fwd_wgmma && mask) os << "#define MASK_BITS 1\n";
+  if (cfg.mask_bits && cfg.wgmma && mask) os << "#define MASK_BITS 1\n";
   os << "#define NTHREADS " << kThreads << "\n";
   os << "#define NWARPS " << kWarps << "\n";
   os << "#define PRE_ROWS " << kPreRows << "\n";
@@ -440,12 +416,12 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << params_struct_source();
-  os << generate_mod_functions(score, mask, cfg.fast_mods, cfg.magic_i2f);
+  os << generate_mod_functions(score, mask, cfg.fast_mods);
   if (cfg.mask_ranges && mask && !cfg.mask_bits) {
-    const std::string ranges = mask_range_functions(*mask, cfg.fast_mods, cfg.magic_i2f);
+    const std::string ranges = mask_range_functions(*mask, cfg.fast_mods);
     if (!ranges.empty()) os << "#define MASK_RANGES 1\n" << ranges;
   }
-  if (cfg.fwd_wgmma || cfg.bwd_wgmma) os << wgmma_wrappers(cfg);
+  if (cfg.wgmma) os << wgmma_wrappers(cfg);
   os << kernel_template();
   return os.str();
 }

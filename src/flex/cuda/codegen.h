@@ -17,8 +17,6 @@ constexpr int kTileN = 64;      // kv columns per step (BlockMask blocks must be
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPreRows = 4;  // rows each flex_bwd_pre lane group reads, their loads in flight together
-// KILN_FLEX_PROFILE counters: the forward's at 0.., dQ's at 8.., dK/dV's at 16.. (8 each).
-constexpr int kProfileSlots = 24;
 
 // The kernels' argument block. Every field is 8 bytes (pointers, int64, double), so the host and
 // the generated device struct (same field list, in kernel_source.cpp) have one layout; the device
@@ -34,13 +32,12 @@ struct FlexParams {
   void *dq, *dk, *dv;
   const int32_t *kv_num, *kv_idx, *fkv_num, *fkv_idx;
   const int32_t *q_num, *q_idx, *fq_num, *fq_idx;
-  // MERGED_WALK: the partial and full lists merged (detail::merge_block_lists), else null.
+  // KernelConfig::merged_walk: the partial and full lists merged (detail::merge_block_lists), else null.
   const int32_t *kv_all_num, *kv_all_idx, *q_all_num, *q_all_idx;
   int32_t* err;
   double* slots;    // [nslots][kWarps][grad_numel] per-warp captured-gradient slots
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
-  unsigned long long* prof;  // KILN_FLEX_PROFILE: per-phase cycle counters (kProfileSlots), else null
-  uint32_t* mbits;  // KILN_FLEX_MASK_BITS: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
+  uint32_t* mbits;  // KernelConfig::mask_bits: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
   int64_t B, Hq, Hkv, L, S, G;
   int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -52,157 +49,79 @@ struct FlexParams {
   int64_t ssize[kMaxBuffers][3], sstride[kMaxBuffers][3], sgoff[kMaxBuffers];
   const void* mptr[kMaxBuffers];
   int64_t msize[kMaxBuffers][3], mstride[kMaxBuffers][3];
-  // KILN_FLEX_FWD_TMA / KILN_FLEX_BWD_TMA: CUtensorMaps of q and dout [B*Hq, L, E], k and v
-  // [B*Hkv, S, E] (64-column boxes, 128-byte swizzle; the forward's rows per box, then the
-  // backward's), read by bulk tensor copies; omap: out's, written by the persistent forward's bulk
-  // tensor stores; dqmap: the fused backward's fp32 sums [B*Hq, L, E] (32-column boxes of 64 rows,
-  // 128-byte swizzle) for its bulk tensor reductions (bwd_fused_tma_sums); unused otherwise.
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128], dqmap[128];
-  float* dqacc;     // bwd_fused: dQ's fp32 sums [B, Hq, L, E], zeroed before the dK/dV kernel adds into them
-  unsigned* dqsem;  // bwd_fused: the parts added to each 64-row q tile of each (b, h) so far, zeroed
+  // KernelConfig::wgmma: CUtensorMaps of q and dout [B*Hq, L, E], k and v [B*Hkv, S, E] (64-column
+  // boxes, 128-byte swizzle; the forward's rows per box, then the backward's), read by bulk tensor
+  // copies; omap: out's, written by the persistent forward's bulk tensor stores; unused otherwise.
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
 };
 
-// What a generated source depends on besides the mods (a field added here joins the kernel
-// cache's id in attention_cuda.cpp's kernels_for).
+// What a generated source depends on besides the mods: the decisions kernel_config_for
+// (kernel_config.h) takes for one problem, each a rule of the shapes, dtype and architecture. A field
+// added here joins the kernel cache's id (attention_cuda.cpp's config_id).
 struct KernelConfig {
   bool bf16 = true;  // false: fp16
   int head_dim = 128;
-  int tile_m = kTileM, tile_n = kTileN;  // the backward's square tiles
-  // The forward's tile: fwd_tile_m q rows per CTA in warps of 16 * fwd_mt rows, fwd_tile_n kv
-  // columns per step. BlockMask blocks must be multiples of both (else use the backward's tile).
-  int fwd_tile_m = kTileM, fwd_tile_n = kTileN, fwd_mt = 1;
-  // The forward's products by wgmma (sm_90a only; tiles of 64 or 128 rows by 64 or 128 columns,
-  // fwd_mt 1, a warpgroup per 64 rows) instead of mma.sync.
-  bool fwd_wgmma = false;
-  // The backward's products by wgmma (sm_90a only; its 64 x 64 tiles are one warpgroup's).
-  bool bwd_wgmma = false;
-  // Per-phase cycle counters in the kernels (KILN_FLEX_PROFILE; a measurement tool).
-  bool profile = false;
+  // sm_90a: every kernel's products by wgmma and its tiles by TMA (the forward in two K / V stages,
+  // the dQ kernel in two K / V stages, the dK/dV kernel with two Q / dO buffers, each backward
+  // tile's two products issued as a pair). Else mma.sync with tiles by cp.async (sm_80 and others).
+  bool wgmma = false;
+  // The forward's tile: fwd_tile_m q rows per CTA (a warp of 16 rows each), fwd_tile_n kv columns
+  // per step. BlockMask blocks must be multiples of both; wgmma takes 64 or 128 of each. The
+  // backward's tiles are kTileM x kTileN.
+  int fwd_tile_m = kTileM, fwd_tile_n = kTileN;
   // Captured-tensor loads raise the error flag when out of range (the host could not prove them
   // in range for the problem's lengths); they are clamped either way.
   bool index_check = true;
   // Loads proven in range (index_check false) whose flat offsets all fit 32 bits: no clamp, 32-bit
   // offset arithmetic. Lengths that keep the proof keep the kernel.
   bool index32 = false;
-  // K buffers of the cp.async forward: 2 loads the next K tile a whole step ahead; with fwd_tma,
-  // 2 is two stages of K and V, the tile after next loading while a tile is used
-  // (KILN_FLEX_FWD_KBUF=2).
-  int fwd_kbuf = 1;
-  // wgmma forward only: the softmax of a tile overlaps the previous tile's P V, with two K and two
-  // V buffers (KILN_FLEX_FWD_OVERLAP=1; fwd_kbuf is then unused).
-  bool fwd_overlap = false;
-  // wgmma forward only (not with fwd_overlap): Q, K and V tiles by TMA (cp.async.bulk.tensor, one
-  // thread, mbarrier completion) instead of cp.async from every thread (the default on sm_90;
-  // KILN_FLEX_FWD_TMA=0 turns it off).
-  bool fwd_tma = false;
-  // TMA forward only: a tile that is not interior gets its mask's keep bits while QK^T is in flight
-  // (the default on sm_90, KILN_FLEX_FWD_KEEPBITS=0 turns it off; docs/benchmarks.md, session 9).
+  // wgmma forward: a tile that is not interior gets its mask's keep bits while QK^T is in flight
+  // (not with mask_bits).
   bool fwd_keepbits = false;
-  // TMA forward with two stages only: a CTA per SM slot walks several q tiles, loading the next
-  // tile's Q and first K / V during the last tiles of the one before (KILN_FLEX_FWD_PERSIST=1, a
-  // measurement switch).
+  // wgmma forward: a CTA per SM slot walks several q tiles, a producer warpgroup loading the next
+  // tile's Q and first K / V during the last tiles of the one before (kernel_source_persist.cpp).
   bool fwd_persist = false;
-  // wgmma backward only: Q, dO, K and V tiles of both backward kernels by TMA (dK/dV's lse2 / delta
-  // rows stay on cp.async; the default on sm_90, KILN_FLEX_BWD_TMA=0 turns it off).
-  bool bwd_tma = false;
-  // TMA backward only: each tile's two products (S and dP; dK and dV) issued together with one
-  // wait a pair, and the dQ kernel's dP in flight while K lands (the default on sm_90;
-  // KILN_FLEX_BWD_PAIRED=0 turns it off).
-  bool bwd_paired = false;
-  // Paired TMA products with two dQ stages and no score_mod: each backward tile's P computed while
-  // its dP product is still in flight, then dS (the default on sm_90; KILN_FLEX_BWD_SPLIT_P=0 turns
-  // it off).
-  bool bwd_split_p = false;
-  // The fused backward (kernel_source_bwd_fused.cpp; KILN_FLEX_BWD_FUSED=1): flex_bwd_dkdv forms dQ too,
-  // over 128-row kv units, and flex_bwd_dq converts its sums. E = 128, paired TMA products, no
-  // captured-tensor gradients, merged lists; make_state also needs 128-row kv blocks.
-  bool bwd_fused = false;
-  // A measurement only (KILN_FLEX_BWD_FUSED_UNORDERED=1): the fused backward's parts added in any order
-  // without waiting for each other (not deterministic: never a default).
-  bool bwd_fused_unordered = false;
-  // The fused backward's adds by a reducer warpgroup (KILN_FLEX_BWD_FUSED_REDUCER=1): two part
-  // buffers, the consumers never wait on a turn.
-  bool bwd_fused_reducer = false;
-  // With the reducer and the ordered adds: a q tile's first part stored and its last converted into dQ by
-  // the reducer warp, no zero / convert passes (KILN_FLEX_BWD_FUSED_INPLACE=1).
-  bool bwd_fused_inplace = false;
-  // The fused backward's q tiles walked upward, each tile's parts from the highest kv block down, units
-  // launched from a head's highest kv block (KILN_FLEX_BWD_FUSED_ASCENDING=1; the causal row's order).
-  bool bwd_fused_ascending = false;
-  // The fused backward persistent: one CTA an SM takes units in turn, the next unit's loads beside the
-  // last unit's dK / dV stores (KILN_FLEX_BWD_FUSED_PERSIST=1).
-  bool bwd_fused_persist = false;
-  // The fused backward's dQ parts staged in shared memory with the 128-byte swizzle and added by bulk
-  // tensor reductions through FlexParams::dqmap (KILN_FLEX_BWD_FUSED_TMA_SUMS=1): the plain row-major
-  // part took its 8 rows a store into the same 8 banks.
-  bool bwd_fused_tma_sums = false;
-  // Its kv rows a CTA.
-  static constexpr int kFusedKv = 128;
-  // Every kernel's BlockMask walk loads the lists' next entries a step ahead
-  // (KILN_FLEX_WALK_AHEAD=1, a measurement switch).
-  bool walk_ahead = false;
-  // TMA forward: partial blocks of a mask that reads captured tensors take their keep bits from
-  // flex_mask_bits, run before the forward (the default on sm_90, KILN_FLEX_MASK_BITS=0 turns it off).
-  bool mask_bits = false;
-  // K buffers of the dQ kernel: 2 loads the next K tile with the next V (with TMA: two K / V stages,
-  // the default on sm_90; KILN_FLEX_BWD_KBUF=1 or 2).
-  int bwd_kbuf = 1;
-  // Q / dO buffers of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
-  // (KILN_FLEX_BWD_QBUF=2).
-  int bwd_qbuf = 1;
-  // The backward kernels' minimum resident CTAs an SM (__launch_bounds__' second argument, which
-  // caps their registers: E = 64 dK/dV at 3 takes 168 instead of 215, dQ at 4 takes 128 instead
-  // of 146); 1 leaves ptxas free. choose_kernel_config (kernel_config.cpp) takes 3 for the E = 64
-  // wgmma dK/dV kernel on short rows; KILN_FLEX_BWD_MIN_BLOCKS=dkdv,dq overrides both.
-  int bwd_dkdv_min_blocks = 1, bwd_dq_min_blocks = 1;
-  // The forward's minimum resident CTAs an SM (as above; E = 64 with 64 x 64 tiles at 5 takes 93
-  // registers instead of 122). choose_kernel_config takes 5 for those tiles; KILN_FLEX_FWD_MIN_BLOCKS=1|5
-  // there.
-  int fwd_min_blocks = 1;
-  // Cheaper mods (the default; KILN_FLEX_FAST_MODS=0 turns them off): int locals the
-  // interval analysis proves within 32 bits under detail::kNarrowQKv / kNarrowBH are `int` (64-bit
-  // multiplies and conversions cost several instructions each on sm_90), float divisions by
-  // constants multiply by the reciprocal, tanh is tanh.approx.f32. The host sets it only when B,
-  // H, L and S are within those bounds.
-  bool fast_mods = false;
-  // With fast_mods: ints proven within +-2^22 convert to float by kiln_i2f (two adds) instead of
-  // I2F (KILN_FLEX_MAGIC_I2F=0, a measurement switch, turns it off).
-  bool magic_i2f = true;
-  // No score_mod and scale > 0 (the host's proof): scores stay raw through the mask and the softmax's
-  // max, and the scale joins log2(e) in each exponent's FFMA (KILN_FLEX_FOLD_SCALE=0 turns it off).
-  bool fold_scale = false;
-  // Two-stage TMA forward (not persistent): the last warp done with a stage issues its next loads,
-  // instead of a block barrier each step (KILN_FLEX_FWD_LAST_ISSUES=0 keeps the barrier).
+  // The staged wgmma forward (not persistent) at 128-row tiles: the last warp done with a stage
+  // issues its next loads, instead of a block barrier each step.
   bool fwd_last_issues = false;
-  // Two-stage TMA forward (not persistent): 3 stages of K / V instead of 2 (KILN_FLEX_FWD_STAGES=2|3).
-  int fwd_stages = 2;
-  // Every kernel walks one merged list a row (FlexParams::kv_all_* / q_all_*; the default,
-  // KILN_FLEX_MERGED_WALK=0 walks two).
-  bool merged_walk = false;
-  // Masks that keep one run of kv a row and of q a column (emit_mask_range) test partial tiles'
-  // elements against it instead of evaluating the mask (not with mask_bits; the default on sm_90,
-  // KILN_FLEX_MASK_RANGES=0 turns it off).
+  // wgmma forward: partial blocks of a mask that reads captured tensors take their keep bits from
+  // flex_mask_bits, run before the forward (and the dQ kernel); needs merged_walk.
+  bool mask_bits = false;
+  // wgmma: masks that keep one run of kv a row and of q a column (emit_mask_range) test partial
+  // tiles' elements against it instead of evaluating the mask (not with mask_bits).
   bool mask_ranges = false;
-  // Staged TMA forward at 128-row tiles (two warpgroups) with the keep bits or runs: the warpgroups
-  // take turns issuing their products (named barriers), P V of a tile with Q K^T of the next, so one's
-  // softmax runs beside the other's products (KILN_FLEX_FWD_PINGPONG=1, a measurement switch).
-  bool fwd_pingpong = false;
-  int fwd_threads() const { return 32 * fwd_tile_m / (16 * fwd_mt); }
+  // Every kernel walks one merged list a row (FlexParams::kv_all_* / q_all_*).
+  bool merged_walk = false;
+  // wgmma backward, no score_mod or one of gradient 1: each tile's P computed while its dP product
+  // is still in flight, then dS.
+  bool bwd_split_p = false;
+  // The kernels' minimum resident CTAs an SM (__launch_bounds__' second argument, which caps their
+  // registers: E = 64 dK/dV at 3 takes 168 instead of 215; the forward with 64 x 64 tiles at 5 takes
+  // 93 instead of 122); 1 leaves ptxas free.
+  int bwd_dkdv_min_blocks = 1, bwd_dq_min_blocks = 1, fwd_min_blocks = 1;
+  // Cheaper mods: int locals the interval analysis proves within 32 bits under detail::kNarrowQKv /
+  // kNarrowBH are `int` (64-bit multiplies and conversions cost several instructions each on sm_90),
+  // ints within +-2^22 convert to float by kiln_i2f (two adds, not I2F), float divisions by
+  // constants multiply by the reciprocal, tanh is tanh.approx.f32. The host sets it only when B, H,
+  // L and S are within those bounds.
+  bool fast_mods = false;
+  // No score_mod and scale > 0 (the host's proof): scores stay raw through the mask and the
+  // softmax's max, and the scale joins log2(e) in each exponent's FFMA.
+  bool fold_scale = false;
+  int fwd_threads() const { return 32 * fwd_tile_m / 16; }
   // The persistent forward's K / V stages: three with 128-row tiles (one Q buffer and three stages
   // fill the 227 KB at E = 128), else two (two or three CTAs an SM).
   int persist_stages() const { return fwd_tile_m == 128 ? 3 : 2; }
-  // The staged TMA forward (wgmma, not overlapped or persistent, fwd_kbuf 2): where fwd_last_issues
-  // and fwd_stages apply.
-  bool staged_tma_forward() const { return fwd_tma && fwd_wgmma && !fwd_overlap && fwd_kbuf == 2 && !fwd_persist; }
+  // The staged wgmma forward (not persistent): where fwd_last_issues applies.
+  bool staged_tma_forward() const { return wgmma && !fwd_persist; }
 };
 
 // score: null for the identity; mask: null for no mask_mod. Throws kiln::Error naming
 // flex_attention when a program cannot run on CUDA (too many captured tensors).
 std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg);
 
-// Only the mod device functions (for tests and debugging); fast_mods and magic_i2f as KernelConfig's.
-std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods = false,
-                                   bool magic_i2f = true);
+// Only the mod device functions (for tests and debugging); fast_mods as KernelConfig's.
+std::string generate_mod_functions(const detail::Program* score, const detail::Program* mask, bool fast_mods = false);
 
 // Writes `fn`(b, h, q, kv, P, &lo, &hi) to `out`: the mask holds exactly on lo <= x <= hi of the free
 // index `var` (Op::KvIdx: a row's run of kv; Op::QIdx: a column's run of q), the other index fixed,
@@ -212,7 +131,7 @@ bool emit_mask_range(const detail::Program& mask, Op var, const char* fn, const 
                      std::ostream& out);
 
 // mask_kv_range and mask_q_range of `mask` (MASK_RANGES), or "" when it is not a run both ways.
-std::string mask_range_functions(const detail::Program& mask, bool fast_mods, bool magic_i2f);
+std::string mask_range_functions(const detail::Program& mask, bool fast_mods);
 
 // The mod functions with a one-line kernel calling them: a fast NVRTC check of the codegen alone.
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask,
@@ -222,8 +141,7 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
 // prelude, wgmma helpers (kernel_source_wgmma.cpp), walks and mod_score (kernel_source_walks.cpp),
 // the forward's tiles and kernel (kernel_source_fwd.cpp), the persistent forward
 // (kernel_source_persist.cpp) and the backward: its shared part and flex_bwd_pre (kernel_source_bwd.cpp),
-// the dQ kernel (kernel_source_bwd_dq.cpp), the dK/dV kernel (kernel_source_bwd_dkdv.cpp) and the
-// fused backward (kernel_source_bwd_fused.cpp, kernel_source_bwd_fused_parts.cpp).
+// the dQ kernel (kernel_source_bwd_dq.cpp) and the dK/dV kernel (kernel_source_bwd_dkdv.cpp).
 const std::string& kernel_template();
 const char* params_struct_source();
 const char* kernel_prelude();
@@ -235,8 +153,5 @@ const char* kernel_forward_persist();
 const char* kernel_backward_common();
 const char* kernel_backward_dq();
 const char* kernel_backward_dkdv();
-const char* kernel_backward_fused_config();
-const char* kernel_backward_fused_parts();
-const char* kernel_backward_fused();
 
 }  // namespace kiln::flex::cuda

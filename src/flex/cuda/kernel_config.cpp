@@ -1,35 +1,23 @@
-// The FlexAttention kernels' configuration (kernel_config.h): products, forward tiles and the
-// measured defaults of every switch, each with the figures that chose it.
+// The FlexAttention kernels' plan (kernel_config.h): each rule with the H200 figures (ms, by commit
+// where one was recorded) that chose it. Measured and rejected, so no longer in the kernels: the
+// mma.sync forward on sm_90 (2b982c6: causal 4x16x8192x128 fwd 7.97 vs 5.67 by wgmma), the wgmma
+// forward by cp.async or with one K / V stage (below), its softmax overlapping the previous P V,
+// its warpgroups taking turns on the tensor cores (5c30324: causal fwd 2.15 -> 2.27, ALiBi 2.27 ->
+// 2.44), three K / V stages (12a98e5: the E = 128 window 0.39 -> 0.63), the mask bits for every mask
+// (3cb76ca: window E 64 0.116 -> 0.125), the lists read a step ahead, second Q / dO buffers in the
+// cp.async dK/dV kernel, and a fused backward forming dQ in the dK/dV kernel (slower than the two
+// kernels, docs/benchmarks.md).
 #include "flex/cuda/kernel_config.h"
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
-
-#include "core/cuda/check.h"
-#include "core/env.h"
-#include "flex/cuda/attention_cuda.h"
 
 namespace kiln::flex::cuda {
 
 namespace {
 
-constexpr const char* kOp = "flex_attention";
-
-int compute_major(int device) {
-  int major = 0;
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major;
-}
-
-// Measurement switches (core/env.h) whose errors name flex_attention.
-const char* env_switch(const char* var, const char* a, const char* b) {
-  return kiln::detail::env_switch(kOp, var, a, b);
-}
-bool env_flag(const char* var, bool dflt) { return kiln::detail::env_flag(kOp, var, dflt); }
+// Blocks a q row of p lists.
+int64_t row_blocks(const cpu::Problem& p) { return p.all_full ? p.nKV : p.kv_m + p.fkv_m; }
 
 // Whether the mask reads b / h no more than the BlockMask's own dims, so that what a kernel
 // derives from one mask row (keep bits) holds for every (b, h) it serves.
@@ -40,194 +28,121 @@ bool per_mask_row(const cpu::Problem& p) {
   return (!uses(Op::B) || p.mB == p.B) && (!uses(Op::H) || p.mH == p.Hq);
 }
 
-// Whether kernels use wgmma: on sm_90 unless KILN_FLEX_<part>_MMA=mma (part FWD or BWD).
-bool use_wgmma(const char* var, int major) {
-  const char* v = env_switch(var, "wgmma", "mma");
-  return major == 9 && !(v && !std::strcmp(v, "mma"));
-}
-
-// The kernels' products and the forward's tile. sm_90: wgmma, forward tiles 128 x 128 at E = 128
-// and 64 x 64 (64 x 128 on long rows, below) at E = 64 (H200, 2b982c6: causal 4x16x8192x128 fwd
-// 5.67 ms vs 7.97 for the mma.sync 64 x 64; 4x12x4096x64 with 4 documents 0.84 vs 0.89, where
-// 128-row tiles took 1.10-1.25).
-// mma.sync elsewhere: 64 x 64 in 4 warps of 16 rows (128-row variants measured slower, 2317fcd).
-// KILN_FLEX_FWD_TILE=MxNxMT overrides the forward's tile (for measurements); the blocks must be
-// multiples of M and N (and wgmma needs 64 or 128 by 64 or 128 with MT 1), else 64 x 64 stays.
-// persist_rows: short rows at E = 128 keep 128 x 128 tiles for the persistent forward
-// (persistent_short_rows).
-void pick_kernel_config(KernelConfig& cfg, const cpu::Problem& p, int major, bool persist_rows) {
-  const bool wgmma = use_wgmma("KILN_FLEX_FWD_MMA", major);
-  cfg.bwd_wgmma = use_wgmma("KILN_FLEX_BWD_MMA", major);
-  cfg.fwd_wgmma = wgmma;
-  int m = wgmma && p.E == 128 ? 128 : kTileM, n = m, mt = 1;
-  // E = 64 rows listing 6 or more blocks: 64 x 128 (H200, session 7: training shape 4x12x4096x64
-  // with 4 documents, up to 8 blocks a row, fwd 0.436 -> 0.352 ms; but window 256, 3 blocks a row,
-  // 0.204 -> 0.279, so short rows keep 64 x 64).
-  const int64_t row_blocks = p.all_full ? p.nKV : p.kv_m + p.fkv_m;
-  if (wgmma && p.E == 64 && row_blocks >= 6) n = 128;
-  // E = 128 rows listing up to 9 blocks: 64 x 64 in two stages, two CTAs an SM instead of one
-  // (H200, session 12, fwd ms: window 256 0.57-0.58 -> 0.43, window 1024 0.93-0.95 -> 0.87-0.91;
-  // but 16 documents, 16+ blocks a row, 1.37 -> 1.57, so long rows keep 128 x 128).
-  if (wgmma && p.E == 128 && row_blocks <= 9 && !persist_rows) m = n = 64;
-  if (const char* env = std::getenv("KILN_FLEX_FWD_TILE")) {
-    KILN_CHECK(std::sscanf(env, "%dx%dx%d", &m, &n, &mt) == 3, kOp, "KILN_FLEX_FWD_TILE must read MxNxMT, got '",
-               env, "'");
-  }
-  const bool wgmma_tile = (m == 64 || m == 128) && (n == 64 || n == 128) && mt == 1;
-  if (m <= 0 || n <= 0 || p.QB % m != 0 || p.KB % n != 0 || (wgmma && !wgmma_tile)) return;  // 64 x 64
-  cfg.fwd_tile_m = m;
-  cfg.fwd_tile_n = n;
-  cfg.fwd_mt = mt;
-}
-
 // Rows of at most 9 blocks at E = 128 on a 128 x 128-block mask that reads no tensors, without a
-// score_mod: the persistent forward with 128 x 128 tiles (kernel_source_persist.cpp) by default, on
-// the caller's blocks while the backward keeps the halved ones (forward_keeps_blocks; on 128-blocks
-// the backward lost more than the forward gained: E 128 window fwd+bwd 1.27-1.30 -> 1.32 ms).
-// H200, session 18, fwd / fwd+bwd ms, KILN_FLEX_FWD_PERSIST=0 -> default, two interleaved passes
-// (`PARTS="tests combos" ROWS="1 2" COMBOS="- KILN_FLEX_FWD_PERSIST=0" bash scripts/device/session18_round.sh`):
-// fdb2227 (two stages, two Q buffers): window 256 E 128 0.362 / 1.290, 0.349 / 1.264 -> 0.287 / 1.197,
-// 0.315 / 1.202; window 1024 0.778 / 2.796, 0.783 / 2.892 -> 0.627 / 2.749, 0.664 / 2.717; e8e405a
-// (three stages, one Q buffer): 0.364 / 1.283, 0.347 / 1.253 -> 0.285 / 1.202, 0.294 / 1.218; 0.775 /
-// 2.808, 0.796 / 2.785 -> 0.630 / 2.647, 0.618 / 2.597. Not elsewhere (bf12a72, the persistent forward
-// forced, fwd ms): causal 2.15-2.18 -> 2.18-2.21, 16 documents 1.23-1.24 -> 1.20-1.22, ALiBi 2.27 ->
-// 3.57-3.60 (its captured slope reloaded every tile), window E 64 0.109 -> 0.127-0.128 (64 x 64).
+// score_mod, take the persistent forward with 128 x 128 tiles (kernel_source_persist.cpp) on the
+// caller's blocks (BlockPlan::forward_keeps). Fwd / fwd+bwd, staged -> persistent (fdb2227, e8e405a):
+// window 256 E 128 0.35-0.36 / 1.25-1.29 -> 0.29-0.32 / 1.20-1.22, window 1024 0.78-0.80 / 2.79-2.89 ->
+// 0.62-0.66 / 2.60-2.75. Not elsewhere (bf12a72, the persistent forward forced, fwd): causal 2.15-2.18
+// -> 2.18-2.21, ALiBi 2.27 -> 3.57 (its captured slope reloaded every tile), window E 64 0.109 -> 0.127.
 bool persistent_short_rows(const cpu::Problem& p, int major) {
-  const int64_t row_blocks = p.all_full ? p.nKV : p.kv_m + p.fkv_m;
-  return use_wgmma("KILN_FLEX_FWD_MMA", major) && p.E == 128 && p.mask && !p.all_full && !p.score &&
-         !p.mask->reads_tensors && p.QB == 128 && p.KB == 128 && row_blocks <= 9 &&
-         env_flag("KILN_FLEX_FWD_PERSIST", true);
+  return major == 9 && p.E == 128 && p.mask && !p.all_full && !p.score && !p.mask->reads_tensors && p.QB == 128 &&
+         p.KB == 128 && row_blocks(p) <= 9;
+}
+
+struct Tile {
+  int m = kTileM, n = kTileN;
+};
+
+// The forward's tile. sm_90 (wgmma): 128 x 128 at E = 128 and 64 x 64 at E = 64 (2b982c6: causal
+// 4x16x8192x128 fwd 5.67 vs 7.97 for the mma.sync 64 x 64; 4x12x4096x64 with 4 documents 0.84 vs 0.89,
+// where 128-row tiles took 1.10-1.25). E = 64 rows listing 6 or more blocks: 64 x 128 (4x12x4096x64
+// with 4 documents, up to 8 blocks a row, 0.436 -> 0.352; a window of 3 blocks a row 0.204 -> 0.279).
+// E = 128 rows of up to 9 blocks: 64 x 64, two CTAs an SM instead of one (window 256 0.57 -> 0.43,
+// window 1024 0.93 -> 0.87-0.91; but 16 documents, 16+ blocks a row, 1.37 -> 1.57), unless
+// persist_rows. Elsewhere (mma.sync) 64 x 64 in 4 warps of 16 rows (128-row variants slower, 2317fcd).
+// A tuning tile replaces the rule's where it is valid (wgmma: 64 or 128 of each); the blocks must be
+// multiples of the tile, else 64 x 64.
+Tile forward_tile(const cpu::Problem& p, int major, bool persist_rows, const FlexTuning& tuning) {
+  const bool wgmma = major == 9;
+  Tile t;
+  if (wgmma && p.E == 128) t.m = t.n = 128;
+  if (wgmma && p.E == 64 && row_blocks(p) >= 6) t.n = 128;
+  if (wgmma && p.E == 128 && row_blocks(p) <= 9 && !persist_rows) t.m = t.n = 64;
+  const auto wgmma_size = [](int x) { return x == 64 || x == 128; };
+  const bool tuned = tuning.fwd_tile_m > 0 && tuning.fwd_tile_n > 0 && tuning.fwd_tile_m % 16 == 0 &&
+                     tuning.fwd_tile_n % 16 == 0 && tuning.fwd_tile_m <= 256 &&
+                     (!wgmma || (wgmma_size(tuning.fwd_tile_m) && wgmma_size(tuning.fwd_tile_n)));
+  if (tuned) t = Tile{tuning.fwd_tile_m, tuning.fwd_tile_n};
+  if (p.QB % t.m != 0 || p.KB % t.n != 0) t = Tile{};
+  return t;
+}
+
+// Every captured tensor's largest flat offset below 2^31 (the kernels' 32-bit load offsets).
+bool offsets_fit(const detail::Program* prog) {
+  if (!prog) return true;
+  for (const detail::Buffer& buf : prog->buffers) {
+    int64_t last = 0;
+    for (int d = 0; d < 3; ++d) last += std::max<int64_t>(buf.sizes[d] - 1, 0) * std::abs(buf.strides[d]);
+    if (last >= (int64_t{1} << 31)) return false;
+  }
+  return true;
 }
 
 }  // namespace
 
-bool forward_keeps_blocks(const cpu::Problem& p, int device) {
-  return halve_blocks(p, device) && persistent_short_rows(p, compute_major(device));
-}
-
-// (H200, session 13, kiln fwd+bwd ms with a 64- against a 128-block mask, two passes: window 256
-// E 64 0.532 / 0.530 -> 0.450 / 0.457, E 128 1.507 / 1.516 -> 1.352 / 1.366, window 1024 3.135 /
-// 3.204 -> 2.994 / 3.051; long rows keep 128 x 128 forward tiles, which need 128-blocks.)
-bool halve_blocks(const cpu::Problem& p, int device) {
-  if (!p.mask || p.all_full || p.QB != 128 || p.KB != 128 || !env_flag("KILN_FLEX_HALVE_BLOCKS", true)) return false;
-  KernelConfig cfg;
-  pick_kernel_config(cfg, p, compute_major(device), false);
-  return cfg.fwd_wgmma && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64;
-}
-
-// One list a row instead of merging the partial and full lists in every step of every kernel's
-// walk: the window E = 64 forward was issue-bound (H200, session 15, Nsight Compute), and its walk
-// took ~100-160 of a tile's ~720 instructions a warp, with a dependent global load. The default
-// (H200, session 16, 2bc66ae, `PARTS="tests ab" AB_VAR=KILN_FLEX_MERGED_WALK bash
-// scripts/device/session15_round.sh`, fwd / fwd+bwd ms, two interleaved passes, 0 -> 1: window E 128
-// 0.394 / 1.377, 0.432 / 1.405 -> 0.368 / 1.311, 0.377 / 1.320; window 1024 2.901, 2.974 -> 2.866,
-// 2.816 fwd+bwd; causal 2.265 / 10.060, 2.276 / 10.063 -> 2.160 / 9.850, 2.190 / 9.811; ALiBi 2.569 /
-// 10.406, 2.567 / 10.342 -> 2.240 / 10.214, 2.310 / 10.093; window E 64 and 16 documents within
-// noise); KILN_FLEX_MERGED_WALK=0 walks the two lists.
-bool merged_walk(const cpu::Problem& p) { return p.mask && !p.all_full && env_flag("KILN_FLEX_MERGED_WALK", true); }
-
-namespace {
-
-// KILN_FLEX_<FWD|BWD>_KBUF / KILN_FLEX_BWD_QBUF (for measurements): 1 (default) or 2 buffers.
-int k_buffers(const char* var) {
-  const char* v = env_switch(var, "1", "2");
-  return v ? v[0] - '0' : 1;
-}
-
-// KILN_FLEX_BWD_MIN_BLOCKS=<dK/dV>,<dQ> (for measurements; each 1 to 4): the backward kernels'
-// minimum resident CTAs an SM (KernelConfig::bwd_dkdv_min_blocks).
-void bwd_min_blocks(KernelConfig& cfg) {
-  const char* v = std::getenv("KILN_FLEX_BWD_MIN_BLOCKS");
-  if (!v) return;
-  int a = 0, b = 0;
-  KILN_CHECK(std::sscanf(v, "%d,%d", &a, &b) == 2 && a >= 1 && a <= 4 && b >= 1 && b <= 4, kOp,
-             "KILN_FLEX_BWD_MIN_BLOCKS must be two counts 1-4 as dkdv,dq (e.g. 3,4), got '", v, "'");
-  cfg.bwd_dkdv_min_blocks = a;
-  cfg.bwd_dq_min_blocks = b;
-}
-
-}  // namespace
-
-KernelConfig choose_kernel_config(const cpu::Problem& p, DType dtype, int device, bool check_indices, bool index32,
-                                  int64_t grad_numel, int64_t* mask_bits_words) {
-  return kernel_config_for(p, dtype, compute_major(device), check_indices, index32, grad_numel, mask_bits_words);
+// Merged lists: the window E = 64 forward was issue-bound (Nsight Compute), and its two-list walk took
+// ~100-160 of a tile's ~720 instructions a warp, with a dependent global load (2bc66ae, fwd / fwd+bwd:
+// window E 128 0.39-0.43 / 1.38-1.41 -> 0.37-0.38 / 1.31-1.32, causal 2.27 / 10.06 -> 2.16-2.19 /
+// 9.81-9.85, ALiBi 2.57 / 10.34-10.41 -> 2.24-2.31 / 10.09-10.21).
+// Halved blocks (fwd+bwd, a 128- against a 64-block mask): window 256 E 64 0.53 -> 0.45-0.46, E 128
+// 1.51 -> 1.35-1.37, window 1024 3.14-3.20 -> 2.99-3.05. The forward keeps the 128-blocks where it
+// runs persistent: on them the backward lost more than the forward gained (E 128 window fwd+bwd
+// 1.27-1.30 -> 1.32).
+BlockPlan block_plan_for(const cpu::Problem& p, int major, bool can_halve, const FlexTuning& tuning) {
+  BlockPlan plan;
+  plan.merge = p.mask && !p.all_full;
+  const Tile t = forward_tile(p, major, false, tuning);
+  plan.halve = can_halve && plan.merge && major == 9 && p.QB == 128 && p.KB == 128 && t.m == 64 && t.n == 64;
+  plan.forward_keeps = plan.halve && persistent_short_rows(p, major);
+  return plan;
 }
 
 KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bool check_indices, bool index32,
-                               int64_t grad_numel, int64_t* mask_bits_words) {
+                               int64_t grad_numel, const FlexTuning& tuning, int64_t* mask_bits_words) {
   *mask_bits_words = 0;
   KernelConfig cfg;
   cfg.bf16 = dtype == kBFloat16;
   cfg.head_dim = static_cast<int>(p.E);
+  // wgmma and TMA on sm_90. The TMA forward (causal 4x16x8192x128 fwd 3.82 -> 2.81, 16 documents
+  // 2.34 -> 2.07, window 256 0.195 -> 0.154) in two K / V stages (causal 2.75 -> 2.59, 16 documents
+  // 2.07 -> 1.95, window 0.180 -> 0.169); the TMA backward (fwd+bwd: causal 12.82 -> 10.35, 16
+  // documents 8.03 -> 6.90, window 0.712 -> 0.663; the cp.async dQ kernel's addressing took 240
+  // registers, 163 with TMA), the dQ kernel's two K / V stages (window E 128 1.70-1.72 -> 1.65-1.67,
+  // 16 documents 5.62 -> 5.51-5.54) and each tile's products in pairs (window E 64 0.58-0.61 -> 0.57,
+  // causal 10.41-10.45 -> 10.21-10.25).
+  cfg.wgmma = major == 9;
   const bool persist_rows = persistent_short_rows(p, major);
-  pick_kernel_config(cfg, p, major, persist_rows);
-  cfg.profile = std::getenv("KILN_FLEX_PROFILE") != nullptr;
+  const Tile t = forward_tile(p, major, persist_rows, tuning);
+  cfg.fwd_tile_m = t.m;
+  cfg.fwd_tile_n = t.n;
   cfg.index_check = check_indices;
   cfg.index32 = index32;
-  // Cheaper mods (codegen.h), on by default (H200, session 11, kiln alone, fwd+bwd ms: softcap 30
-  // 28.6 -> 11.5, ALiBi 11.2 -> 10.3, window 256 E 64 0.64 -> 0.59); KILN_FLEX_FAST_MODS=0 keeps the
-  // exact mods. 32-bit int locals need b < B, h < Hq, q < L, kv < S within the analysis' bounds.
-  cfg.fast_mods = env_flag("KILN_FLEX_FAST_MODS", true) && p.B <= detail::kNarrowBH && p.Hq <= detail::kNarrowBH &&
-                  p.L <= detail::kNarrowQKv && p.S <= detail::kNarrowQKv;
-  // kiln_i2f (codegen.h): ALiBi's SASS loses its I2Fs, its time moved within noise (H200, session 15,
-  // c5e4499, fwd / fwd+bwd ms, two passes, 0 -> 1: 2.580 / 10.353, 2.578 / 10.375 -> 2.538 / 10.375,
-  // 2.558 / 10.398); kept, since it costs nothing.
-  cfg.magic_i2f = env_flag("KILN_FLEX_MAGIC_I2F", true);
-  // The scale folded into the exponent (codegen.h): the window E = 64 forward was issue-bound
-  // (H200, session 15, Nsight Compute: 69 % of scheduler cycles issued, the tensor pipe 24 % busy),
-  // so an instruction an element counts. Needs the max of raw scores to be the raw score of the max.
-  // H200, session 15, fb6d5c6, `AB_VAR=KILN_FLEX_FOLD_SCALE PARTS=ab bash
-  // scripts/device/session15_round.sh`, fwd / fwd+bwd ms, two interleaved passes, 0 -> 1: window
-  // E 64 0.113 / 0.439, 0.114 / 0.441 -> 0.113 / 0.404, 0.109 / 0.402; causal 2.339 / 10.038, 2.347 /
-  // 10.022 -> 2.274 / 9.701, 2.228 / 9.871; 16 documents 1.298 / 5.156, 1.289 / 5.184 -> 1.259 /
-  // 5.094, 1.268 / 5.162.
-  cfg.fold_scale = env_flag("KILN_FLEX_FOLD_SCALE", true) && !p.score && p.scale > 0;
-  cfg.bwd_qbuf = k_buffers("KILN_FLEX_BWD_QBUF");
-  cfg.fwd_overlap = cfg.fwd_wgmma && env_flag("KILN_FLEX_FWD_OVERLAP", false);
-  // TMA tiles by default in the wgmma forward (H200, session 7: causal 4x16x8192x128 fwd 3.818 ->
-  // 2.806 ms, 16 documents 2.335 -> 2.072, window 256 0.195 -> 0.154, training shape 0.345 ->
-  // 0.346); KILN_FLEX_FWD_TMA=0 keeps cp.async.
-  cfg.fwd_tma = cfg.fwd_wgmma && !cfg.fwd_overlap && env_flag("KILN_FLEX_FWD_TMA", true);
-  // With TMA two K / V stages by default (H200, session 8, fwd ms against one stage in one call:
-  // causal 4x16x8192x128 2.753 -> 2.592, 16 documents 2.068 -> 1.953, window 256 0.180 -> 0.169,
-  // training shape 0.393 -> 0.379); KILN_FLEX_FWD_KBUF=1 keeps one. The cp.async forward keeps
-  // one K buffer unless set.
-  cfg.fwd_kbuf = std::getenv("KILN_FLEX_FWD_KBUF") || !cfg.fwd_tma ? k_buffers("KILN_FLEX_FWD_KBUF") : 2;
-  // A TMA forward tile that is not interior gets its keep bits while QK^T is in flight by default
-  // (H200, session 9, fwd ms in one call: window 256 0.215 -> 0.154-0.164, causal 2.62 -> 2.56;
-  // masks reading captured tensors take MASK_BITS below); KILN_FLEX_FWD_KEEPBITS=0 turns it off.
-  cfg.fwd_keepbits = cfg.fwd_tma && env_flag("KILN_FLEX_FWD_KEEPBITS", true);
-  cfg.walk_ahead = env_flag("KILN_FLEX_WALK_AHEAD", false);
-  cfg.merged_walk = p.kv_all_idx != nullptr && !p.all_full;  // the caller merged the lists (merged_walk)
-  // The persistent forward (kernel_source_persist.cpp) on short rows at E = 128 (persistent_short_rows);
-  // KILN_FLEX_FWD_PERSIST=1 takes it everywhere, 0 nowhere.
-  // Its output goes out through a V tile, so its q tile may not be taller than its kv tile (a
-  // KILN_FLEX_FWD_TILE of 128 x 64 keeps the staged forward).
-  cfg.fwd_persist = cfg.fwd_tma && cfg.fwd_kbuf == 2 && cfg.fwd_tile_m <= cfg.fwd_tile_n &&
-                    env_flag("KILN_FLEX_FWD_PERSIST", persist_rows);
-  // The two-stage forward's loads issued by the last warp done with a stage, not after a block
-  // barrier, where a CTA has two warpgroups (128-row tiles): there the barrier held warps 22 % of
-  // their cycles (H200, session 15, Nsight Compute, 16 documents). H200, session 15, fb6d5c6,
-  // `AB_VAR=KILN_FLEX_FWD_LAST_ISSUES PARTS=ab bash scripts/device/session15_round.sh`, fwd ms, two
-  // interleaved passes, 0 -> 1: 16 documents 1.321, 1.325 -> 1.257, 1.270; causal 4x16x8192x128
-  // 2.364, 2.386 -> 2.266, 2.281; but the E = 128 window (64-row tiles, one warpgroup, whose wgmma
-  // keeps its warps together anyway) 0.382, 0.376 -> 0.389, 0.409. KILN_FLEX_FWD_LAST_ISSUES=0|1
-  // overrides the rule.
-  cfg.fwd_last_issues = cfg.staged_tma_forward() && env_flag("KILN_FLEX_FWD_LAST_ISSUES", cfg.fwd_tile_m == 128);
-  // Three K / V stages (KILN_FLEX_FWD_STAGES=3, a measurement switch): H200, session 15, 12a98e5, fwd
-  // ms, two passes, 2 -> 3: causal and 16 documents within noise, ALiBi 2.573, 2.604 -> 2.475, 2.502
-  // (fwd+bwd unchanged), the E = 128 window 0.393, 0.398 -> 0.622, 0.635 (one CTA an SM instead of two).
-  if (const char* v = cfg.staged_tma_forward() ? env_switch("KILN_FLEX_FWD_STAGES", "2", "3") : nullptr)
-    cfg.fwd_stages = v[0] - '0';
-  // Keep bits of the partial blocks for masks that read captured tensors, evaluated per mask row
-  // (so only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB. The
-  // default (H200, session 9, fwd / fwd+bwd ms in one call: 16 documents 2.08 / 6.98 -> 1.37 /
-  // 5.83, training shape 0.316 / 1.056 -> 0.199 / 0.866); KILN_FLEX_MASK_BITS=0 turns it off.
-  // KILN_FLEX_MASK_BITS_ALL=1 (a measurement switch) takes them for every mask: slower on the window
-  // rows (H200, session 15, 3cb76ca, fwd ms: E 64 0.118, 0.114 -> 0.129, 0.121; E 128 0.389, 0.382 ->
-  // 0.430, 0.404), causal within noise.
-  const bool bits_for_mask = p.mask && (p.mask->reads_tensors || env_flag("KILN_FLEX_MASK_BITS_ALL", false));
-  if (env_flag("KILN_FLEX_MASK_BITS", true) && cfg.fwd_tma && bits_for_mask && !p.all_full) {
+  // Cheaper mods (codegen.h; fwd+bwd: softcap 30 28.6 -> 11.5, ALiBi 11.2 -> 10.3, window 256 E 64
+  // 0.64 -> 0.59; kiln_i2f took ALiBi's I2Fs out of its SASS at no cost, c5e4499). 32-bit int locals
+  // need b < B, h < Hq, q < L, kv < S within the analysis' bounds.
+  cfg.fast_mods = p.B <= detail::kNarrowBH && p.Hq <= detail::kNarrowBH && p.L <= detail::kNarrowQKv &&
+                  p.S <= detail::kNarrowQKv;
+  // The scale folded into the exponent: the window E = 64 forward was issue-bound (69 % of scheduler
+  // cycles issued, the tensor pipe 24 % busy), so an instruction an element counts (fb6d5c6, fwd+bwd:
+  // window E 64 0.44 -> 0.40, causal 10.02-10.04 -> 9.70-9.87). Needs the max of raw scores to be the
+  // raw score of the max.
+  cfg.fold_scale = !p.score && p.scale > 0;
+  // A tile that is not interior gets its keep bits while QK^T is in flight (fwd: window 256 0.215 ->
+  // 0.154-0.164, causal 2.62 -> 2.56); masks reading captured tensors take the mask bits below.
+  cfg.fwd_keepbits = cfg.wgmma;
+  cfg.merged_walk = p.kv_all_idx != nullptr && !p.all_full;  // the caller merged the lists (BlockPlan::merge)
+  // The persistent forward stages its output in a V tile, so its q tile is no taller than its kv tile.
+  cfg.fwd_persist = cfg.wgmma && persist_rows && cfg.fwd_tile_m <= cfg.fwd_tile_n;
+  // The last warp done with a stage issues its next loads, instead of a block barrier, where a CTA
+  // has two warpgroups (128-row tiles), whose barrier held warps 22 % of their cycles (fb6d5c6, fwd:
+  // 16 documents 1.32 -> 1.26, causal 2.36-2.39 -> 2.27-2.28; but the E = 128 window's one warpgroup,
+  // 64-row tiles, 0.38 -> 0.39-0.41).
+  cfg.fwd_last_issues = cfg.staged_tma_forward() && cfg.fwd_tile_m == 128;
+  // Keep bits of the partial blocks of masks that read captured tensors, evaluated per mask row (so
+  // only where the mask uses b / h no more than the BlockMask's own dims), up to 256 MiB (fwd /
+  // fwd+bwd: 16 documents 2.08 / 6.98 -> 1.37 / 5.83, 4x12x4096x64 with 4 documents 0.316 / 1.056 ->
+  // 0.199 / 0.866). Their slots come from the merged walk.
+  if (cfg.wgmma && cfg.merged_walk && p.mask && p.mask->reads_tensors) {
     const int64_t words = p.mB * p.mH * p.nQ * p.kv_m * (p.QB * p.KB / 32);
     if (per_mask_row(p) && words <= (int64_t{64} << 20)) {
       cfg.mask_bits = true;
@@ -236,73 +151,47 @@ KernelConfig kernel_config_for(const cpu::Problem& p, DType dtype, int major, bo
     }
   }
   // Partial tiles of a mask that keeps one run a row and column test their elements against it
-  // (MASK_RANGES) by default: H200, session 16, c5e44ad, `PARTS="tests ab" AB_VAR=KILN_FLEX_MASK_RANGES
-  // ROWS="0 1 2 3 5" bash scripts/device/session15_round.sh`, fwd / fwd+bwd ms, two interleaved
-  // passes, 0 -> 1: window E 64 0.117 / 0.407, 0.123 / 0.418 -> 0.107 / 0.381, 0.114 / 0.387; window
-  // E 128 0.392 / 1.355, 0.379 / 1.335 -> 0.352 / 1.267, 0.359 / 1.295; window 1024 0.813 / 2.845,
-  // 0.803 / 2.894 -> 0.800 / 2.807, 0.789 / 2.782; causal 2.174 / 9.726, 2.194 / 9.744 -> 2.122 /
-  // 9.845, 2.160 / 9.658; ALiBi within noise. KILN_FLEX_MASK_RANGES=0 evaluates the mask.
-  cfg.mask_ranges = env_flag("KILN_FLEX_MASK_RANGES", true) && cfg.fwd_tma && !cfg.mask_bits;
-  // The two warpgroups of a 128-row tile taking turns on the tensor cores, P V of a tile and Q K^T of
-  // the next in one turn (KILN_FLEX_FWD_PINGPONG=1, a measurement switch, with the keep bits: decided
-  // after the mask bits, which turn them off; Nsight Compute, session 17: these forwards keep the
-  // tensor pipe 43-55 % busy). Not faster (H200,
-  // session 17, 5c30324, fwd ms, off -> on: causal 2.15-2.16 -> 2.27-2.29, ALiBi 2.25-2.29 -> 2.43-2.45,
-  // softcap within noise; with KILN_FLEX_FWD_STAGES=3 causal 2.14-2.17 -> 2.13-2.14, ALiBi 2.26-2.27 ->
-  // 2.31-2.32): without a producer warp the skew exposes the next K's load.
-  cfg.fwd_pingpong = cfg.staged_tma_forward() && cfg.fwd_threads() == 256 && cfg.fwd_keepbits &&
-                     env_flag("KILN_FLEX_FWD_PINGPONG", false);
-  // The backward's tiles by TMA by default (same call, fwd+bwd ms: causal 12.82 -> 10.35,
-  // 16 documents 8.03 -> 6.90, window 0.712 -> 0.663, training shape 1.326 -> 1.179: the dQ
-  // kernel's cp.async addressing took 240 registers, 163 with TMA); KILN_FLEX_BWD_TMA=0 keeps cp.async.
-  cfg.bwd_tma = cfg.bwd_wgmma && env_flag("KILN_FLEX_BWD_TMA", true);
-  // With TMA the dQ kernel's two K / V stages by default (H200, session 12, fwd+bwd ms, two
-  // interleaved passes: window E 128 1.72 / 1.70 -> 1.65 / 1.67, 16 documents 5.62 / 5.63 -> 5.54 /
-  // 5.51, ALiBi 10.45 / 10.48 -> 10.31 / 10.34, softcap 11.54 / 11.66 -> 11.32 / 11.45, the rest
-  // within noise); KILN_FLEX_BWD_KBUF=1 keeps one. The cp.async dQ keeps one K buffer unless set.
-  cfg.bwd_kbuf = std::getenv("KILN_FLEX_BWD_KBUF") || !cfg.bwd_tma ? k_buffers("KILN_FLEX_BWD_KBUF") : 2;
-  // With TMA each tile's two products are issued in pairs by default (H200, session 12, fwd+bwd ms,
-  // two interleaved passes: window E 64 0.605 / 0.579 -> 0.571 / 0.566, causal 10.41 / 10.45 ->
-  // 10.21 / 10.25, 16 documents 5.49 / 5.49 -> 5.36 / 5.38, softcap 11.38 / 11.28 -> 11.22 / 11.18,
-  // the rest within noise); KILN_FLEX_BWD_PAIRED=0 waits for each product alone.
-  cfg.bwd_paired = cfg.bwd_tma && env_flag("KILN_FLEX_BWD_PAIRED", true);
-  // With paired products, two dQ stages and no score_mod each tile's P is computed while its dP
-  // product is in flight by default (H200, session 13, 2026-12-04, a20b950, `bash
-  // scripts/device/bwd_round.sh`, fwd+bwd ms, two interleaved passes: window E 128 1.642 / 1.637 ->
-  // 1.562 / 1.560, the rest within noise); KILN_FLEX_BWD_SPLIT_P=0 computes P and dS together.
-  // A score_mod whose gradient is the identity (ALiBi: score + slope (kv - q)) takes it too: its dS
-  // is P (dP - delta) as without one.
-  cfg.bwd_split_p = env_flag("KILN_FLEX_BWD_SPLIT_P", true) && cfg.bwd_paired && cfg.bwd_kbuf == 2 &&
-                    (!p.score || detail::score_grad_is_one(*p.score));
-  // The fused backward (a measurement switch, KILN_FLEX_BWD_FUSED=1; make_state also needs 128-row kv
-  // blocks, the caller's where the backward's are halved).
-  cfg.bwd_fused = cfg.bwd_paired && p.E == 128 && grad_numel == 0 && (p.all_full || p.kv_all_idx != nullptr) &&
-                  env_flag("KILN_FLEX_BWD_FUSED", false);
-  cfg.bwd_fused_unordered = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_UNORDERED", false);
-  cfg.bwd_fused_reducer = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_REDUCER", false);
-  cfg.bwd_fused_inplace = cfg.bwd_fused_reducer && !cfg.bwd_fused_unordered &&
-                          env_flag("KILN_FLEX_BWD_FUSED_INPLACE", false);
-  cfg.bwd_fused_ascending = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_ASCENDING", false);
-  cfg.bwd_fused_persist = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_PERSIST", false);
-  cfg.bwd_fused_tma_sums = cfg.bwd_fused && env_flag("KILN_FLEX_BWD_FUSED_TMA_SUMS", false);
-  // Short rows at E = 64 (where the forward takes 64 x 64 tiles, fewer than 6 blocks a row) run more
-  // CTAs an SM: the forward held to 93 registers (5 CTAs instead of 4) and the wgmma dK/dV kernel to
-  // 168 (3 instead of 2; not with captured-tensor gradients, which spill ~800 bytes there); no
-  // spills otherwise. H200, session 14, 2026-12-04, `bash scripts/device/session14_round.sh` (PARTS=ab,
-  // AB_VAR the switch), fwd / fwd+bwd ms, two interleaved passes, window 256 E 64: dK/dV 3 (3576941)
-  // fwd+bwd 0.481 / 0.455 -> 0.415 / 0.429 (the dQ kernel at 4 gained nothing); forward 5 (f2d1786)
-  // 0.129 / 0.441, 0.130 / 0.430 -> 0.108 / 0.405, 0.117 / 0.416. The dK/dV cap lost on the longer
-  // rows of 4x12x4096x64 with 4 documents (fwd+bwd 0.782 / 0.781 -> 0.810 / 0.803), hence the rule.
-  // KILN_FLEX_FWD_MIN_BLOCKS=1|5 and KILN_FLEX_BWD_MIN_BLOCKS=dkdv,dq override it.
-  const bool e64_small_tiles = p.E == 64 && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64;
-  if (e64_small_tiles && cfg.fwd_wgmma) {
+  // (c5e44ad, fwd / fwd+bwd: window E 64 0.117-0.123 / 0.41-0.42 -> 0.107-0.114 / 0.38-0.39, window
+  // E 128 0.38-0.39 / 1.34-1.36 -> 0.35-0.36 / 1.27-1.30, causal within noise).
+  cfg.mask_ranges = cfg.wgmma && !cfg.mask_bits;
+  // Each backward tile's P while its dP product is in flight (a20b950, fwd+bwd: window E 128 1.64 ->
+  // 1.56); a score_mod whose gradient is the identity (ALiBi) takes it too: its dS is P (dP - delta).
+  cfg.bwd_split_p = cfg.wgmma && (!p.score || detail::score_grad_is_one(*p.score));
+  // Short rows at E = 64 (64 x 64 forward tiles) run more CTAs an SM: the forward held to 93
+  // registers (5 CTAs instead of 4; f2d1786, fwd window 256 E 64 0.129-0.130 -> 0.108-0.117) and the
+  // dK/dV kernel to 168 (3 instead of 2; 3576941, fwd+bwd 0.455-0.481 -> 0.415-0.429), not with
+  // captured-tensor gradients, which spill ~800 bytes there. The dK/dV cap lost on the longer rows of
+  // 4x12x4096x64 with 4 documents (fwd+bwd 0.78 -> 0.81), hence the rule.
+  if (cfg.wgmma && p.E == 64 && cfg.fwd_tile_m == 64 && cfg.fwd_tile_n == 64) {
     cfg.fwd_min_blocks = 5;
-    if (cfg.bwd_wgmma && grad_numel == 0) cfg.bwd_dkdv_min_blocks = 3;
+    if (grad_numel == 0) cfg.bwd_dkdv_min_blocks = 3;
   }
-  bwd_min_blocks(cfg);
-  if (const char* v = e64_small_tiles ? env_switch("KILN_FLEX_FWD_MIN_BLOCKS", "1", "5") : nullptr)
-    cfg.fwd_min_blocks = v[0] - '0';
+  if (tuning.fwd_min_blocks > 0) cfg.fwd_min_blocks = tuning.fwd_min_blocks;
+  if (tuning.bwd_dkdv_min_blocks > 0) cfg.bwd_dkdv_min_blocks = tuning.bwd_dkdv_min_blocks;
+  if (tuning.bwd_dq_min_blocks > 0) cfg.bwd_dq_min_blocks = tuning.bwd_dq_min_blocks;
   return cfg;
+}
+
+Plan plan_for(const cpu::Problem& p, const cpu::Problem* fwd_p, DType dtype, int major, const FlexTuning& tuning) {
+  Plan plan;
+  auto unproven = [&](const detail::Program* prog) {
+    return prog && !detail::loads_in_bounds(*prog, p.B, p.Hq, p.L, p.S);
+  };
+  plan.check_indices = unproven(p.score) || unproven(p.mask);
+  const bool index32 = !plan.check_indices && offsets_fit(p.score) && offsets_fit(p.mask);
+  if (p.score)
+    for (const detail::Buffer& buf : p.score->buffers)
+      if (buf.needs_grad) plan.grad_numel += buf.numel;
+  plan.bwd = kernel_config_for(p, dtype, major, plan.check_indices, index32, plan.grad_numel, tuning,
+                               &plan.bwd_mask_bits_words);
+  plan.fwd = plan.bwd;
+  plan.fwd_mask_bits_words = plan.bwd_mask_bits_words;
+  if (fwd_p) {
+    plan.separate_forward = true;
+    plan.fwd = kernel_config_for(*fwd_p, dtype, major, plan.check_indices, index32, plan.grad_numel, tuning,
+                                 &plan.fwd_mask_bits_words);
+  }
+  return plan;
 }
 
 }  // namespace kiln::flex::cuda

@@ -1,23 +1,22 @@
 // The FlexAttention CUDA kernels as source text, compiled at run time by NVRTC after the
 // generated mod functions (codegen.cpp). Self-contained: no CUDA headers; bf16/fp16 travel as
-// 16-bit patterns, tensor cores via inline PTX: mma.sync m16n8k16 (sm_80+) or, on sm_90a, wgmma
-// (the helpers in kernel_source_wgmma.cpp; FWD_WGMMA / BWD_WGMMA pick per kernel group). This
+// 16-bit patterns, tensor cores via inline PTX: on sm_90a wgmma with TMA tile loads (the helpers in
+// kernel_source_wgmma.cpp; FWD_WGMMA / BWD_WGMMA), else mma.sync m16n8k16 with cp.async. This
 // file holds the parameter block, the prelude and their assembly (kernel_template); the walks and
 // mod_score are in kernel_source_walks.cpp, the forward in kernel_source_fwd.cpp (and
 // kernel_source_persist.cpp), the backward kernels in kernel_source_bwd.cpp (shared part, flex_bwd_pre),
-// kernel_source_bwd_dq.cpp and kernel_source_bwd_dkdv.cpp (and the fused backward,
-// kernel_source_bwd_fused.cpp).
+// kernel_source_bwd_dq.cpp and kernel_source_bwd_dkdv.cpp.
 //
 // Tiles (mma.sync): a CTA is 4 warps; each warp owns 16 rows of a 64 x 64 score tile and
 // accumulates in fp32 registers (mma C fragments). Q/K/V/dO tiles sit in shared memory with rows
 // padded by 16 bytes (conflict-free ldmatrix: the 8 rows of a phase hit distinct banks). With
 // wgmma a warpgroup owns 64 rows, tiles are swizzled and unpadded, the accumulators keep the same
-// per-thread layout, so the softmax and mask code is shared. K/V (Q/dO in dK/dV)
-// tiles arrive by cp.async, the next one's load issued as soon as its buffer is free, so it
-// overlaps the current tile's MMAs. 64 x 64 divides the BlockMask's 128 blocks; a CTA walks
-// the BlockMask lists, partial and full merged in ascending block order, so a block contributes
-// the same bits whatever its classification (the mask is simply not evaluated on full blocks).
-//   flex_fwd:       per (b, q head, 64-row q tile): online softmax, out in T, lse (natural log).
+// per-thread layout, so the softmax and mask code is shared. K/V (Q/dO in dK/dV) tiles arrive
+// by TMA or cp.async, the next one's load issued as soon as its buffer is free, so it overlaps
+// the current tile's MMAs. 64 x 64 divides the BlockMask's 128 blocks; a CTA walks the BlockMask
+// lists, partial and full merged in ascending block order, so a block contributes the same bits
+// whatever its classification (the mask is simply not evaluated on full blocks).
+//   flex_fwd:       per (b, q head, q tile): online softmax, out in T, lse (natural log).
 //   flex_bwd_pre:   delta = rowsum(dO * O) - dlse, E / 8 lanes a row (16-byte loads), PRE_ROWS rows a lane group.
 //   flex_bwd_dq:    per (b, q head, q tile): dQ = scale * sum dS K over its kv list.
 //   flex_bwd_dkdv:  per (b, kv head, 64-row kv tile): dV = sum P^T dO, dK = scale * sum dS^T Q over
@@ -52,7 +51,6 @@ struct FlexParams {
   int* err;
   double* slots;
   double* capgrad;
-  unsigned long long* prof;
   unsigned* mbits;
   i64 B, Hq, Hkv, L, S, G;
   i64 QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
@@ -64,9 +62,7 @@ struct FlexParams {
   i64 ssize[KILN_MAX_BUFFERS][3], sstride[KILN_MAX_BUFFERS][3], sgoff[KILN_MAX_BUFFERS];
   const void* mptr[KILN_MAX_BUFFERS];
   i64 msize[KILN_MAX_BUFFERS][3], mstride[KILN_MAX_BUFFERS][3];
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128], dqmap[128];
-  float* dqacc;
-  unsigned* dqsem;
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
 };
 static_assert(sizeof(FlexParams) == KILN_PARAMS_SIZE, "host and device FlexParams differ");
 
@@ -289,11 +285,12 @@ __device__ __forceinline__ void tile_pb(float (*acc)[4], const float (*p)[4], co
   }
 }
 
-// The forward's products with FWD_MT m16 row blocks per warp; each B fragment read from shared
-// memory feeds FWD_MT mmas. Per element the mma sequence is tile_abt / tile_pb's, so the bits are
-// too. The forward's tile (FWD_TILE_M q rows, FWD_TILE_N kv columns a step, FWD_MT) comes from
-// KernelConfig; FWD_MT = 2 with only 2 warps (64 rows) measured slower on the H200 (2026-12-03,
-// 997af05: causal 4x16x8192x128 fwd 8.83 vs 7.84 ms).
+// The forward's products: a warp owns FWD_MT m16 row blocks, each B fragment read from shared memory
+// feeding FWD_MT mmas. Per element the mma sequence is tile_abt / tile_pb's, so the bits are too. The
+// forward's tile (FWD_TILE_M q rows, FWD_TILE_N kv columns a step) comes from KernelConfig; one m16
+// block a warp (two with only 2 warps of 64 rows measured slower on the H200, 997af05: causal
+// 4x16x8192x128 fwd 8.83 vs 7.84 ms).
+#define FWD_MT 1
 #define FWD_WARPS (FWD_TILE_M / (16 * FWD_MT))
 #define FWD_THREADS (32 * FWD_WARPS)
 
@@ -303,12 +300,7 @@ __device__ __forceinline__ void tile_abt_mt(float (*acc)[FWD_TILE_N / 8][4], con
   for (int mt = 0; mt < FWD_MT; ++mt)
 #pragma unroll
     for (int n = 0; n < FWD_TILE_N / 8; ++n) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.f;
-  // Not unrolled at two m blocks: ptxas would hoist every B fragment and spill at E = 128.
-#if FWD_MT == 1
 #pragma unroll
-#else
-#pragma unroll 1
-#endif
   for (int k0 = 0; k0 < HEAD_DIM; k0 += 16) {
     u32 a[FWD_MT][4];
 #pragma unroll
@@ -358,9 +350,7 @@ __device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const 
 const std::string& kernel_template() {
   static const std::string source = std::string(kernel_prelude()) + wgmma_helpers_source() + kernel_walks() +
                                     kernel_forward_tiles() + kernel_forward() + kernel_forward_persist() +
-                                    kernel_backward_common() + kernel_backward_dq() + kernel_backward_dkdv() +
-                                    kernel_backward_fused_config() + kernel_backward_fused_parts() +
-                                    kernel_backward_fused();
+                                    kernel_backward_common() + kernel_backward_dq() + kernel_backward_dkdv();
   return source;
 }
 

@@ -8,52 +8,38 @@ namespace kiln::flex::cuda {
 // spans all three: kernel_backward_dkdv() ends with the #endif.
 const char* kernel_backward_common() {
   return R"kiln_src(#if KILN_BUILD_BWD
-#ifndef BWD_KBUF
-#define BWD_KBUF 1  // dQ kernel: 2 loads the next K with the next V a step earlier (TMA: 2 K and 2 V buffers)
-#endif
-#ifndef BWD_QBUF
-#define BWD_QBUF 1  // Q / dO tiles of the dK/dV kernel: 2 loads the next q tile a whole tile ahead
-#endif
 #ifndef BWD_TMA
-#define BWD_TMA 0  // wgmma only: Q, dO, K and V tiles by TMA (dQ: one K / V buffer; dK/dV: two Q / dO)
+#define BWD_TMA 0  // wgmma (sm_90a): Q, dO, K and V tiles by TMA, two K / V stages in dQ and two Q / dO in
+                   // dK/dV, each tile's two products issued as a pair
 #endif
 #if BWD_TMA && !BWD_WGMMA
 #error "the TMA backward loads the wgmma tile layout"
 #endif
-#ifndef BWD_PAIRED
-#define BWD_PAIRED 0  // TMA only: the tile's two products issued together, one wait a pair
-#endif
-#if BWD_PAIRED && !BWD_TMA
-#error "the paired products are the TMA backward's"
-#endif
 #ifndef BWD_SPLIT_P
-#define BWD_SPLIT_P 0  // paired TMA products, two dQ stages, d score_mod / d score = 1: P while dP is in flight
+#define BWD_SPLIT_P 0  // TMA, d score_mod / d score = 1: P while dP is in flight
 #endif
 #ifndef SCORE_GRAD_ONE
 #define SCORE_GRAD_ONE 0  // the score_mod's gradient is the identity, no captured-tensor gradients
 #endif
-#if BWD_SPLIT_P && !(BWD_PAIRED && BWD_KBUF == 2 && (!HAS_SCORE || SCORE_GRAD_ONE))
-#error "the split P / dS needs the paired products, two dQ stages and no score_mod or one of gradient 1"
+#if BWD_SPLIT_P && !(BWD_TMA && (!HAS_SCORE || SCORE_GRAD_ONE))
+#error "the split P / dS needs the TMA backward and no score_mod or one of gradient 1"
 #endif
-#define BWD_QSETS (BWD_TMA ? 2 : BWD_QBUF)  // dK/dV's buffers of Q, dO and rows
+#define BWD_QSETS (BWD_TMA ? 2 : 1)  // dK/dV's buffers of Q, dO and rows
 // Both kernels run one warpgroup (NTHREADS threads) a CTA, so their wg = threadIdx.x / NTHREADS is
 // 0; it stays a run-time value in their tile and row offsets (dQ: Qw, dOw, r0; dK/dV: Kw, Vw, w0),
 // and warp stays (threadIdx.x >> 5) % NWARPS, because ptxas allocates the kernels better so
 // (sm_90a, nvcc 13.0, E = 128 causal: dK/dV 255 registers without spills, 70 bytes of spills with
-// the offsets folded away). This is the SASS measured on the H200 in session 13.
-// The backward's tile loads and products: wgmma on sm_90a (swizzled tiles), else mma.sync (padded
-// tiles). ABT: acc[64 x 64] = the CTA's 64 rows of A times B^T; PB: acc[64 x HEAD_DIM] += p B.
+// the offsets folded away).
+// The backward's tiles and products: wgmma on sm_90a (swizzled tiles by TMA), else mma.sync (padded
+// tiles by cp.async; those that stay for the whole tile walk, Q and dO in dQ, K and V in dK/dV, by
+// plain loads, visible after the first barrier). ABT: acc[64 x 64] = the CTA's 64 rows of A times
+// B^T; PB: acc[64 x HEAD_DIM] += p B.
 #if BWD_WGMMA
 #if TILE_M != 64
 #error "the wgmma backward's tiles are one warpgroup's 64 rows"
 #endif
 #define BWD_SMEM_BASE(smem) wg_smem_base(smem)
 #define BWD_TILE_ELEMS(rows) ((rows) * HEAD_DIM)
-#define BWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async<true>(dst, src, row0, total, rows)
-// Tiles that stay for the whole tile walk (Q and dO in dQ, K and V in dK/dV): by cp.async, landing
-// with the walk's first group (mma.sync: plain loads, visible after the first barrier).
-#define BWD_LOAD_RESIDENT(dst, src, row0, total, rows) BWD_LOAD_TILE(dst, src, row0, total, rows)
-#define BWD_ABT(acc, A, Bm, ldsm) wg_abt<64>(acc, A, 64, 0, Bm)
 #define BWD_PB(acc, p, Bm, ldsm)   \
   {                                \
     u32 pk_[64 / 8][2];            \
@@ -70,9 +56,9 @@ const char* kernel_backward_common() {
 #endif
 
 // PRE_LANES lanes a row, each with one 16-byte load of dO and of O (8 elements): a warp per row
-// with 2-byte loads ran at ~1.3 TB/s (H200, session 13: 51 us of a 0.55 ms fwd+bwd at 1x8x32768x64).
-// Each lane group takes PRE_ROWS rows (a grid's width apart) and issues all their loads, lse's and
-// dlse's included, before it uses any (there: 67 MB in 21.4 -> 19.9 us, ~3.4 TB/s; session 17).
+// with 2-byte loads ran at ~1.3 TB/s (H200: 51 us of a 0.55 ms fwd+bwd at 1x8x32768x64). Each lane
+// group takes PRE_ROWS rows (a grid's width apart) and issues all their loads, lse's and dlse's
+// included, before it uses any (there: 67 MB in 21.4 -> 19.9 us, ~3.4 TB/s).
 #define PRE_LANES (HEAD_DIM / 8)
 extern "C" __global__ void __launch_bounds__(NTHREADS) flex_bwd_pre(const FlexParams P) {
   constexpr int kGroups = NTHREADS / PRE_LANES;

@@ -56,8 +56,7 @@ __device__ __forceinline__ void dkdv_tile_p_ds(const FlexParams& P, float (*s)[4
 // lse2 and delta of q rows r0.. of (b, h) into smem (lse2_s, then delta_s right after it) by
 // cp.async in the caller's group: no thread waits for them here (a plain load stalled each q
 // tile of dK/dV for a global round trip). Rows past L read 0: their elements are out of bounds,
-// so y = -inf and p = 0 whatever lse2 is. A thread past the first 2 TILE_M loads nothing (the fused
-// backward's second warpgroup).
+// so y = -inf and p = 0 whatever lse2 is.
 __device__ __forceinline__ void load_rows(float* lse2_s, const FlexParams& P, i64 bh, i64 r0) {
   for (int i = threadIdx.x; i < 2 * TILE_M; i += NTHREADS) {
     const int r = i % TILE_M;
@@ -148,14 +147,13 @@ __device__ __forceinline__ void dkdv_store_rows(const FlexParams& P, const float
   }
 }
 
-#if BWD_PAIRED
+#if BWD_TMA
 // A tile whose S^T and dP^T were issued as a pair (S^T first): s becomes P and dp dS (split P: P while
-// dP^T is in flight), with the captured-tensor gradients into slot (the joint path's); `mark` runs once
-// both products are waited for (the profile's phase mark). rows: the tile's lse2, then its delta.
-template <class Mark>
+// dP^T is in flight), with the captured-tensor gradients into slot (the joint path's). rows: the
+// tile's lse2, then its delta.
 __device__ __forceinline__ void dkdv_pair_p_ds(const FlexParams& P, float (*s)[4], float (*dp)[4], i64 b, i64 h, i64 r0,
                                                const i64* cols, int lane, int t, bool partial, bool kv_in,
-                                               const float* rows, double* slot, Mark&& mark) {
+                                               const float* rows, double* slot) {
 #if BWD_SPLIT_P
   const bool interior = !partial && r0 + TILE_M <= P.L && kv_in;
 #if MASK_RANGES
@@ -175,7 +173,6 @@ __device__ __forceinline__ void dkdv_pair_p_ds(const FlexParams& P, float (*s)[4
   }
   wg_wait<0>();
   reg_fence<TILE_M / 8>(dp);
-  mark();
   dkdv_tile_ds_from_p(dp, s, t, rows + TILE_M);
   (void)slot;  // split P: no captured-tensor gradients (SCORE_GRAD_ONE)
   (void)lane;
@@ -183,22 +180,18 @@ __device__ __forceinline__ void dkdv_pair_p_ds(const FlexParams& P, float (*s)[4
   wg_wait_all();
   reg_fence<TILE_M / 8>(s);
   reg_fence<TILE_M / 8>(dp);
-  mark();
   dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, rows, rows + TILE_M, slot);
 #endif
 }
 
-// dK += dS^T Q and dV += P^T dO from the tile's dS (dp) and P (s), issued together and waited for;
-// `during(pk_ds)` runs while they are in flight, given dS^T packed as the dK product takes it.
-template <class During>
+// dK += dS^T Q and dV += P^T dO from the tile's dS (dp) and P (s), issued together and waited for.
 __device__ __forceinline__ void dkdv_pair_dk_dv(float (*dk)[4], float (*dv)[4], const float (*s)[4],
-                                                const float (*dp)[4], const u16* Qc, const u16* dOc, During&& during) {
+                                                const float (*dp)[4], const u16* Qc, const u16* dOc) {
   u32 pk_ds[TILE_M / 8][2], pk_p[TILE_M / 8][2];
   pack_rows<TILE_M>(pk_ds, dp);
   pack_rows<TILE_M>(pk_p, s);
   wg_pb_issue<TILE_M>(dk, pk_ds, Qc);  // dK += dS^T Q
   wg_pb_issue<TILE_M>(dv, pk_p, dOc);  // dV += P^T dO
-  during(pk_ds);
   wg_wait_all();
   reg_fence<HEAD_DIM / 8>(dk);
   reg_fence<HEAD_DIM / 8>(dv);
@@ -207,16 +200,14 @@ __device__ __forceinline__ void dkdv_pair_dk_dv(float (*dk)[4], float (*dv)[4], 
 }
 #endif
 
-#if !BWD_FUSED  // the fused backward's flex_bwd_dkdv forms dQ too (kernel_source_bwd_fused.cpp)
 extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex_bwd_dkdv(const __grid_constant__ FlexParams P) {
-  PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Ks = BWD_SMEM_BASE(smem);
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
   u16* Qs = Vs + BWD_TILE_ELEMS(TILE_N);
   u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS;
   float* lse2_s = (float*)(dOs + BWD_TILE_ELEMS(TILE_M) * BWD_QSETS);  // 2 sets: Qs, Qs2, dOs, dOs2
-#if !BWD_TMA && BWD_QBUF == 1
+#if !BWD_TMA
   float* delta_s = lse2_s + TILE_M;  // each rows buffer: lse2 then delta (load_rows), 2 TILE_M floats
 #endif
   const int wg = threadIdx.x / NTHREADS, warp = (threadIdx.x >> 5) % NWARPS, lane = threadIdx.x & 31, g = lane >> 2,
@@ -253,11 +244,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
       dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
       dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
     }
-#if BWD_QBUF == 2 || BWD_TMA
+#if BWD_TMA
     // Two buffers of Q, dO, lse2 and delta: the next q tile's loads are issued at the top of a
     // tile, right after the one barrier that frees the other buffer, and land during the whole
-    // tile's work (one barrier a tile instead of four). With TMA, the tiles from thread 0 on
-    // bars[buffer] and the rows by cp.async.
+    // tile's work (one barrier a tile instead of four): the tiles from thread 0 on bars[buffer],
+    // the rows by cp.async.
     {
       GroupWalk walk(P, b, hk, jblk);
       i64 gi, r0;
@@ -266,36 +257,25 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
       int cur = 0;
       auto load_q_tile = [&](int buf, i64 g, i64 row0) {
         const i64 bh = b * P.Hq + hk * P.G + g;
-#if BWD_TMA
         if (threadIdx.x == 0) {
           tma_tile(Qs + buf * BWD_TILE_ELEMS(TILE_M), P.qmap, &bars[buf], row0, bh, TILE_M, false);
           tma_tile(dOs + buf * BWD_TILE_ELEMS(TILE_M), P.domap, &bars[buf], row0, bh, TILE_M);
         }
-#else
-        BWD_LOAD_TILE(Qs + buf * BWD_TILE_ELEMS(TILE_M), (const u16*)P.q + bh * P.L * HEAD_DIM, row0, P.L, TILE_M);
-        BWD_LOAD_TILE(dOs + buf * BWD_TILE_ELEMS(TILE_M), (const u16*)P.dout + bh * P.L * HEAD_DIM, row0, P.L, TILE_M);
-#endif
         load_rows(lse2_s + buf * 2 * TILE_M, P, bh, row0);
       };
-#if BWD_TMA
       if (more && threadIdx.x == 0) {  // K and V with the first q tile (the unit's barrier freed them)
         tma_tile(Ks, P.kmap, &bars[0], c0, bhk, TILE_N, false);
         tma_tile(Vs, P.vmap, &bars[0], c0, bhk, TILE_N, false);
       }
-#endif
       if (more) load_q_tile(0, gi, r0);
       cp_async_commit();
-      PROF_MARK(0);
       while (more) {
         const i64 h = hk * P.G + gi;
-#if BWD_TMA
         mbar_wait(&bars[cur], (phase >> cur) & 1);  // this tile's Q and dO (and K / V on the first) landed
         phase ^= 1u << cur;
-#endif
         cp_async_wait<0>();  // this tile's Q, dO, lse2, delta (and K/V on the first) landed
         SMEM_PROXY_FENCE();
         __syncthreads();     // ... for every thread, and the previous tile is done with the other buffer
-        PROF_MARK(1);
         i64 gi_n, r0_n;
         bool p_n;
         const bool more_n = walk.next(gi_n, r0_n, p_n);
@@ -305,25 +285,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
         const u16* dOc = dOs + cur * BWD_TILE_ELEMS(TILE_M);
         const float* lse2_c = lse2_s + cur * 2 * TILE_M;
         float s[TILE_M / 8][4], dp[TILE_M / 8][4];
-#if BWD_PAIRED
         // S^T and dP^T issued together, then dK and dV: one wait for each pair.
         wg_abt_issue<64>(s, Kw, 64, 0, Qc);
         wg_abt_issue<64>(dp, Vw, 64, 0, dOc);
-        dkdv_pair_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, slot, [&] { PROF_MARK(4); });
-        PROF_MARK(5);
-        dkdv_pair_dk_dv(dk, dv, s, dp, Qc, dOc, [](const u32 (*)[2]) {});
-#else
-        BWD_ABT(s, Kw, Qc, LDSM_B_KV);
-        PROF_MARK(2);
-        BWD_ABT(dp, Vw, dOc, LDSM_B_KV);
-        PROF_MARK(4);
-        dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, lse2_c + TILE_M, slot);
-        PROF_MARK(5);
-        BWD_PB(dk, dp, Qc, LDSM_B_KV);  // dK += dS^T Q
-        PROF_MARK(6);
-        BWD_PB(dv, s, dOc, LDSM_B_KV);  // dV += P^T dO
-#endif
-        PROF_MARK(7);
+        dkdv_pair_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_c, slot);
+        dkdv_pair_dk_dv(dk, dv, s, dp, Qc, dOc);
         gi = gi_n;
         r0 = r0_n;
         partial = p_n;
@@ -346,27 +312,18 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
       load_rows(lse2_s, P, bh0, r0);
     }
     cp_async_commit();
-    PROF_MARK(0);
     while (more) {
       const i64 h = hk * P.G + gi;
       cp_async_wait<1>();  // Q(r0) landed
-      SMEM_PROXY_FENCE();
       __syncthreads();     // (and K/V; lse2 and delta land with Q)
-      PROF_MARK(1);
       // Transposed tiles: rows are kv (this warp's 16), columns are q.
       float s[TILE_M / 8][4], dp[TILE_M / 8][4];
       BWD_ABT(s, Ks, Qs, LDSM_B_KV);
-      PROF_MARK(2);
       cp_async_wait<0>();  // dO(r0) landed
-      SMEM_PROXY_FENCE();
       __syncthreads();
-      PROF_MARK(3);
       BWD_ABT(dp, Vs, dOs, LDSM_B_KV);
-      PROF_MARK(4);
       dkdv_p_ds(P, s, dp, b, h, r0, cols, lane, t, partial, kv_in, lse2_s, delta_s, slot);
-      PROF_MARK(5);
       BWD_PB(dk, dp, Qs, LDSM_B_KV);  // dK += dS^T Q
-      PROF_MARK(6);
       __syncthreads();                        // everyone is done with Qs, lse2_s, delta_s
       more = walk.next(gi_n, r0_n, p_n);
       const i64 bh_n = more ? b * P.Hq + hk * P.G + gi_n : 0;
@@ -379,7 +336,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
       __syncthreads();                // everyone is done with dOs
       if (more) BWD_LOAD_TILE(dOs, (const u16*)P.dout + bh_n * P.L * HEAD_DIM, r0_n, P.L, TILE_M);
       cp_async_commit();
-      PROF_MARK(7);
       gi = gi_n;
       r0 = r0_n;
       partial = p_n;
@@ -388,9 +344,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DKDV_MIN_BLOCKS) flex
     cp_async_wait<0>();  // K and V of a tile without q tiles must land before the next unit reuses Ks / Vs
     dkdv_store_rows(P, dk, dv, bhk, cols, t);
   }
-  PROF_FLUSH(16);
 }
-#endif  // !BWD_FUSED
 
 // capgrad[x] = sum over slots (slot-major, then warp) of slots[.][x]: a fixed order.
 extern "C" __global__ void flex_capgrad_reduce(const FlexParams P) {

@@ -137,18 +137,12 @@ __device__ __forceinline__ void dq_tile_ds_from_p(float (*p)[4], const float (*d
 }
 #endif
 
-#if !BWD_FUSED  // the fused backward's flex_bwd_dq converts its sums (kernel_source_bwd_fused.cpp)
 extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_bwd_dq(const __grid_constant__ FlexParams P) {
-  PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = BWD_SMEM_BASE(smem);
   u16* dOs = Qs + BWD_TILE_ELEMS(TILE_M);
   u16* Ks = dOs + BWD_TILE_ELEMS(TILE_M);
   u16* Vs = Ks + BWD_TILE_ELEMS(TILE_N);
-  u16* Ks2 = Vs + BWD_TILE_ELEMS(TILE_N);  // BWD_KBUF 2: the second K buffer
-#if !BWD_TMA
-  u16* Kcur = Ks;  // K of the current tile
-#endif
   const int wg = threadIdx.x / NTHREADS, warp = (threadIdx.x >> 5) % NWARPS, lane = threadIdx.x & 31, g = lane >> 2,
             t = lane & 3;  // wg: 0, kept a run-time value (the note at the top)
   const i64 tile = P.q_tiles - 1 - (i64)blockIdx.x % P.q_tiles, bh = (i64)blockIdx.x / P.q_tiles;
@@ -180,12 +174,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
   int slot0 = 0, s_next = 0;  // the partial list's slot of c0's block (MASK_BITS)
   bool more = walk.next(c0, partial, &slot0);
 #if BWD_TMA
-  // bars[slot]: K tiles (Q joins slot 0's first phase); bars[2 + slot]: V tiles (dO joins slot 0's).
-  // Thread 0 issues the loads. BWD_KBUF 1: one K and one V buffer, each refilled within the step
-  // once every warp is done with it; BWD_KBUF 2: two of each, the next tile's K and V issued at
-  // the top of a step into the buffers the previous step freed (a whole step ahead).
+  // Two K and two V buffers: bars[slot] their K tiles (Q joins slot 0's first phase), bars[2 + slot]
+  // their V tiles (dO joins slot 0's). Thread 0 issues the next tile's K and V at the top of a step,
+  // into the buffers the previous step freed (a whole step ahead).
   __shared__ __align__(8) u64 bars[4];
-  u16* Vs2 = Ks2 + BWD_TILE_ELEMS(TILE_N);  // BWD_KBUF 2: the second V buffer
+  u16* Ks2 = Vs + BWD_TILE_ELEMS(TILE_N);
+  u16* Vs2 = Ks2 + BWD_TILE_ELEMS(TILE_N);
   const i64 bhk = b * P.Hkv + hk;
   if (threadIdx.x == 0) {
     mbar_init_all(bars, 4);
@@ -197,32 +191,25 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     }
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
-#if BWD_KBUF == 2
   bool more_next = more && walk.next(c_next, p_next, &s_next);
-#endif
-  PROF_MARK(0);
   for (int step = 0; more; ++step) {
     float s[TILE_N / 8][4], dp[TILE_N / 8][4];
     const bool interior = !partial && rows_in && c0 + TILE_N <= P.S;  // a full block's tile inside both lengths
 #if MASK_RANGES
     Run runs[2];  // DQ_RUNS: the rows' runs of a tile that is not interior
 #endif
-    const int slot = BWD_KBUF == 2 ? step & 1 : 0;
-    const u32 phase = BWD_KBUF == 2 ? (step >> 1) & 1 : step & 1;  // each slot's barriers flip once a use
+    const int slot = step & 1;
+    const u32 phase = (step >> 1) & 1;  // each slot's barriers flip once a use
     u16* Kb = slot ? Ks2 : Ks;
     u16* Vb = slot ? Vs2 : Vs;
-#if BWD_KBUF == 2
     if (more_next && threadIdx.x == 0) {  // the other slot, freed by the previous step's last barrier
       tma_tile(slot ? Vs : Vs2, P.vmap, &bars[2 + (slot ^ 1)], c_next, bhk, TILE_N);
       tma_tile(slot ? Ks : Ks2, P.kmap, &bars[slot ^ 1], c_next, bhk, TILE_N);
     }
-#endif
 #if BWD_SPLIT_P
     mbar_wait(&bars[slot], phase);  // K(c0) (and Q on the first tile) landed
-    PROF_MARK(1);
     wg_abt_issue<64>(s, Qw, 64, 0, Kb);  // S first: its P while dP = dO V^T is in flight
     mbar_wait(&bars[2 + slot], phase);   // V(c0) (and dO on the first tile) landed
-    PROF_MARK(3);
     wg_abt_issue<64>(dp, dOw, 64, 0, Vb);
     DQ_RUNS();
     wg_wait<1>();
@@ -239,34 +226,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
 #endif
     wg_wait<0>();
     reg_fence<TILE_N / 8>(dp);
-    PROF_MARK(4);
     dq_tile_ds_from_p(s, dp, delta);
 #else
     mbar_wait(&bars[2 + slot], phase);  // V(c0) (and dO on the first tile) landed
-    PROF_MARK(1);
-#if BWD_KBUF == 2 && BWD_PAIRED
     wg_abt_issue<64>(dp, dOw, 64, 0, Vb);  // dP = dO V^T in flight while K lands and S is issued
     mbar_wait(&bars[slot], phase);         // K(c0) (and Q on the first tile) landed
-    PROF_MARK(3);
     wg_abt_issue<64>(s, Qw, 64, 0, Kb);
     DQ_RUNS();
     wg_wait_all();
     reg_fence<TILE_N / 8>(dp);
     reg_fence<TILE_N / 8>(s);
-#else
-    DQ_RUNS();
-    BWD_ABT(dp, dOw, Vb, LDSM_B_Q);
-    PROF_MARK(2);
-#if BWD_KBUF == 1
-    more = walk.next(c_next, p_next, &s_next);
-    __syncthreads();  // everyone is done with Vs
-    if (more && threadIdx.x == 0) tma_tile(Vs, P.vmap, &bars[2], c_next, bhk, TILE_N);
-#endif
-    mbar_wait(&bars[slot], phase);  // K(c0) (and Q on the first tile) landed
-    PROF_MARK(3);
-    BWD_ABT(s, Qw, Kb, LDSM_B_Q);
-#endif
-    PROF_MARK(4);
     if (interior) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
 #if MASK_BITS
     else if (P.mbits && partial)
@@ -279,75 +248,38 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
 #endif
 #endif  // BWD_SPLIT_P
-    PROF_MARK(5);
     BWD_PB(dq, s, Kb, LDSM_B_Q);  // dQ += dS K
     __syncthreads();              // everyone is done with this slot's K (and V)
-#if BWD_KBUF == 1
-    if (more && threadIdx.x == 0) tma_tile(Ks, P.kmap, &bars[0], c_next, bhk, TILE_N);
-#else
     more = more_next;
-#endif
-    PROF_MARK(6);
     c0 = c_next;
     partial = p_next;
     slot0 = s_next;
-#if BWD_KBUF == 2
     if (more) more_next = walk.next(c_next, p_next, &s_next);
-#endif
   }
 #else
   if (more) BWD_LOAD_TILE(Vs, vg, c0, P.S, TILE_N);
   cp_async_commit();
   if (more) BWD_LOAD_TILE(Ks, kg, c0, P.S, TILE_N);
   cp_async_commit();
-  PROF_MARK(0);
   // Pipeline per tile (groups in flight at the top: V(c0), K(c0)): dP = dO V^T first, then V(next)
-  // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP (BWD_KBUF 1)
-  // or, into the other K buffer, with V(next) (BWD_KBUF 2).
+  // loads during S = QK^T, dS and dQ += dS K, and K(next) during the next tile's dP.
   while (more) {
     float s[TILE_N / 8][4], dp[TILE_N / 8][4];
-#if BWD_KBUF == 2
-    cp_async_wait<0>();  // V(c0) and K(c0) landed
-#else
     cp_async_wait<1>();  // V(c0) landed
-#endif
-    SMEM_PROXY_FENCE();
     __syncthreads();
-    PROF_MARK(1);
     BWD_ABT(dp, dOs, Vs, LDSM_B_Q);
-    PROF_MARK(2);
-#if BWD_KBUF == 2
-    __syncthreads();  // everyone is done with Vs and with the other K buffer (the previous tile's)
-    u16* Knext = Kcur == Ks ? Ks2 : Ks;
-    more = walk.next(c_next, p_next);
-    if (more) {
-      BWD_LOAD_TILE(Vs, vg, c_next, P.S, TILE_N);
-      BWD_LOAD_TILE(Knext, kg, c_next, P.S, TILE_N);
-    }
-    cp_async_commit();
-#else
     cp_async_wait<0>();  // K(c0) landed
-    SMEM_PROXY_FENCE();
     __syncthreads();     // and everyone is done with Vs
     more = walk.next(c_next, p_next);
     if (more) BWD_LOAD_TILE(Vs, vg, c_next, P.S, TILE_N);
     cp_async_commit();
-#endif
-    PROF_MARK(3);
-    BWD_ABT(s, Qs, Kcur, LDSM_B_Q);
-    PROF_MARK(4);
+    BWD_ABT(s, Qs, Ks, LDSM_B_Q);
     if (!partial && rows_in && c0 + TILE_N <= P.S) dq_tile_ds<true>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
     else dq_tile_ds<false>(P, s, dp, b, h, rows, c0, t, partial, lse2, delta);
-    PROF_MARK(5);
-    BWD_PB(dq, s, Kcur, LDSM_B_Q);  // dQ += dS K
-#if BWD_KBUF == 2
-    Kcur = Knext;
-#else
+    BWD_PB(dq, s, Ks, LDSM_B_Q);  // dQ += dS K
     __syncthreads();  // everyone is done with Ks
     if (more) BWD_LOAD_TILE(Ks, kg, c_next, P.S, TILE_N);
     cp_async_commit();
-#endif
-    PROF_MARK(6);
     c0 = c_next;
     partial = p_next;
   }
@@ -361,10 +293,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
 #pragma unroll
     for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
   }
-  PROF_MARK(7);
-  PROF_FLUSH(8);
 }
-#endif  // !BWD_FUSED
 
 )kiln_src";
 }

@@ -50,30 +50,8 @@ __device__ __forceinline__ float fwd_kept_score(const FlexParams& P, float raw, 
   return keep ? x : NEG_INF;
 }
 
-#if FWD_PINGPONG
-// FWD_PINGPONG (the staged TMA forward's 128-row tiles, two warpgroups, keep bits or runs): the
-// warpgroups take turns on the tensor cores, each issuing P V of its tile and Q K^T of the next in
-// its turn, so one's softmax runs beside the other's products instead of both contending for the
-// tensor cores and then both idling them (FlashAttention-3's schedule). Named barrier 1 + w is
-// warpgroup w's turn: it waits there (with the other's 128 arrivals, 256 in all), issues, then
-// passes the turn by arriving at the other's. Warpgroup 1 hands warpgroup 0 the first turn and
-// warpgroup 0 takes the last pass after its walk, so every arrival is met. Same arithmetic, same bits.
-// (Immediate barrier ids: a register id makes ptxas reserve all 16.)
-__device__ __forceinline__ void fwd_turn_wait(int warp) {
-  if (warp < 4) asm volatile("bar.sync 1, 256;" ::: "memory");
-  else asm volatile("bar.sync 2, 256;" ::: "memory");
-}
-__device__ __forceinline__ void fwd_turn_pass(int warp) {
-  if (warp < 4) asm volatile("bar.arrive 2, 256;" ::: "memory");
-  else asm volatile("bar.arrive 1, 256;" ::: "memory");
-}
-#else
-__device__ __forceinline__ void fwd_turn_wait(int) {}
-__device__ __forceinline__ void fwd_turn_pass(int) {}
-#endif
-
 #if FWD_TMA && FWD_KEEPBITS
-// FWD_KEEPBITS (the sm_90 default; KILN_FLEX_FWD_KEEPBITS=0 turns it off): the keep bits of a tile that is not interior
+// FWD_KEEPBITS (the TMA forward, unless MASK_BITS): the keep bits of a tile that is not interior
 // (bit i % 32 of kb[i / 32] for element i = (mt * FWD_TILE_N / 8 + n) * 4 + e): inside the lengths
 // and, on partial blocks, the mask (of the element clamped into the lengths, as mod_score).
 // Computed while S = QK^T is in flight, each test folded into its bit at once: with the tests
@@ -114,14 +92,12 @@ __device__ __forceinline__ void fwd_scores_runs(const FlexParams& P, float (*s)[
   });
 }
 #endif
-// `issue` issues S = Q K^T of tile c0 into s (and whatever else the caller queues with it); then s
-// takes the tile's modified, masked scores: a tile that is not interior gets its keep bits
-// (MASK_RANGES: its rows' runs) while the products are in flight.
-template <class Issue>
-__device__ __forceinline__ void fwd_qk_scores_after(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], Issue&& issue,
-                                                    i64 b, i64 h, i64 row_base, i64 c0, int t, bool partial,
-                                                    bool rows_in) {
-  issue();
+// S = Q K^T of the tile c0 at Kx into s, then the tile's modified, masked scores: a tile that is not
+// interior gets its keep bits (MASK_RANGES: its rows' runs) while the product is in flight.
+__device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
+                                              const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
+                                              bool partial, bool rows_in) {
+  wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
   const bool interior = !partial && rows_in && c0 + FWD_TILE_N <= P.S;
 #if MASK_RANGES
   Run runs[FWD_MT][2];
@@ -143,20 +119,9 @@ __device__ __forceinline__ void fwd_qk_scores_after(const FlexParams& P, float (
   else fwd_scores_bits(P, s, kb, b, h, row_base, c0, t);
 #endif
 }
-// S = Q K^T of the tile at Kx into s with its scores, as fwd_qk_scores_after (in the warpgroup's
-// turn under FWD_PINGPONG).
-__device__ __forceinline__ void fwd_qk_scores(const FlexParams& P, float (*s)[FWD_TILE_N / 8][4], const u16* Qs,
-                                              const u16* Kx, int warp, i64 b, i64 h, i64 row_base, i64 c0, int t,
-                                              bool partial, bool rows_in) {
-  fwd_qk_scores_after(P, s, [&] {
-    fwd_turn_wait(warp);
-    wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kx);
-    fwd_turn_pass(warp);
-  }, b, h, row_base, c0, t, partial, rows_in);
-}
 #endif
 
-// MASK_BITS (masks that read captured tensors; the sm_90 default, KILN_FLEX_MASK_BITS=0 turns it off): one CTA per
+// MASK_BITS (the TMA forward of a mask that reads captured tensors): one CTA per
 // (mask row, slot) of the kv lists' partial blocks writes the block's keep bits (in bounds and
 // mask, of the element clamped into the lengths as mod_score), QB rows of KB / 32 words, at
 // P.mbits + (row * kv_m + slot) * QB * KB / 32. The forward then reads two rows of words per
@@ -287,36 +252,32 @@ __device__ __forceinline__ const unsigned* fwd_block_bits(const FlexParams& P, i
 #if FWD_KEEPBITS
 #define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                 \
   fwd_qk_scores(P, s, Qbuf, Kbuf, warp, b, h, row_base, c0, t, part, rows_in); \
-  PROF_MARK(2);                                                                \
   float alpha[FWD_MT][2];                                                      \
   fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));                             \
   fwd_rescale(o, alpha);
 #else
 #define FWD_TMA_SOFTMAX(Qbuf, Kbuf, part, slot)                                                  \
   wg_abt<FWD_TILE_N>(s[0], Qbuf, FWD_TILE_M, (warp >> 2) * 64, Kbuf);                            \
-  PROF_MARK(2);                                                                                  \
   fwd_tile_scores(P, s, b, h, row_base, c0, t, part, rows_in, fwd_block_bits(P, mrow, slot, part)); \
   float alpha[FWD_MT][2];                                                                        \
   fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));                                               \
   fwd_rescale(o, alpha);
 #endif
-// One step of the staged TMA forwards (the default's and the persistent one's) on stage x: its
-// K landed, the scores and softmax against Q at Qbuf, its V landed, o += P V. Declares stage x's
-// buffers Kx and Vx, and s and pk.
+// The staged TMA forward's K / V stages (three measured no faster: 12a98e5, fwd ms, causal and 16
+// documents within noise, the E = 128 window 0.39 -> 0.63 with one CTA an SM instead of two).
+#define FWD_STAGES 2
+// One step of the staged TMA forward on stage x: its K landed, the scores and softmax against Q at
+// Qbuf, its V landed, o += P V. Declares stage x's buffers Kx and Vx, and s and pk.
 #define FWD_TMA_STAGE_STEP(Qbuf, part, slot)                                   \
   u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;                               \
   u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;                               \
   mbar_wait(&bars[x], (kphase >> x) & 1); /* K(c0) (and a first Q) landed */  \
-  PROF_MARK(1);                                                               \
   float s[FWD_MT][FWD_TILE_N / 8][4];                                         \
   u32 pk[FWD_MT][FWD_TILE_N / 8][2];                                          \
   FWD_TMA_SOFTMAX(Qbuf, Kx, part, slot)                                       \
-  PROF_MARK(3);                                                               \
   mbar_wait(&bars[FWD_STAGES + x], (kphase >> x) & 1); /* V(c0) landed */     \
   kphase ^= 1u << x;                                                          \
-  PROF_MARK(4);                                                               \
-  wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);                                         \
-  PROF_MARK(5);
+  wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
 #endif  // FWD_TMA
 
 // A row's softmax sum from this thread's partial l (the 4 threads of a row add up).
@@ -359,41 +320,32 @@ const char* kernel_forward() {
   return R"kiln_src(#if KILN_BUILD_FWD
 #if !FWD_PERSIST  // else flex_fwd is the persistent kernel of kernel_source_persist.cpp
 extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_fwd(const __grid_constant__ FlexParams P) {
-  PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
-#if FWD_WGMMA
+#if FWD_TMA
   u16* Qs = wg_smem_base(smem);
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;
   u16* Vs = Ks + FWD_TILE_N * HEAD_DIM;
-  u16* Ks2 = Vs + FWD_TILE_N * HEAD_DIM;  // FWD_KBUF 2 / FWD_OVERLAP: the second K buffer
-  u16* Vs2 = Ks2 + FWD_TILE_N * HEAD_DIM;  // FWD_OVERLAP: the second V buffer
 #else
   u16* Qs = smem;
   u16* Ks = Qs + FWD_TILE_M * LD;
   u16* Vs = Ks + FWD_TILE_N * LD;
-  u16* Ks2 = Vs + FWD_TILE_N * LD;
-#endif
-#if !FWD_OVERLAP
-  u16* Kcur = Ks;  // K of the current tile (FWD_KBUF 2 alternates Ks and Ks2)
 #endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // Heaviest (last) q tiles first: causal rows at the end list the most blocks.
   const i64 q_tiles = (P.L + FWD_TILE_M - 1) / FWD_TILE_M;
   const i64 tile = q_tiles - 1 - (i64)blockIdx.x % q_tiles, bh = (i64)blockIdx.x / q_tiles;
   const i64 b = bh / P.Hq, h = bh % P.Hq, hk = h / P.G, r0 = tile * FWD_TILE_M;
-  const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
-  const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
 #if FWD_TMA
-  // Q and the first K on bars[0], then K on bars[0] and V on bars[1], each wait flipping its phase.
-  // FWD_KBUF 2: FWD_STAGES stages, K and V of stage x on bars[x] and bars[FWD_STAGES + x].
-  __shared__ __align__(8) u64 bars[FWD_KBUF == 2 ? 2 * FWD_STAGES : 2];
-  u32 kphase = 0, vphase = 0;
+  // FWD_STAGES stages, K and V of stage x on bars[x] and bars[FWD_STAGES + x] (Q joins stage 0's
+  // first K), each wait flipping the stage's phase.
+  __shared__ __align__(8) u64 bars[2 * FWD_STAGES];
+  u32 kphase = 0;
 #if FWD_LAST_ISSUES
   __shared__ u32 stage_done[FWD_STAGES];  // warps done with each stage, counted over the whole walk
 #endif
-#elif FWD_WGMMA
-  FWD_LOAD_TILE(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M);  // lands with the first K tile
 #else
+  const u16* kg = (const u16*)P.k + (b * P.Hkv + hk) * P.S * HEAD_DIM;
+  const u16* vg = (const u16*)P.v + (b * P.Hkv + hk) * P.S * HEAD_DIM;
   load_tile(Qs, (const u16*)P.q + bh * P.L * HEAD_DIM, r0, P.L, FWD_TILE_M, FWD_THREADS);
 #endif
   const bool rows_in = r0 + FWD_TILE_M <= P.L;
@@ -406,200 +358,48 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
   float m[FWD_MT][2], l[FWD_MT][2];
 #pragma unroll
   for (int mt = 0; mt < FWD_MT; ++mt) m[mt][0] = m[mt][1] = NEG_INF, l[mt][0] = l[mt][1] = 0.f;
-  // Global row of this thread's row r (0: g, 1: g + 8) in m16 block mt.
+  // Global row of this thread's row 0 (g; row 1 is g + 8) in m16 block 0.
   const i64 row_base = r0 + warp * 16 * FWD_MT + g;
-#define FWD_ROW(mt, r) (row_base + (mt) * 16 + 8 * (r))
 
   const i64 mrow = P.all_full ? 0 : mask_row(P, b, h) * P.nQB + r0 / P.QB;
   TileWalk walk(BlockWalk(P, KV_LISTS(P), mrow, P.nKVB), P.KB, P.S, FWD_TILE_N);
-  i64 c0, c_next;
-  bool partial, p_next;
+  i64 c0;
+  bool partial;
   int slot0 = 0;  // the partial list's slot of c0's block (MASK_BITS)
   bool more = walk.next(c0, partial, &slot0);
 #if FWD_TMA
+  // Tile c0 is in stage x while c1 loads into the other; once every warp is done with stage x it
+  // takes the tile after c1. No load waits behind a product of the same step. kphase bit x: stage
+  // x's parity (K and V flip together).
   const i64 bhk = b * P.Hkv + hk;
-#if FWD_KBUF == 2
   i64 c1 = 0;  // the tile after c0, already loading into the other stage
   bool p1 = false;
   int slot1 = 0;
   bool more1 = more && walk.next(c1, p1, &slot1);
-#if FWD_STAGES == 3
-  i64 c2 = 0;  // and the one after c1, in the third stage
-  bool p2 = false;
-  int slot2 = 0;
-  bool more2 = more1 && walk.next(c2, p2, &slot2);
-#endif
-#endif
   if (threadIdx.x == 0) {
-    mbar_init_all(bars, FWD_KBUF == 2 ? 2 * FWD_STAGES : 2);
+    mbar_init_all(bars, 2 * FWD_STAGES);
     if (more) {
       tma_tile(Qs, P.qmap, &bars[0], r0, bh, FWD_TILE_M, false);  // Q's bytes join the first K's phase
       tma_tile(Ks, P.kmap, &bars[0], c0, bhk, FWD_TILE_N);
     }
-#if FWD_KBUF == 2
     if (more) tma_tile(Vs, P.vmap, &bars[FWD_STAGES], c0, bhk, FWD_TILE_N);
     if (more1) {
       tma_tile(Ks + 2 * FWD_TILE_N * HEAD_DIM, P.kmap, &bars[1], c1, bhk, FWD_TILE_N);
       tma_tile(Vs + 2 * FWD_TILE_N * HEAD_DIM, P.vmap, &bars[FWD_STAGES + 1], c1, bhk, FWD_TILE_N);
     }
-#if FWD_STAGES == 3
-    if (more2) {
-      tma_tile(Ks + 4 * FWD_TILE_N * HEAD_DIM, P.kmap, &bars[2], c2, bhk, FWD_TILE_N);
-      tma_tile(Vs + 4 * FWD_TILE_N * HEAD_DIM, P.vmap, &bars[5], c2, bhk, FWD_TILE_N);
-    }
-#endif
-#endif
 #if FWD_LAST_ISSUES
     for (int i = 0; i < FWD_STAGES; ++i) stage_done[i] = 0u;
 #endif
   }
   __syncthreads();  // the barriers are initialised before anyone waits on them
-#else
-  if (more) FWD_LOAD_TILE(Ks, kg, c0, P.S, FWD_TILE_N);
-  cp_async_commit();
-#endif
-  PROF_MARK(0);
-#if FWD_OVERLAP
-  // The softmax of tile j runs while the tensor cores do P V of tile j - 1: both products are
-  // issued, S(j) waited for, the softmax done, then P V(j - 1) waited for and the output rescaled
-  // (FlashAttention-3's intra-warpgroup overlap). K(j + 1) and V(j) load during iteration j into
-  // the other of two buffers each; P(j - 1) stays in registers until its product is done.
-#define KB_(i) (((i) & 1) ? Ks2 : Ks)  // selects, not an array: an indexed array lives in local memory
-#define VB_(i) (((i) & 1) ? Vs2 : Vs)
-  int j = 0;
-  bool more_next = false;
-  // Loads K(j + 1) and V(j), then waits for K(j) and V(j - 1).
-  auto stage = [&]() {
-    more_next = walk.next(c_next, p_next);
-    __syncthreads();  // everyone is done with KB_(j + 1) (S of j - 1) and VB_(j) (P V of j - 2)
-    if (more_next) FWD_LOAD_TILE(KB_(j + 1), kg, c_next, P.S, FWD_TILE_N);
-    FWD_LOAD_TILE(VB_(j), vg, c0, P.S, FWD_TILE_N);
-    cp_async_commit();
-    cp_async_wait<1>();  // K(j) and V(j - 1) landed (this thread's part)
-    SMEM_PROXY_FENCE();
-    __syncthreads();
-    PROF_MARK(1);
-  };
-  auto advance = [&]() {
-    c0 = c_next;
-    partial = p_next;
-    more = more_next;
-    ++j;
-  };
-  // P of the previous tile and of this one alternate between two register sets (the loop is
-  // unrolled by two): a copy from one to the other would define wgmma operand registers inside
-  // the stage, and ptxas then serializes every wgmma.
-  u32 pk_a[FWD_MT][FWD_TILE_N / 8][2], pk_b[FWD_MT][FWD_TILE_N / 8][2];
-  auto step = [&](u32 (&prev)[FWD_MT][FWD_TILE_N / 8][2], u32 (&cur)[FWD_MT][FWD_TILE_N / 8][2]) {
-    stage();
-    float s[FWD_MT][FWD_TILE_N / 8][4];
-    reg_fence<HEAD_DIM / 8>(o[0]);
-    wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
-    wg_pb_issue<FWD_TILE_N>(o[0], prev[0], VB_(j + 1));
-    wg_wait<1>();  // S(j) done; P V(j - 1) may still run
-    reg_fence<FWD_TILE_N / 8>(s[0]);
-    PROF_MARK(2);
-    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
-    float alpha[FWD_MT][2];
-    fwd_softmax(s, cur, m, l, alpha, exp2_factor(P));
-    PROF_MARK(3);
-    wg_wait<0>();
-    reg_fence<HEAD_DIM / 8>(o[0]);
-    reg_fence_pk<FWD_TILE_N / 8>(prev[0]);  // P(j - 1) stays put until its product is done
-    PROF_MARK(4);
-    fwd_rescale(o, alpha);
-    PROF_MARK(5);
-    advance();
-  };
-  if (more) {  // the first tile: no P V to overlap yet
-    stage();
-    float s[FWD_MT][FWD_TILE_N / 8][4];
-    float alpha[FWD_MT][2];
-    wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, KB_(j));
-    PROF_MARK(2);
-    fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
-    fwd_softmax(s, pk_a, m, l, alpha, exp2_factor(P));
-    PROF_MARK(3);
-    advance();
-  }
-  bool last_in_a = true;
-  while (more) {
-    step(pk_a, pk_b);
-    last_in_a = false;
-    if (!more) break;
-    step(pk_b, pk_a);
-    last_in_a = true;
-  }
-  if (j > 0) {  // P V of the last tile
-    cp_async_wait<0>();
-    SMEM_PROXY_FENCE();
-    __syncthreads();
-    if (last_in_a) wg_pb<FWD_TILE_N>(o[0], pk_a[0], VB_(j + 1));
-    else wg_pb<FWD_TILE_N>(o[0], pk_b[0], VB_(j + 1));
-  }
-#undef KB_
-#undef VB_
-#elif FWD_TMA && FWD_KBUF == 2
-  // FWD_STAGES stages (K, V) at Ks / Vs and 2 tiles further on: tile c0 is in stage x while c1 (and
-  // with three stages c2) load into the others; once every warp is done with stage x it takes the
-  // next tile. No load waits behind a product of the same step. kphase bit x: stage x's parity (K
-  // and V flip together).
   int x = 0;
   u32 step_n = 0;  // this step's index in the walk (stage x's use step_n / FWD_STAGES)
-#if FWD_PINGPONG
-#if !FWD_KEEPBITS
-#error "FWD_PINGPONG takes the keep bits' fwd_qk_scores_after"
-#endif
-  // Skewed by one product for the turns: the scores and softmax of tile c0 are done before its step,
-  // which issues P V of c0 and Q K^T of c1 in one turn, gets c1's keep bits while they run, frees
-  // stage x, and does c1's softmax. P (pk) and the output (o) stay untouched until the turn's
-  // products are waited for.
-  float s[FWD_MT][FWD_TILE_N / 8][4];
-  u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-  float alpha[FWD_MT][2];
-  if (warp >= 4) fwd_turn_pass(warp);  // warpgroup 1 hands warpgroup 0 the first turn
-  if (more) {
-    mbar_wait(&bars[0], kphase & 1);  // K(c0) and Q landed
-    fwd_qk_scores(P, s, Qs, Ks, warp, b, h, row_base, c0, t, partial, rows_in);
-    fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));
-    fwd_rescale(o, alpha);
-  }
-#endif
   while (more) {
-#if FWD_PINGPONG
-    const int xn = FWD_STAGES == 3 ? (x == 2 ? 0 : x + 1) : x ^ 1;  // c1's stage
-    u16* Kx = Ks + x * 2 * FWD_TILE_N * HEAD_DIM;
-    u16* Vx = Vs + x * 2 * FWD_TILE_N * HEAD_DIM;
-    mbar_wait(&bars[FWD_STAGES + x], (kphase >> x) & 1);  // V(c0) landed
-    kphase ^= 1u << x;
-    if (more1) {
-      mbar_wait(&bars[xn], (kphase >> xn) & 1);  // K(c1) landed
-      const u16* Kn = Ks + xn * 2 * FWD_TILE_N * HEAD_DIM;
-      fwd_qk_scores_after(P, s, [&] {
-        fwd_turn_wait(warp);
-        wg_pb_issue<FWD_TILE_N>(o[0], pk[0], Vx);
-        wg_abt_issue<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kn);
-        fwd_turn_pass(warp);
-      }, b, h, row_base, c1, t, p1, rows_in);  // waits for both products
-    } else {
-      fwd_turn_wait(warp);
-      wg_pb_issue<FWD_TILE_N>(o[0], pk[0], Vx);
-      fwd_turn_pass(warp);
-      wg_wait_all();
-    }
-    reg_fence<HEAD_DIM / 8>(o[0]);
-    reg_fence_pk<FWD_TILE_N / 8>(pk[0]);
-#else
     FWD_TMA_STAGE_STEP(Qs, partial, slot0)
-#endif
     i64 cn = 0;  // the tile to load into stage x
     bool pn = false;
     int slotn = 0;
-#if FWD_STAGES == 3
-    const bool moren = more2 && walk.next(cn, pn, &slotn);
-#else
     const bool moren = more1 && walk.next(cn, pn, &slotn);
-#endif
 #if FWD_LAST_ISSUES
     // The last warp done with stage x (its products waited for: their reads are over) issues the
     // tile after next into it. No block barrier: a warpgroup that is ahead goes on into the other
@@ -615,107 +415,42 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS) flex_f
     }
     ++step_n;
     c0 = c1, partial = p1, more = more1, slot0 = slot1;
-#if FWD_STAGES == 3
-    c1 = c2, p1 = p2, more1 = more2, slot1 = slot2;
-    c2 = cn, p2 = pn, more2 = moren, slot2 = slotn;
-#else
     c1 = cn, p1 = pn, more1 = moren, slot1 = slotn;
-#endif
-    x = FWD_STAGES == 3 ? (x == 2 ? 0 : x + 1) : x ^ 1;
-#if FWD_PINGPONG
-    if (more) {  // c0's softmax (its scores came with the turn's products)
-      fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));
-      fwd_rescale(o, alpha);
-    }
-#endif
-  }
-#if FWD_PINGPONG
-  if (warp < 4) fwd_turn_wait(warp);  // warpgroup 1's last pass, after its last product
-#endif
-#elif FWD_TMA
-  // As the default loop below (one K and one V buffer), the loads by TMA from thread 0.
-  while (more) {
-    __syncthreads();  // everyone is done with Vs (previous PV)
-    if (threadIdx.x == 0) tma_tile(Vs, P.vmap, &bars[1], c0, bhk, FWD_TILE_N);
-    mbar_wait(&bars[0], kphase);  // Q (first tile) and K(c0) landed
-    kphase ^= 1;
-    PROF_MARK(1);
-    float s[FWD_MT][FWD_TILE_N / 8][4];
-    u32 pk[FWD_MT][FWD_TILE_N / 8][2];
-    FWD_TMA_SOFTMAX(Qs, Ks, partial, slot0)
-    PROF_MARK(3);
-    __syncthreads();  // everyone is done with Ks
-    more = walk.next(c_next, p_next, &slot0);  // slot0 is read again only for c_next
-    if (more && threadIdx.x == 0) tma_tile(Ks, P.kmap, &bars[0], c_next, bhk, FWD_TILE_N);
-    mbar_wait(&bars[1], vphase);  // V(c0) landed
-    vphase ^= 1;
-    PROF_MARK(4);
-    wg_pb<FWD_TILE_N>(o[0], pk[0], Vs);
-    PROF_MARK(5);
-    c0 = c_next;
-    partial = p_next;
+    x ^= 1;
   }
 #else
-  // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV (FWD_KBUF 1)
-  // or, into the other K buffer, with V(c0) a whole step ahead (FWD_KBUF 2).
+  if (more) FWD_LOAD_TILE(Ks, kg, c0, P.S, FWD_TILE_N);
+  cp_async_commit();
+  // Pipeline per tile: V(c0) loads during S = QK^T and the softmax, K(next) during PV.
+  i64 c_next;
+  bool p_next;
   while (more) {
     __syncthreads();  // everyone is done with Vs (previous PV)
     FWD_LOAD_TILE(Vs, vg, c0, P.S, FWD_TILE_N);
-#if FWD_KBUF == 2
-    u16* Knext = Kcur == Ks ? Ks2 : Ks;  // S(previous) read it: done (the barrier above)
-    const bool more_next = walk.next(c_next, p_next);
-    if (more_next) FWD_LOAD_TILE(Knext, kg, c_next, P.S, FWD_TILE_N);
-#endif
     cp_async_commit();
     cp_async_wait<1>();  // K(c0) landed (this thread's part)
-    SMEM_PROXY_FENCE();
     __syncthreads();
-    PROF_MARK(1);
     {
       float s[FWD_MT][FWD_TILE_N / 8][4];
       u32 pk[FWD_MT][FWD_TILE_N / 8][2];  // P rounded to T for PV: half the registers of s
-#if FWD_WGMMA
-      wg_abt<FWD_TILE_N>(s[0], Qs, FWD_TILE_M, (warp >> 2) * 64, Kcur);
-#else
-      tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Kcur, lane);
-#endif
-      PROF_MARK(2);
+      tile_abt_mt(s, Qs, warp * 16 * FWD_MT, Ks, lane);
       fwd_tile_scores(P, s, b, h, row_base, c0, t, partial, rows_in);
       float alpha[FWD_MT][2];
       fwd_softmax(s, pk, m, l, alpha, exp2_factor(P));
       fwd_rescale(o, alpha);
-      PROF_MARK(3);
-#if FWD_KBUF == 2
-      cp_async_wait<0>();  // V(c0) and K(next) landed
-#else
       __syncthreads();  // everyone is done with Ks
       more = walk.next(c_next, p_next);
       if (more) FWD_LOAD_TILE(Ks, kg, c_next, P.S, FWD_TILE_N);
       cp_async_commit();
       cp_async_wait<1>();  // V(c0) landed
-#endif
-      SMEM_PROXY_FENCE();
       __syncthreads();
-      PROF_MARK(4);
-#if FWD_WGMMA
-      wg_pb<FWD_TILE_N>(o[0], pk[0], Vs);
-#else
       tile_pb_mt(o, pk, Vs, lane);
-#endif
-      PROF_MARK(5);
-#if FWD_KBUF == 2
-      Kcur = Knext;
-      more = more_next;
-#endif
       c0 = c_next;
       partial = p_next;
     }
   }
-#endif  // FWD_OVERLAP
+#endif  // FWD_TMA
   fwd_store(P, o, m, l, bh, row_base, t);
-#undef FWD_ROW
-  PROF_MARK(6);
-  PROF_FLUSH(0);
 }
 #endif  // !FWD_PERSIST
 

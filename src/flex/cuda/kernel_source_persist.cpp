@@ -1,5 +1,5 @@
-// The persistent forward (KILN_FLEX_FWD_PERSIST=1; TMA with two K / V stages) as source text,
-// pasted after the forward by kernel_template() (kernel_source.cpp). It is flex_fwd when
+// The persistent forward (the wgmma forward on short rows at E = 128, kernel_config.cpp) as source
+// text, pasted after the forward by kernel_template() (kernel_source.cpp). It is flex_fwd when
 // FWD_PERSIST is defined.
 #include "flex/cuda/codegen.h"
 
@@ -8,21 +8,21 @@ namespace kiln::flex::cuda {
 const char* kernel_forward_persist() {
   return R"kiln_src(#if KILN_BUILD_FWD && FWD_PERSIST
 // gridDim.x CTAs (the host takes as many as fit the device at once) each walk the units u =
-// blockIdx.x, + gridDim.x, ... of one q tile of one (b, h), in the default forward's order: (b, h)
+// blockIdx.x, + gridDim.x, ... of one q tile of one (b, h), in the staged forward's order: (b, h)
 // by (b, h), heaviest q tiles first within each, so the CTAs running at once share a few heads' K
-// and V in L2 (heaviest first over all heads had them read every head's K / V at once: session 9
-// measured that order 15-47 % slower than the default forward).
+// and V in L2 (heaviest first over all heads had them read every head's K / V at once: 15-47 %
+// slower than the staged forward).
 // Warp-specialised (FlashAttention-3's producer): one thread of the CTA's last warpgroup only walks
 // the BlockMask lists and issues the loads, a stage as soon as the consumers release it, with a
 // unit's Q once the unit before has done its last Q K^T; the consumer warps only wait for stages
 // and compute. FWD_PSTAGES K / V stages (three with 128-row tiles: one Q buffer and three stages
 // fill the 227 KB). So the walk's dependent list reads, the loads' issue and a unit's prologue leave
-// the consumers' path (session 9's version, where the consumers issued each stage after a block
-// barrier, waited on K for half their cycles: H200, session 18, KILN_FLEX_PROFILE). A stage's K is released once its scores are done and its V
+// the consumers' path (a version where the consumers issued each stage after a block barrier waited
+// on K for half their cycles, H200). A stage's K is released once its scores are done and its V
 // once P V is, so each load is issued as early as its buffer allows. A unit's output goes through
 // its last tile's V buffer by one bulk tensor store, so the consumers do not wait for their global
 // stores; that stage's V is released once the store has read it.
-// Every unit's arithmetic is the default forward's: the same bits.
+// Every unit's arithmetic is the staged forward's: the same bits.
 // The producer is a whole warpgroup, so that setmaxnreg can move its registers to the consumers
 // (it takes the warpgroup): ptxas holds the kernel to the launch's share of the register file, the
 // producer drops to 40 (at 24 its walk spilled) and the consumers take the rest (232 with 128-row
@@ -73,7 +73,7 @@ struct UnitStream {
   }
 };
 
-// A unit without blocks: zero rows and lse -inf (what the default forward writes for it), by the
+// A unit without blocks: zero rows and lse -inf (what the staged forward writes for it), by the
 // consumer threads.
 __device__ __forceinline__ void fwd_store_empty(const FlexParams& P, i64 q_tiles, i64 u) {
   i64 bh, r0;
@@ -95,7 +95,7 @@ struct FwdStageTile {
 #define FWD_TILE_END 4
 #define FWD_TILE_PARTIAL 8
 
-// The unit's output rows (this thread's o, m, l; row_base as the default forward's) normalised into
+// The unit's output rows (this thread's o, m, l; row_base as the staged forward's) normalised into
 // buf (the unit's last V buffer, whose reads by P V every consumer warp has waited for), in the
 // swizzled 64-column panels of FWD_TILE_M rows the tensor maps use (16-byte chunk c of local row r
 // at chunk c ^ (r % 8)); then thread 0 writes them out with one bulk tensor store a panel (rows past
@@ -182,7 +182,6 @@ __device__ __forceinline__ void fwd_produce(const FlexParams& P, i64 q_tiles, u1
 
 extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BLOCKS)
     flex_fwd(const __grid_constant__ FlexParams P) {
-  PROF_DECL
   extern __shared__ __align__(16) u16 smem[];
   u16* Qs = wg_smem_base(smem);
   u16* Ks = Qs + FWD_TILE_M * HEAD_DIM;  // stage x: K at Ks + x * 2 * FWD_TILE_N * HEAD_DIM, V after it
@@ -210,7 +209,6 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FWD_CONSUMER_REGS));
-  PROF_MARK(0);
 
   // The unit being accumulated and what its tiles need.
   i64 bh = 0, b = 0, h = 0, r0 = 0, row_base = 0, mrow = 0;
@@ -221,7 +219,6 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   u32 kphase = 0;
   for (int x = 0;; x = fwd_next_stage(x)) {
     mbar_wait(&full[x], (kphase >> x) & 1);  // K (and a first Q) landed, and the tile record
-    PROF_MARK(1);
     const FwdStageTile tile = tiles[x];
     if (threadIdx.x == 0 && storing >= 0) {  // the last unit's store had this wait to read its buffer
       asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -257,12 +254,9 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
       mbar_arrive(&kempty[x]);
       if (tile.flags & FWD_TILE_LAST) mbar_arrive(qempty);
     }
-    PROF_MARK(3);
     mbar_wait(&full[FWD_PSTAGES + x], (kphase >> x) & 1);  // V landed
     kphase ^= 1u << x;
-    PROF_MARK(4);
     wg_pb<FWD_TILE_N>(o[0], pk[0], Vx);
-    PROF_MARK(5);
     if (tile.flags & FWD_TILE_LAST) {
       fwd_store_tma(P, Vx, o, m, l, bh, r0, row_base, t);
       storing = x;
@@ -273,8 +267,6 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   }
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the stores are done
   for (; stored < units; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
-  PROF_MARK(6);
-  PROF_FLUSH(0);
 }
 #endif  // KILN_BUILD_FWD && FWD_PERSIST
 

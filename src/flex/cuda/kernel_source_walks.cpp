@@ -1,14 +1,14 @@
 // The kernels' shared device code as source text, pasted after the wgmma helpers by
 // kernel_template() (kernel_source.cpp): the BlockMask walks (BlockWalk, TileWalk, GroupWalk), the
-// modified score of one element (mod_score), the profile counters and the switches' defaults.
+// modified score of one element (mod_score) and the defaults of the generated defines.
 #include "flex/cuda/codegen.h"
 
 namespace kiln::flex::cuda {
 
 const char* kernel_walks() {
   return R"kiln_src(
-#define FWD_LOAD_TILE(dst, src, row0, total, rows) \
-  load_tile_async<(FWD_WGMMA != 0)>(dst, src, row0, total, rows, FWD_THREADS)
+// The mma.sync forward's tile loads (padded rows, cp.async from every thread).
+#define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async(dst, src, row0, total, rows, FWD_THREADS)
 
 __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
   return (P.mB == 1 ? 0 : b) * P.mH + (P.mH == 1 ? 0 : h);
@@ -17,11 +17,8 @@ __device__ __forceinline__ i64 mask_row(const FlexParams& P, i64 b, i64 h) {
 #ifndef MASK_BITS
 #define MASK_BITS 0  // TMA forward: partial blocks' keep bits from flex_mask_bits (P.mbits)
 #endif
-#ifndef WALK_AHEAD
-#define WALK_AHEAD 0  // the lists' next entries loaded a step ahead (KILN_FLEX_WALK_AHEAD=1)
-#endif
 #ifndef MERGED_WALK
-#define MERGED_WALK 0  // one merged list a row (the host's default; KILN_FLEX_MERGED_WALK=0 walks two)
+#define MERGED_WALK 0  // one merged list a row (every BlockMask with a mask_mod)
 #endif
 // BlockWalk's step without a BlockMask (all_full): every block in turn, each full.
 __device__ __forceinline__ bool step_all(i64& next, i64 count, int& j, bool& partial) {
@@ -68,15 +65,15 @@ struct BlockWalk {
   }
 };
 #else
+#if MASK_BITS
+#error "the mask bits' slots come from the merged walk"
+#endif
 #define KV_LISTS(P) P.kv_num, P.kv_idx, P.kv_m, P.fkv_num, P.fkv_idx, P.fkv_m
 #define Q_LISTS(P) P.q_num, P.q_idx, P.q_m, P.fq_num, P.fq_idx, P.fq_m
-// Merged ascending walk of a partial list and a full list (or every block when all_full). With
-// WALK_AHEAD the heads of both lists (va = *pa, vf = *fa) are loaded one step ahead, so a step
-// reads registers and its global load's latency hides behind the tile's work.
+// Without a mask_mod (or a BlockMask): an ascending walk of a partial list and a full list, merged
+// as it goes (or every block when all_full).
 struct BlockWalk {
   const int *pa, *pe, *fa, *fe;
-  const int* p0;  // the partial list's start: a partial block's slot is its offset from here
-  int va, vf, slot;
   i64 next, count;
   bool all;
   __device__ __forceinline__ BlockWalk(const FlexParams& P, const int* num, const int* idx, i64 m, const int* fnum,
@@ -84,49 +81,24 @@ struct BlockWalk {
     all = P.all_full != 0;
     next = 0;
     count = total;
-    pa = pe = fa = fe = p0 = 0;
-    va = vf = slot = 0;
+    pa = pe = fa = fe = 0;
     if (!all) {
-      pa = p0 = idx + row * m;
+      pa = idx + row * m;
       pe = pa + num[row];
       fa = fidx + row * fm;
       fe = fa + fnum[row];
-#if WALK_AHEAD
-      va = pa < pe ? *pa : 0;
-      vf = fa < fe ? *fa : 0;
-#endif
     }
   }
   __device__ __forceinline__ bool step(int& j, bool& partial) {
     if (all) return step_all(next, count, j, partial);
     if (pa == pe && fa == fe) return false;
-#if WALK_AHEAD
-    if (fa == fe || (pa < pe && va < vf)) {
-      j = va;
-      partial = true;
-#if MASK_BITS
-      slot = (int)(pa - p0);
-#endif
-      ++pa;
-      va = pa < pe ? *pa : 0;
-    } else {
-      j = vf;
-      partial = false;
-      ++fa;
-      vf = fa < fe ? *fa : 0;
-    }
-#else
     if (fa == fe || (pa < pe && *pa < *fa)) {
-#if MASK_BITS
-      slot = (int)(pa - p0);
-#endif
       j = *pa++;
       partial = true;
     } else {
       j = *fa++;
       partial = false;
     }
-#endif
     return true;
   }
 };
@@ -185,11 +157,8 @@ struct GroupWalk {
 // blocks). Branch-free: the mods see the element clamped into the lengths (an element of the same
 // tile, so no new index errors) and the bounds and mask are and-ed in, so a tile's elements
 // compile to selects rather than a branch each.
-#ifndef FWD_STAGES
-#define FWD_STAGES 2  // two-stage TMA forward (FWD_KBUF 2, not persistent): 3 stages of K / V
-#endif
 #ifndef FWD_LAST_ISSUES
-#define FWD_LAST_ISSUES 0  // two-stage TMA forward: the last warp done with a stage issues its loads
+#define FWD_LAST_ISSUES 0  // the staged TMA forward: the last warp done with a stage issues its loads
 #endif
 #ifndef FOLD_SCALE
 #define FOLD_SCALE 0
@@ -257,48 +226,14 @@ __device__ __forceinline__ Run q_run(const FlexParams& P, i64 b, i64 h, i64 kv, 
 __device__ __forceinline__ bool in_run(Run r, int j) { return (unsigned)(j - r.lo) < (unsigned)r.w; }
 #endif
 
-// KILN_FLEX_PROFILE (a measurement tool): per-phase clock64 cycles of each CTA's thread 0, added
-// with atomics into 8 counters per kernel at P.prof + base. Forward phases: prologue, wait K,
-// S = QK^T, softmax, wait V, PV, epilogue.
-#ifndef FLEX_PROFILE
-#define FLEX_PROFILE 0
-#endif
-#ifndef FWD_KBUF
-#define FWD_KBUF 1  // K tiles in shared memory: 2 loads the next K a whole step ahead (TMA: 2 K/V stages)
-#endif
-#ifndef FWD_OVERLAP
-#define FWD_OVERLAP 0  // wgmma only: the softmax of a tile beside the previous tile's P V
-#endif
 #ifndef FWD_TMA
-#define FWD_TMA 0  // wgmma only, not with FWD_OVERLAP: Q, K and V tiles by TMA
+#define FWD_TMA 0  // wgmma forward (sm_90a): Q, K and V tiles by TMA, two K / V stages
 #endif
 #ifndef FWD_PERSIST
-#define FWD_PERSIST 0  // TMA with two stages only: one CTA walks several q tiles (kernel_source_persist.cpp)
-#endif
-#ifndef BWD_FUSED
-#define BWD_FUSED 0  // flex_bwd_dkdv forms dQ too (kernel_source_bwd_fused.cpp)
+#define FWD_PERSIST 0  // TMA only: one CTA walks several q tiles (kernel_source_persist.cpp)
 #endif
 #ifndef FWD_KEEPBITS
 #define FWD_KEEPBITS 0  // TMA only: a non-interior tile's keep bits while QK^T is in flight
-#endif
-#define PROFILE_SLOTS 8
-#if FLEX_PROFILE
-#define PROF_DECL                                  \
-  unsigned long long prof_[PROFILE_SLOTS] = {0}; \
-  unsigned long long prof_t_ = clock64();
-#define PROF_MARK(i)                              \
-  {                                               \
-    const unsigned long long now_ = clock64();    \
-    prof_[i] += now_ - prof_t_;                   \
-    prof_t_ = now_;                               \
-  }
-#define PROF_FLUSH(base) \
-  if (threadIdx.x == 0)  \
-    for (int i_ = 0; i_ < PROFILE_SLOTS; ++i_) atomicAdd(P.prof + (base) + i_, prof_[i_]);
-#else
-#define PROF_DECL
-#define PROF_MARK(i)
-#define PROF_FLUSH(base)
 #endif
 )kiln_src";
 }
