@@ -313,7 +313,9 @@ suite_ab() {
 # ---------------------------------------------------------------- here, before a call
 prepare() {  # the Debian packages the GPU machine lacks, and the commit the call measures
   local pkgs
-  read -ra pkgs <<< "${DEBS:-libhwy-dev libhwy1 libgloo-dev libgloo0 libfmt-dev libfmt9 libcli11-dev}"
+  # Gloo's runtime needs hiredis and ibverbs (with libnl), which that machine lacks too.
+  read -ra pkgs <<< "${DEBS:-libhwy-dev libhwy1 libgloo-dev libgloo0 libfmt-dev libfmt9 libcli11-dev libhiredis0.14 \
+    libhiredis-dev libibverbs1 libibverbs-dev libnl-3-200 libnl-route-3-200}"
   mkdir -p .device/debs
   if ! ls .device/debs/*.deb > /dev/null 2>&1; then
     (cd .device/debs && apt-get download "${pkgs[@]}") || { echo "apt-get download failed"; return 1; }
