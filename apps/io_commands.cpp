@@ -72,8 +72,9 @@ int run_inspect(const std::string& path, std::ostream& out, std::ostream& err) {
     }
     if (!bad.empty()) {
       err << "kiln inspect: " << path << ": tensor '" << bad.front() << "'"
-          << (bad.size() > 1 ? " and " + std::to_string(bad.size() - 1) + " more" : std::string())
-          << " fail their checksums: the data changed after the file was written\n";
+          << (bad.size() > 1 ? " and " + std::to_string(bad.size() - 1) + " more fail their checksums"
+                             : std::string(" fails its checksum"))
+          << ": the data changed after the file was written\n";
       return 1;
     }
     return 0;
