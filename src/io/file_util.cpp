@@ -127,7 +127,7 @@ Source Source::open_file(const std::string& path, bool map) {
     h->map = p;
     h->map_size = s.size_;
     // Headers and directories are read with pread, not through the mapping: a fault there would
-    // make the kernel read around it (read_ahead_kb, 8 MiB on the dev machine), pulling tensor
+    // make the kernel read around it (read_ahead_kb, often 8 MiB), pulling tensor
     // data in at load time. FADV_RANDOM keeps those small preads from reading ahead as well.
     ::posix_fadvise(h->fd, 0, 0, POSIX_FADV_RANDOM);
     s.mem_ = static_cast<const uint8_t*>(p);
