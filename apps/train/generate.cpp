@@ -63,7 +63,8 @@ std::string generate(GPT& model, const Tokenizer& tok, const std::string& prompt
   return prompt + tok.decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt), ids.end()));
 }
 
-int run_generate(const GenerateConfig& cfg, std::ostream& out) {
+namespace {
+int generate_from(const GenerateConfig& cfg, std::ostream& out) {
   const std::string dir = find_checkpoint(cfg.checkpoint);
   KILN_CHECK(!dir.empty(), "generate", "no checkpoint in ", cfg.checkpoint,
              " (give a run folder with checkpoints/latest, or a checkpoint folder)");
@@ -76,6 +77,17 @@ int run_generate(const GenerateConfig& cfg, std::ostream& out) {
   so.max_tokens = cfg.max_tokens, so.temperature = cfg.temperature, so.top_k = cfg.top_k, so.seed = cfg.seed;
   out << generate(model, tok, cfg.prompt, so) << "\n";
   return 0;
+}
+}  // namespace
+
+int run_generate(const GenerateConfig& cfg, std::ostream& out) {
+  try {
+    return generate_from(cfg, out);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // a file system or JSON failure: reported, never an abort
+    KILN_FAIL("generate", e.what());
+  }
 }
 
 void add_train_options(CLI::App* sub, TrainConfig& c) {

@@ -566,7 +566,14 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
 }
 
 int run_train(const TrainConfig& cfg, std::ostream& out) {
-  const TrainResult r = train(cfg, out);
+  TrainResult r;
+  try {
+    r = train(cfg, out);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // a file system or JSON failure: reported, never an abort
+    KILN_FAIL("train", e.what());
+  }
   if (!r.nonfinite.empty()) {
     std::cerr << "kiln train: " << r.nonfinite << "\n";
     return 3;
