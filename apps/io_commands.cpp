@@ -1,6 +1,7 @@
 // `kiln inspect` and `kiln convert` (see io_commands.h).
 #include "io_commands.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <iomanip>
 
@@ -19,37 +20,72 @@ std::string shape_text(const Shape& s) {
   return r + "]";
 }
 
+std::string hex32(uint32_t v) {
+  char hex[16];
+  std::snprintf(hex, sizeof(hex), "%08x", v);
+  return hex;
+}
+
+uint64_t saturating_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
 }  // namespace
 
 int run_inspect(const std::string& path, std::ostream& out, std::ostream& err) {
   try {
-    io::LoadOptions o;
-    o.mmap = true;  // reads only what the checksums touch
-    const io::Checkpoint ck = io::load(path, o);
-    size_t name_w = 4, total = 0;
-    for (const auto& e : ck.tensors) name_w = std::max(name_w, e.name.size());
+    const io::CheckpointInfo ck = io::inspect(path, /*checksums=*/true);
+    size_t name_w = 4;
+    uint64_t total = 0;
+    for (const auto& t : ck.tensors) name_w = std::max(name_w, t.name.size());
     out << "file:     " << path << "\nformat:   " << io::format_name(ck.format) << "\n";
     out << "metadata: " << (ck.metadata.empty() ? "(none)" : "") << "\n";
     for (const auto& [k, v] : ck.metadata) out << "  " << k << " = " << v << "\n";
     out << "tensors:  " << ck.tensors.size() << "\n";
     out << "  " << std::left << std::setw(static_cast<int>(name_w)) << "name" << "  " << std::setw(11) << "dtype"
         << std::setw(20) << "shape" << std::right << std::setw(14) << "bytes" << "  crc32\n";
-    for (const auto& e : ck.tensors) {
-      const Tensor c = e.tensor.contiguous();
-      const uint32_t crc = io::crc32(c.data_ptr(), c.nbytes());
-      char hex[16];
-      std::snprintf(hex, sizeof(hex), "%08x", crc);
-      total += c.nbytes();
-      out << "  " << std::left << std::setw(static_cast<int>(name_w)) << e.name << "  " << std::setw(11)
-          << io::file_dtype_name(e.dtype) << std::setw(20) << shape_text(e.shape) << std::right << std::setw(14)
-          << c.nbytes() << "  " << hex << (e.raw() ? "  (raw bytes)" : "") << "\n";
+    std::vector<std::string> bad;
+    size_t verified = 0;
+    for (const auto& t : ck.tensors) {
+      total = saturating_add(total, t.nbytes);
+      out << "  " << std::left << std::setw(static_cast<int>(name_w)) << t.name << "  " << std::setw(11)
+          << io::file_dtype_name(t.dtype) << std::setw(20) << shape_text(t.shape) << std::right << std::setw(14)
+          << t.nbytes << "  " << hex32(t.crc32.value_or(0));
+      if (!io::to_kiln_dtype(t.dtype)) out << "  (raw bytes)";
+      if (!t.dense) {
+        out << "  (view of " << (t.storage.empty() ? std::string("the file") : t.storage) << ", stride "
+            << shape_text(t.stride) << ": crc of the " << t.span_bytes << " stored bytes it spans)";
+      }
+      if (t.stored_crc32 && t.crc32) {
+        if (*t.stored_crc32 == *t.crc32) {
+          ++verified;
+        } else {
+          out << "  CHECKSUM MISMATCH (the file says " << hex32(*t.stored_crc32) << ")";
+          bad.push_back(t.name);
+        }
+      }
+      out << "\n";
     }
     out << "total:    " << total << " bytes\n";
+    if (verified > 0 || !bad.empty()) {
+      out << "checksums: " << verified << " of " << ck.tensors.size() << " tensors verified";
+      if (!bad.empty()) out << ", " << bad.size() << " MISMATCHED";
+      out << "\n";
+    }
+    if (!bad.empty()) {
+      err << "kiln inspect: " << path << ": tensor '" << bad.front() << "'"
+          << (bad.size() > 1 ? " and " + std::to_string(bad.size() - 1) + " more fail their checksums"
+                             : std::string(" fails its checksum"))
+          << ": the data changed after the file was written\n";
+      return 1;
+    }
     return 0;
   } catch (const std::exception& e) {
     err << "kiln inspect: " << e.what() << "\n";
     return 1;
   }
+}
+
+uint64_t convert_output_limit(uint64_t input_bytes) {
+  return saturating_add(input_bytes > UINT64_MAX / 4 ? UINT64_MAX : 4 * input_bytes, uint64_t{64} << 20);
 }
 
 int run_convert(const std::string& in, const std::string& out_path, std::ostream& out, std::ostream& err) {
@@ -62,9 +98,27 @@ int run_convert(const std::string& in, const std::string& out_path, std::ostream
           << "': use .safetensors, or .pt/.pth/.bin/.ckpt for a PyTorch checkpoint\n";
       return 2;
     }
-    io::LoadOptions o;
-    o.mmap = true;
-    const io::Checkpoint ck = io::load(in, o);
+    // What a safetensors output will take, from the header alone: every element of every tensor.
+    // (A torch zip stores each storage once, so it never outgrows the input.)
+    const io::CheckpointInfo info = io::inspect(in);
+    uint64_t bytes = 0;
+    const io::TensorInfo* biggest = nullptr;
+    for (const auto& t : info.tensors) {
+      if (to_st) bytes = saturating_add(bytes, t.nbytes);
+      if (biggest == nullptr || t.nbytes > biggest->nbytes) biggest = &t;
+    }
+    const uint64_t limit = convert_output_limit(info.file_size);
+    if (bytes > limit) {
+      err << "kiln convert: " << in << " (" << info.file_size << " bytes) would become " << bytes
+          << " bytes, more than the limit of 4x the input + 64 MiB (" << limit << " bytes)";
+      if (biggest != nullptr) {
+        err << ": tensor '" << biggest->name << "' " << shape_text(biggest->shape) << " is " << biggest->nbytes
+            << " bytes" << (biggest->dense ? std::string() : " stored as a view of " + std::to_string(biggest->span_bytes) + " bytes (stride " + shape_text(biggest->stride) + ")");
+      }
+      err << "; convert to .pt to keep views as views\n";
+      return 1;
+    }
+    const io::Checkpoint ck = io::load(in);
     if (to_st) {
       io::save(out_path, ck.tensors, ck.metadata);
     } else {

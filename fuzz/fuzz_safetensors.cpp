@@ -1,5 +1,6 @@
-// libFuzzer target: the safetensors parser (and, when a file parses, a write/re-read round trip
-// that must reproduce every tensor). Only kiln::Error may come out; anything else is a bug.
+// libFuzzer target: the safetensors parser, lazy inspection (with checksums), and, when a file
+// parses, a write/re-read round trip that must reproduce every tensor. Only kiln::Error may come
+// out; anything else is a bug.
 #include <cstdint>
 #include <cstring>
 
@@ -7,15 +8,15 @@
 
 namespace {
 
-// Bytes of a parsed checkpoint, so tiny files claiming huge stride-0 views are not expanded.
+// Bytes of a parsed checkpoint: tiny files may claim huge shapes; only small ones are materialised.
 bool small_enough(const kiln::io::Checkpoint& ck) {
   size_t total = 0;
   for (const auto& e : ck.tensors) total += e.tensor.nbytes();
   return total <= (size_t{1} << 20);
 }
 
-void round_trip(const kiln::io::Checkpoint& ck) {
-  const std::vector<uint8_t> again = kiln::io::save_bytes(ck.tensors, ck.metadata);
+void round_trip(const kiln::io::Checkpoint& ck, bool checksums) {
+  const std::vector<uint8_t> again = kiln::io::save_bytes(ck.tensors, ck.metadata, checksums);
   const kiln::io::Checkpoint back = kiln::io::load_bytes(again.data(), again.size());
   if (back.tensors.size() != ck.tensors.size() || back.metadata != ck.metadata) __builtin_trap();
   for (const auto& e : ck.tensors) {
@@ -31,8 +32,14 @@ void round_trip(const kiln::io::Checkpoint& ck) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
+    const kiln::io::CheckpointInfo info = kiln::io::inspect_bytes(data, size, /*checksums=*/true);
+    for (const auto& t : info.tensors)
+      if (t.span_offset > size || t.span_bytes > size - t.span_offset) __builtin_trap();
+  } catch (const kiln::Error&) {
+  }
+  try {
     const kiln::io::Checkpoint ck = kiln::io::load_bytes(data, size);
-    if (ck.format == kiln::io::Format::Safetensors && small_enough(ck)) round_trip(ck);
+    if (ck.format == kiln::io::Format::Safetensors && small_enough(ck)) round_trip(ck, size % 2 == 0);
   } catch (const kiln::Error&) {
   }
   return 0;

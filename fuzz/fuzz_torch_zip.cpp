@@ -1,11 +1,19 @@
-// libFuzzer target: the zip reader, the restricted unpickler and storage/view reconstruction
-// (plus a save_torch / re-read round trip when a file parses). Only kiln::Error may come out.
+// libFuzzer target: the zip reader, the restricted unpickler (deep nesting, memo sharing) and
+// storage/view reconstruction (zero and overflowing strides), lazy inspection, materialising the
+// small views, plus a save_torch / re-read round trip when a file parses. Only kiln::Error may
+// come out.
 #include <cstdint>
 #include <cstring>
 
 #include "kiln/io.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  try {
+    const kiln::io::CheckpointInfo info = kiln::io::inspect_bytes(data, size, /*checksums=*/true);
+    for (const auto& t : info.tensors)
+      if (t.span_offset > size || t.span_bytes > size - t.span_offset) __builtin_trap();
+  } catch (const kiln::Error&) {
+  }
   try {
     const kiln::io::Checkpoint ck = kiln::io::load_bytes(data, size);
     size_t total = 0;

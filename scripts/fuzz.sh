@@ -3,7 +3,8 @@
 # UndefinedBehaviorSanitizer) and runs each on its corpus in fuzz/corpus/<target>/.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]   (default: both targets)
 # New inputs go to build-fuzz/corpus/<target> (the committed corpus is only read); crashes
-# to build-fuzz/crash-*. The build uses every core; the fuzzers run on one.
+# to build-fuzz/crash-*. fuzz/<target>.dict, where present, seeds the mutations with the format's
+# tokens. The build uses every core; the fuzzers run on one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -37,8 +38,10 @@ libs=(-lopenblas -lhwy -lhwy_contrib -lgomp -ldl)
 for t in "${targets[@]}"; do
   "$CXX" "${flags[@]}" -fsanitize=fuzzer "fuzz/$t.cpp" "${objs[@]}" "${libs[@]}" -o "$out/$t"
   mkdir -p "$out/corpus/$t"
+  dict=()
+  [ -f "fuzz/$t.dict" ] && dict=(-dict="../fuzz/$t.dict")
   echo "== $t: ${secs}s"
   (cd "$out" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      "./$t" -max_total_time="$secs" -rss_limit_mb=2048 -max_len=65536 -timeout=10 -print_final_stats=1 \
-     "corpus/$t" "../fuzz/corpus/$t")
+     "${dict[@]}" "corpus/$t" "../fuzz/corpus/$t")
 done

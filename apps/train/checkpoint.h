@@ -19,6 +19,7 @@ struct TrainState {
   uint64_t seed = 0;
   std::string config_json;       // the resolved model + training configuration
   double first_eval_loss = 0;    // the held-out loss at step 0 (for the halving check)
+  std::vector<int64_t> adam_steps;  // per parameter, in the optimizer's order
   // Generator states (get_rng_state / cuda::get_rng_state): "cpu", "cuda:N". Restored on resume so
   // random ops after it (dropout) replay; empty in checkpoints written before they were saved.
   std::vector<std::pair<std::string, Tensor>> rng;
@@ -28,20 +29,28 @@ struct TrainState {
 std::vector<std::pair<std::string, Tensor>> capture_rng(Device device);
 void restore_rng(const std::vector<std::pair<std::string, Tensor>>& rng);
 
-// Writes a file atomically (temporary + fsync + rename + fsync of the folder).
+// Writes a file atomically (temporary + fsync + rename + fsync of the folder; stale temporaries
+// of the same file removed).
 void write_file_atomic(const std::string& path, const std::string& contents);
 
-// Tensors are written from the CPU (device tensors are copied). opt_names: the parameter names in
-// the optimizer's flat order (its groups in order).
-// Saves and returns the checkpoint folder; keeps the newest `keep` folders.
+// Tensors are written from the CPU (device tensors are copied), with a CRC-32 per tensor in the
+// files' metadata that loading checks. opt_names: the parameter names in the optimizer's flat order
+// (its groups in order). Saves and returns the checkpoint folder; keeps the newest `keep` folders.
 std::string save_checkpoint(const std::string& run_dir, const GPT& model, const optim::AdamW& opt,
                             const std::vector<std::string>& opt_names, const Tokenizer& tok,
                             const TrainState& state, int keep = 2);
 
-// The folder `latest` names (run_dir/checkpoints/...), or `path` itself when it holds a
-// checkpoint; empty when there is none.
+// `path` itself when it holds state.json, else the folder <path>/checkpoints/latest names; empty
+// only when there is no `latest` at all. A `latest` that is empty, garbage, names anything but a
+// step-NNNNNNN folder beside it (no paths: a run reads only its own folder) or a folder without
+// state.json is an error naming the file and the problem, never "no checkpoint".
 std::string find_checkpoint(const std::string& path);
+// Reads and checks state.json (every field's presence, type and range: see checkpoint.cpp) and
+// rng.safetensors; errors name the file and the field.
 TrainState load_state(const std::string& ckpt_dir);
+// The parsed state's `config` object as the given text (state.config_json) with its schema checked:
+// {"model": {...}, "train": {...}}.
+void check_config_json(const std::string& config_json, const std::string& where);
 // Loads weights (and the optimizer state when `opt` is non-null) into already-built objects.
 void load_weights(const std::string& ckpt_dir, GPT& model, optim::AdamW* opt,
                   const std::vector<std::string>& opt_names = {});

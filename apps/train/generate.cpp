@@ -63,7 +63,8 @@ std::string generate(GPT& model, const Tokenizer& tok, const std::string& prompt
   return prompt + tok.decode(std::vector<int32_t>(ids.begin() + static_cast<std::ptrdiff_t>(n_prompt), ids.end()));
 }
 
-int run_generate(const GenerateConfig& cfg, std::ostream& out) {
+namespace {
+int generate_from(const GenerateConfig& cfg, std::ostream& out) {
   const std::string dir = find_checkpoint(cfg.checkpoint);
   KILN_CHECK(!dir.empty(), "generate", "no checkpoint in ", cfg.checkpoint,
              " (give a run folder with checkpoints/latest, or a checkpoint folder)");
@@ -76,6 +77,17 @@ int run_generate(const GenerateConfig& cfg, std::ostream& out) {
   so.max_tokens = cfg.max_tokens, so.temperature = cfg.temperature, so.top_k = cfg.top_k, so.seed = cfg.seed;
   out << generate(model, tok, cfg.prompt, so) << "\n";
   return 0;
+}
+}  // namespace
+
+int run_generate(const GenerateConfig& cfg, std::ostream& out) {
+  try {
+    return generate_from(cfg, out);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // a file system or JSON failure: reported, never an abort
+    KILN_FAIL("generate", e.what());
+  }
 }
 
 void add_train_options(CLI::App* sub, TrainConfig& c) {
@@ -112,7 +124,20 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--eval-batches", c.eval_batches, "held-out batches per evaluation");
   sub->add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps (0: at the end only)");
   sub->add_option("--log-every", c.log_every, "progress line every N steps (plain output)");
-  sub->add_flag("--resume", c.resume, "continue from the run folder's latest checkpoint");
+  sub->add_option_function<std::string>(
+         "--resume",
+         [&c](const std::string& mode) {
+           c.resume = true;
+           c.resume_auto = mode == "auto";
+         },
+         "continue the run in --run-dir from its latest checkpoint, with its saved settings (a flag that "
+         "contradicts them is an error; see --override). No checkpoint there, or a damaged one, is an error; "
+         "--resume=auto starts a fresh run when the folder has no checkpoint yet")
+      ->expected(0, 1)
+      ->default_str("require")
+      ->check(CLI::IsMember({"require", "auto"}));
+  sub->add_flag("--override", c.override_saved,
+                "with --resume: flags that differ from the run's saved settings replace them (the model cannot change)");
   sub->add_option("--stop-after", c.stop_after, "stop after this step (the schedule still spans --steps)");
   sub->add_option("--seed", c.seed, "initialisation and data-order seed");
   sub->add_option("--threads", c.threads, "OpenMP threads (0: default)");
@@ -121,6 +146,12 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--sample-tokens", c.sample_tokens, "tokens generated at the end (0: none)");
   sub->add_option("--prompt", c.sample_prompt, "prompt of the final sample");
   sub->add_flag("--golden-dump", c.golden_dump, "save initial weights and the first 10 batches (scripts/golden_check.py)");
+  // Which flags were given: a resumed run takes the saved value of every other setting.
+  sub->callback([sub, &c] {
+    c.given.emplace();
+    for (const CLI::Option* o : sub->get_options())
+      if (o->count() > 0) c.given->insert(o->get_name());
+  });
 }
 
 void add_generate_options(CLI::App* sub, GenerateConfig& c) {

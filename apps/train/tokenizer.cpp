@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/error.h"
+#include "kiln/io.h"
 
 namespace kiln::train {
 namespace {
@@ -212,10 +213,16 @@ std::string Tokenizer::to_json() const {
 
 Tokenizer Tokenizer::from_json(const std::string& text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  KILN_CHECK(!j.is_discarded() && j.is_object() && j.value("type", "") == "kiln-byte-bpe", "Tokenizer",
+  KILN_CHECK(!j.is_discarded() && j.is_object() && j.contains("type") && j["type"] == "kiln-byte-bpe", "Tokenizer",
              "not a kiln byte-BPE tokenizer file");
+  KILN_CHECK(j.contains("merges") && j["merges"].is_array() && j.contains("vocab_size") &&
+                 j["vocab_size"].is_number_integer(),
+             "Tokenizer", "a tokenizer file needs \"merges\" (an array) and \"vocab_size\" (an integer)");
   Tokenizer tok;
   for (const auto& m : j.at("merges")) {
+    KILN_CHECK(m.is_array() && m.size() == 2 && m[0].is_number_integer() && m[1].is_number_integer() &&
+                   m[0].get<int64_t>() < tok.vocab_size() && m[1].get<int64_t>() < tok.vocab_size(),
+               "Tokenizer", "merge ", m.dump(), " is not a pair of known token ids");
     const int32_t a = m.at(0).get<int32_t>(), b = m.at(1).get<int32_t>();
     KILN_CHECK(a >= 0 && b >= 0 && a < tok.vocab_size() && b < tok.vocab_size() && a != kEot && b != kEot,
                "Tokenizer", "merge (", a, ", ", b, ") refers to an unknown token");
@@ -234,11 +241,7 @@ void Tokenizer::save(const std::string& path) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "Tokenizer", "cannot read ", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return from_json(ss.str());
+  return from_json(io::read_small_file(path, size_t{256} << 20));
 }
 
 }  // namespace kiln::train

@@ -30,6 +30,7 @@
 #include "kiln/telemetry.h"
 #include "profile.h"
 #include "report.h"
+#include "resume.h"
 
 namespace fs = std::filesystem;
 
@@ -201,7 +202,44 @@ ModelConfig resolve_model(const TrainConfig& cfg) {
   return c;
 }
 
-TrainResult train(const TrainConfig& cfg, std::ostream& out) {
+namespace {
+// Ranges of the settings, checked before anything runs (a zero --log-every would divide by zero,
+// a negative --steps reach AdamW as a negative learning rate).
+void check_settings(const TrainConfig& c) {
+  auto positive = [](int64_t v, const char* flag) {
+    KILN_CHECK(v > 0, "train", flag, " must be positive, got ", v);
+  };
+  auto non_negative = [](double v, const char* flag) {
+    KILN_CHECK(v >= 0, "train", flag, " must be >= 0, got ", v);  // NaN fails too
+  };
+  positive(c.steps, "--steps");
+  positive(c.batch_size, "--batch-size");
+  positive(c.grad_accum, "--grad-accum");
+  positive(c.log_every, "--log-every");
+  positive(c.eval_batches, "--eval-batches");
+  positive(c.tokenizer_sample_bytes, "tokenizer_sample_bytes");
+  for (const auto& [v, flag] : {std::pair<double, const char*>{static_cast<double>(c.warmup_steps), "--warmup-steps"},
+                                {static_cast<double>(c.eval_every), "--eval-every"},
+                                {static_cast<double>(c.checkpoint_every), "--checkpoint-every"},
+                                {static_cast<double>(c.stop_after), "--stop-after"},
+                                {static_cast<double>(c.max_data_bytes), "--max-data-bytes"},
+                                {static_cast<double>(c.bench_steps), "--bench-steps"},
+                                {static_cast<double>(c.bench_warmup), "--bench-warmup"},
+                                {static_cast<double>(c.synthetic_doc_len), "--synthetic-doc-len"},
+                                {c.lr, "--lr"},
+                                {c.min_lr, "--min-lr"},
+                                {c.weight_decay, "--weight-decay"},
+                                {c.grad_clip, "--grad-clip"},
+                                {c.dropout, "--dropout"}})
+    non_negative(v, flag);
+  KILN_CHECK(c.beta2 >= 0 && c.beta2 < 1, "train", "beta2 must be in [0, 1), got ", c.beta2);
+  KILN_CHECK(c.dropout < 1, "train", "--dropout must be below 1, got ", c.dropout);
+}
+}  // namespace
+
+TrainResult train(const TrainConfig& requested, std::ostream& out) {
+  TrainConfig cfg = requested;  // a resumed run takes its saved settings into this copy
+  check_settings(cfg);
   ThreadsGuard threads_guard;
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   Placement pl{Device(cfg.device)};
@@ -211,20 +249,29 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
   const bool bench = cfg.bench_steps > 0;
   KILN_CHECK(!(bench && cfg.resume), "train", "--bench-steps and --resume do not combine");
   const double t_start = now_s();
+
+  // Resume: the checkpoint's settings, tokenizer and data position; the model shape must match.
+  const std::string ckpt = resume_checkpoint(cfg);
+  TrainState state;
+  state.seed = cfg.seed;
+  std::vector<std::string> resume_notes;
+  std::optional<ModelConfig> saved_model;
+  if (!ckpt.empty()) {
+    state = load_state(ckpt);
+    saved_model = apply_saved_settings(state.config_json, cfg, resume_notes);
+    check_settings(cfg);
+    KILN_CHECK(state.step <= cfg.steps, "train", (fs::path(ckpt) / "state.json").string(), ": step ", state.step,
+               " is past the run's ", cfg.steps, " steps; add --steps N with --override to train further");
+  }
   fs::create_directories(cfg.run_dir);
   ModelConfig mc = resolve_model(cfg);
+  if (saved_model && cfg.given) mc = *saved_model;
   std::string progress_mode = cfg.progress;
   if (progress_mode == "auto") progress_mode = (&out == &std::cout && isatty(STDOUT_FILENO)) ? "tty" : "plain";
   Progress progress(out, progress_mode);
   const bool chatty = !cfg.quiet_summary;
 
-  // Resume: the checkpoint's tokenizer and data position; the model shape must match.
-  const std::string ckpt = cfg.resume ? find_checkpoint(cfg.run_dir) : std::string();
-  TrainState state;
-  state.seed = cfg.seed;
-  if (!ckpt.empty()) state = load_state(ckpt);
-
-  const std::string data_path = cfg.synthetic ? std::string("synthetic") : cfg.data.empty() ? default_corpus_path() : cfg.data;
+  const std::string data_path = resolved_data_path(cfg);
   std::vector<Document> docs, train_docs, held_docs;
   if (!cfg.synthetic) {
     docs = load_documents(data_path, cfg.max_data_bytes);
@@ -236,12 +283,7 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
   // Synthetic data needs no merges: the byte tokenizer is saved (generation then shows bytes).
   const Tokenizer tok = cfg.synthetic ? Tokenizer()
                         : ckpt.empty() ? Tokenizer::train(tokenizer_sample(train_docs, cfg.tokenizer_sample_bytes), mc.vocab_size)
-                                       : Tokenizer::from_json([&] {
-                                           std::ifstream f(fs::path(ckpt) / "tokenizer.json");
-                                           std::stringstream ss;
-                                           ss << f.rdbuf();
-                                           return ss.str();
-                                         }());
+                                       : Tokenizer::load((fs::path(ckpt) / "tokenizer.json").string());
   TokenStream train_stream, held_stream;
   if (cfg.synthetic) {
     // Enough windows that a benchmark or short run rarely repeats one; the loader cycles epochs.
@@ -291,7 +333,8 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
                                            {"grad_accum", cfg.grad_accum}, {"lr", cfg.lr}, {"min_lr", cfg.min_lr},
                                            {"warmup_steps", cfg.warmup_steps}, {"weight_decay", cfg.weight_decay},
                                            {"beta2", cfg.beta2}, {"grad_clip", cfg.grad_clip}, {"seed", cfg.seed},
-                                           {"data", data_path}}}};
+                                           {"data", data_path}, {"max_data_bytes", cfg.max_data_bytes},
+                                           {"synthetic", cfg.synthetic}, {"synthetic_doc_len", cfg.synthetic_doc_len}}}};
   Loader loader(train_stream, mc.seq_len, cfg.seed, /*shuffle=*/true);
   const Loader held_loader(held_stream, mc.seq_len, cfg.seed, /*shuffle=*/false);
   std::vector<int64_t> eval_windows;
@@ -305,18 +348,22 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     KILN_CHECK(saved.at("model") == model_json(mc), "train", "--resume: the checkpoint's model ",
                saved.at("model").dump(), " differs from the requested ", model_json(mc).dump());
     load_weights(ckpt, model, &opt, opt_names);
+    const std::string bad = first_nonfinite_parameter(model.named_parameters());
+    KILN_CHECK(bad.empty(), "train", "--resume: the checkpoint ", ckpt, " is not usable: its ", bad);
     restore_rng(state.rng);  // after model init, which drew from the generator
     loader.set_position(state.data_epoch, state.data_cursor);
     step = state.step;
-    // Drop metrics logged after the checkpoint (a killed run's lost steps).
+    // Drop metrics logged after the checkpoint (a killed or diverged run's lost steps).
     std::ifstream in(metrics_path);
     std::string line, kept;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("step", int64_t{0}) <= step) kept += line + "\n";
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
+        kept += line + "\n";
     }
     write_file_atomic(metrics_path, kept);
     if (chatty) out << "resumed from " << ckpt << " at step " << step << "\n";
+    for (const std::string& note : resume_notes) out << "resume: " << note << "\n";
   } else {
     std::ofstream(metrics_path, std::ios::trunc);
   }
@@ -418,6 +465,26 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
       bench_step_s.push_back(now_s() - t0);
     }
     const double loss = loss_sum / static_cast<double>(cfg.grad_accum);
+    // A non-finite loss, gradient norm or parameter stops the run at this step, before anything
+    // of it is saved: the last checkpoint stays the last good one.
+    std::string bad;
+    if (!std::isfinite(loss)) bad = "the loss is " + fmt("%g", loss);
+    else if (!std::isfinite(grad_norm)) bad = "the gradient norm is " + fmt("%g", grad_norm);
+    else if (!bench) bad = first_nonfinite_parameter(model.named_parameters());
+    if (!bad.empty()) {
+      if (timed) PhaseTimer::set_active(nullptr);
+      metrics << nlohmann::json{{"step", step}, {"error", "non-finite: " + bad}, {"loss", fmt("%g", loss)},
+                                {"grad_norm", fmt("%g", grad_norm)}, {"lr", lr}}
+                     .dump()
+              << "\n";
+      const std::string last = find_checkpoint(cfg.run_dir);
+      result.nonfinite = "stopped at step " + std::to_string(step) + ": " + bad + " (after step " +
+                         std::to_string(step - 1) + ", loss " + fmt("%.4f", result.train_losses.empty() ? std::nan("") : result.train_losses.back()) +
+                         "); " + (last.empty() ? std::string("no checkpoint was written") : "the last good checkpoint is " + last) +
+                         ", and metrics.jsonl keeps every step before; a lower --lr or --grad-clip may help";
+      --step;
+      break;
+    }
     result.train_losses.push_back(loss);
     const double dt = now_s() - t0;
     step_time_ema = step == step0 + 1 ? dt : 0.9 * step_time_ema + 0.1 * dt;
@@ -458,6 +525,7 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     io::save((fs::path(cfg.run_dir) / "golden" / "batches.safetensors").string(), golden_batches);
   result.first_eval_loss = state.first_eval_loss;
   result.last_step = step;
+  result.steps = cfg.steps;
   if (bench) {
     result.bench_json = bench_report(cfg, mc, model.num_parameters(), pl, bench_step_s, phase_ms, result.train_losses,
                                      memory_stats(pl.device), sample_telemetry());
@@ -465,17 +533,19 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     return result;
   }
 
-  // The loss curve from the whole metrics file (so a resumed run draws its full history).
+  // The loss curve from the whole metrics file (so a resumed run draws its full history); lines
+  // without a numeric step or loss (a stopped step, a hand edit) are skipped.
   std::vector<std::pair<int64_t, double>> train_pts, held_pts;
   {
     std::ifstream in(metrics_path);
     std::string line;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded()) continue;
-      if (j.contains("loss")) train_pts.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>());
-      if (j.contains("heldout_loss") && j.at("heldout_loss").is_number())
-        held_pts.emplace_back(j.at("step").get<int64_t>(), j.at("heldout_loss").get<double>());
+      if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+      const int64_t at = j["step"].get<int64_t>();
+      if (j.contains("loss") && j["loss"].is_number()) train_pts.emplace_back(at, j["loss"].get<double>());
+      if (j.contains("heldout_loss") && j["heldout_loss"].is_number())
+        held_pts.emplace_back(at, j["heldout_loss"].get<double>());
     }
   }
   const std::string svg = (fs::path(cfg.run_dir) / "loss.svg").string();
@@ -484,6 +554,7 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
     out << "trained " << (step - step0) << " steps in " << format_duration(now_s() - t_loop) << " (total "
         << format_duration(now_s() - t_start) << "); metrics " << metrics_path << ", loss curve " << svg << "\n";
   }
+  if (!result.nonfinite.empty()) return result;
   if (cfg.sample_tokens > 0 && step == cfg.steps && !cfg.synthetic) {
     SampleOptions so;
     so.max_tokens = cfg.sample_tokens;
@@ -495,8 +566,19 @@ TrainResult train(const TrainConfig& cfg, std::ostream& out) {
 }
 
 int run_train(const TrainConfig& cfg, std::ostream& out) {
-  const TrainResult r = train(cfg, out);
-  if (r.last_step < cfg.steps || r.eval_losses.empty() || r.first_eval_loss <= 0) return 0;
+  TrainResult r;
+  try {
+    r = train(cfg, out);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // a file system or JSON failure: reported, never an abort
+    KILN_FAIL("train", e.what());
+  }
+  if (!r.nonfinite.empty()) {
+    std::cerr << "kiln train: " << r.nonfinite << "\n";
+    return 3;
+  }
+  if (r.last_step < r.steps || r.eval_losses.empty() || r.first_eval_loss <= 0) return 0;
   const double last = r.eval_losses.back().second, ratio = last / r.first_eval_loss;
   out << "held-out loss " << fmt("%.4f", r.first_eval_loss) << " -> " << fmt("%.4f", last) << " ("
       << fmt("%.2f", ratio) << " of the first)" << (ratio <= 0.5 ? ": OK, at most half\n" : ": did NOT halve\n");

@@ -3,7 +3,9 @@
 // progress, metrics, checkpoints, resume) and sampling from a checkpoint.
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,7 +47,18 @@ struct TrainConfig {
   int64_t eval_batches = 4;     // batches of batch_size windows, spread over the held-out stream
   int64_t checkpoint_every = 200;  // 0: only at the end
   int64_t log_every = 50;
+  // Continue from the run folder's latest checkpoint with the run's saved settings (config.json's
+  // "train" and "model"). A missing or damaged checkpoint is an error, never a fresh start, unless
+  // resume_auto (--resume=auto) is set and the run folder has no checkpoints/latest yet.
   bool resume = false;
+  bool resume_auto = false;
+  // With resume: settings that differ from the saved ones replace them (without it, an error).
+  // The model's shape can never change.
+  bool override_saved = false;
+  // The flags given on the command line ("--steps", ...); add_train_options fills it.
+  // Resuming, a setting not given takes the saved value; unset (the C++ API), every setting counts
+  // as given and must match.
+  std::optional<std::set<std::string>> given;
   int64_t stop_after = 0;       // stop (with a checkpoint) after this step; 0: run to `steps`
   uint64_t seed = 1337;
   // OpenMP threads (0: the machine's default). 1 by default: the tiny model's ops are too small
@@ -79,13 +92,19 @@ struct TrainResult {
   std::vector<double> train_losses;                     // per optimizer step done in this call
   std::vector<std::pair<int64_t, double>> eval_losses;  // (step, held-out loss) in this call
   double first_eval_loss = 0;                           // the run's first held-out loss
-  int64_t last_step = 0;
+  int64_t last_step = 0;                                // the last step done (and good)
+  int64_t steps = 0;                                    // the run's length (the saved one when resumed)
   std::string bench_json;                               // benchmark mode: the JSON printed
+  // Set when a step produced a non-finite loss, gradient norm or parameter: the run stopped there
+  // (no checkpoint of it; metrics.jsonl, the last good checkpoint and loss.svg are kept) and this
+  // says which step and which value.
+  std::string nonfinite;
 };
 TrainResult train(const TrainConfig& cfg, std::ostream& out);
 
 // Returns 0 on success; 1 when the run finished but the held-out loss did not fall to at most
-// half of its first value (the default run's check).
+// half of its first value (the default run's check); 3 when a non-finite value stopped it (the
+// message goes to stderr).
 int run_train(const TrainConfig& cfg, std::ostream& out = std::cout);
 int run_generate(const GenerateConfig& cfg, std::ostream& out = std::cout);
 

@@ -38,7 +38,7 @@ from ._dlpack import from_dlpack, from_numpy  # noqa: E402
 from . import _capture  # noqa: E402,F401  (torch / NumPy tensors captured by traced mods)
 from ._grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled  # noqa: E402
 from ._tensor import tensor  # noqa: E402
-from ._io import load, save  # noqa: E402
+from ._io import RawTensor, load, save  # noqa: E402
 from . import autograd, cpu, cuda, nn  # noqa: E402
 
 __version__ = "0.1.0"

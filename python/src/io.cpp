@@ -9,12 +9,35 @@
 namespace kiln::py {
 namespace {
 
+// A str as UTF-8; a str that has none (a lone surrogate, as os.fsdecode makes of stray bytes) is
+// a KilnError naming it, not the cast error a plain conversion would raise.
+std::string utf8(nb::handle text, const char* op, const char* what) {
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(text.ptr(), &n);
+  if (p == nullptr) {
+    PyErr_Clear();
+    const std::string shown = nb::cast<std::string>(nb::repr(text).attr("encode")("ascii", "backslashreplace").attr("decode")("ascii"));
+    KILN_FAIL(op, what, " ", shown, " is not valid Unicode text (it holds a lone surrogate) and cannot be saved");
+  }
+  return std::string(p, static_cast<size_t>(n));
+}
+
+// {name: kiln.Tensor | (uint8 bytes Tensor, file dtype name, shape)}: the tuples are the raw
+// tensors kiln.RawTensor carries (dtypes kiln has no tensor type for), saved as that dtype.
 io::TensorDict to_dict(nb::dict tensors, const char* op) {
   io::TensorDict d;
   for (auto [k, v] : tensors) {
     KILN_CHECK(nb::isinstance<nb::str>(k), op, "tensor names must be strings");
-    KILN_CHECK(nb::isinstance<Tensor>(v), op, "'", nb::cast<std::string>(k), "' is not a kiln.Tensor");
-    d.insert(nb::cast<std::string>(k), nb::cast<Tensor>(v));
+    const std::string name = utf8(k, op, "tensor name");
+    if (nb::isinstance<nb::tuple>(v) && nb::len(v) == 3 && nb::isinstance<Tensor>(v[0])) {
+      const std::string dt = nb::cast<std::string>(v[1]);
+      const auto fd = io::parse_file_dtype(dt);
+      KILN_CHECK(fd.has_value(), op, "'", name, "': unknown safetensors dtype '", dt, "'");
+      d.insert_raw(name, nb::cast<Tensor>(v[0]), *fd, nb::cast<Shape>(v[2]));
+      continue;
+    }
+    KILN_CHECK(nb::isinstance<Tensor>(v), op, "'", name, "' is not a kiln.Tensor");
+    d.insert(name, nb::cast<Tensor>(v));
   }
   return d;
 }
@@ -37,21 +60,27 @@ void bind_io(nb::module_& m) {
       nb::gil_scoped_release release;
       ck = io::load(path, o);
     }
-    nb::dict tensors;
-    for (const auto& e : ck.tensors) tensors[e.name.c_str()] = e.tensor;
-    return nb::make_tuple(tensors, ck.metadata, io::format_name(ck.format));
+    // Raw tensors (dtypes kiln has no type for) come with their file dtype and logical shape.
+    nb::dict tensors, raw;
+    for (const auto& e : ck.tensors) {
+      tensors[e.name.c_str()] = e.tensor;
+      if (e.raw()) raw[e.name.c_str()] = nb::make_tuple(io::file_dtype_name(e.dtype), nb::cast(e.shape));
+    }
+    return nb::make_tuple(tensors, ck.metadata, io::format_name(ck.format), raw);
   }, "path"_a, "device"_a, "mmap"_a, "names"_a);
-  m.def("_save", [](nb::dict tensors, const std::string& path, const std::string& format, io::Metadata metadata) {
+  m.def("_save", [](nb::dict tensors, const std::string& path, const std::string& format, nb::dict meta, bool checksums) {
     io::TensorDict d = to_dict(tensors, "save");
+    io::Metadata metadata;
+    for (auto [k, v] : meta) metadata[utf8(k, "save", "metadata key")] = utf8(v, "save", "metadata value");
     nb::gil_scoped_release release;
     if (format == "safetensors") {
-      io::save(path, d, metadata);
+      io::save(path, d, metadata, checksums);
     } else {
       KILN_CHECK(format == "torch", "save", "format must be 'safetensors' or 'torch', got '", format, "'");
       KILN_CHECK(metadata.empty(), "save", "metadata is only stored in safetensors files");
       io::save_torch(path, d);
     }
-  }, "tensors"_a, "path"_a, "format"_a, "metadata"_a);
+  }, "tensors"_a, "path"_a, "format"_a, "metadata"_a, "checksums"_a);
   m.def("_detect_format", [](const std::string& path) { return io::format_name(io::detect_format(path)); }, "path"_a);
 
   auto c = m.def_submodule("_cuda", "CUDA devices, streams and memory statistics");

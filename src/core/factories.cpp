@@ -8,6 +8,7 @@
 #include "core/dispatch.h"
 #include "core/generator.h"
 #include "core/kernels.h"
+#include "core/size_check.h"
 #include "core/tensor_impl.h"
 #include "kiln/cuda.h"
 
@@ -130,8 +131,9 @@ Tensor scalar_tensor(double value, TensorOptions options) { return full({}, valu
 Tensor arange(double start, double end, double step, TensorOptions options) {
   KILN_CHECK(step != 0, "arange", "step must be nonzero");
   KILN_CHECK(std::isfinite(start) && std::isfinite(end), "arange", "start and end must be finite");
-  const double span = (end - start) / step;
-  const auto n = static_cast<int64_t>(std::ceil(std::max(span, 0.0)));
+  const double span = std::ceil(std::max((end - start) / step, 0.0));
+  KILN_CHECK(span < 0x1p63, "arange", "(", end, " - ", start, ") / ", step, " is more elements than a tensor may hold");
+  const auto n = static_cast<int64_t>(span);
   Tensor t = make_tensor({n}, options.dtype(), options.device());
   if (n > 0) {
     if (t.device().is_cpu()) {
@@ -172,17 +174,24 @@ Tensor randn_like(const Tensor& t) { return randn(t.sizes(), t.options()); }
 
 Tensor from_blob(void* data, const Shape& shape, TensorOptions options, std::function<void(void*)> deleter,
                  const Shape& strides) {
-  KILN_CHECK(data != nullptr || shape_numel(shape) == 0, "from_blob", "null data pointer");
+  const int64_t numel = checked_numel(shape, "from_blob");
+  KILN_CHECK(data != nullptr || numel == 0, "from_blob", "null data pointer");
   const Shape st = strides.empty() ? contiguous_strides(shape) : strides;
   KILN_CHECK(st.size() == shape.size(), "from_blob", "strides ", shape_str(st), " do not match shape ",
              shape_str(shape));
-  int64_t extent = 0;  // elements reachable from data
+  // The elements reachable from data: 1 + sum (size - 1) x stride, checked like any size.
+  __extension__ typedef unsigned __int128 u128;
+  u128 last = 0;
   for (size_t d = 0; d < shape.size(); ++d) {
     KILN_CHECK(st[d] >= 0, "from_blob", "negative strides are not supported");
-    if (shape[d] == 0) extent = -1;
-    if (extent >= 0) extent += (shape[d] - 1) * st[d];
+    if (shape[d] > 0) last += static_cast<u128>(shape[d] - 1) * static_cast<uint64_t>(st[d]);
+    KILN_CHECK(last < static_cast<uint64_t>(INT64_MAX), "from_blob", "shape ", shape_str(shape), " with strides ",
+               shape_str(st), " reaches past 2^63 elements");
   }
-  const size_t nbytes = extent < 0 ? 0 : static_cast<size_t>(extent + 1) * element_size(options.dtype());
+  const size_t nbytes = numel == 0 ? 0
+                                   : static_cast<size_t>(checked_nbytes({static_cast<int64_t>(last) + 1},
+                                                                        element_size(options.dtype()) * 8,
+                                                                        dtype_name(options.dtype()), "from_blob"));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(data, nbytes, options.device(), std::move(deleter));
   impl->sizes = shape;

@@ -1,8 +1,9 @@
 // Tensor accessors, geometry helpers, copies and conversions.
-#include <numeric>
+#include <cmath>
 
 #include "core/dispatch.h"
 #include "core/kernels.h"
+#include "core/size_check.h"
 #include "core/tensor_impl.h"
 #include "kiln/autograd.h"
 
@@ -26,7 +27,64 @@ Shape contiguous_strides(const Shape& sizes) {
 }
 
 int64_t shape_numel(const Shape& shape) {
-  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+  int64_t n = 1;
+  bool over = false;
+  for (int64_t s : shape) {
+    if (s == 0) return 0;
+    over |= __builtin_mul_overflow(n, s, &n);
+  }
+  KILN_CHECK(!over, "numel", "shape ", shape_str(shape), " has more elements than an int64 can count");
+  return n;
+}
+
+namespace {
+__extension__ typedef unsigned __int128 u128;
+
+std::string u128_str(u128 v) {
+  std::string s;
+  do {
+    s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  } while (v != 0);
+  return s;
+}
+
+std::string what_prefix(std::string_view what) { return what.empty() ? std::string() : std::string(what); }
+}  // namespace
+
+int64_t checked_numel(const Shape& shape, const char* op, std::string_view what) {
+  u128 n = 1;
+  bool over = false, empty = false;
+  for (int64_t s : shape) {
+    KILN_CHECK(s >= 0, op, what_prefix(what), "shape ", shape_str(shape), " has a negative size");
+    empty |= s == 0;
+    if (over) continue;
+    n *= static_cast<uint64_t>(s);
+    if (n > static_cast<u128>(INT64_MAX)) over = true;  // keep checking the rest for negatives
+  }
+  if (empty) return 0;
+  if (over) {
+    // The exact count may pass 2^128: report it in powers of two.
+    double log2 = 0;
+    for (int64_t s : shape) log2 += std::log2(static_cast<double>(s));
+    KILN_FAIL(op, what_prefix(what), "shape ", shape_str(shape), " has about 2^", static_cast<int64_t>(log2),
+              " elements: overflows the 2^63 - 1 elements a tensor may hold");
+  }
+  return static_cast<int64_t>(n);
+}
+
+uint64_t checked_nbytes(const Shape& shape, uint64_t element_bits, std::string_view dtype_name, const char* op,
+                        std::string_view what) {
+  const int64_t n = checked_numel(shape, op, what);
+  const u128 bits = static_cast<u128>(static_cast<uint64_t>(n)) * element_bits;
+  const u128 bytes = (bits + 7) / 8;
+  KILN_CHECK(bytes <= kMaxTensorBytes, op, what_prefix(what), "shape ", shape_str(shape), " of ", dtype_name, " is ",
+             n, " elements x ", element_bits % 8 == 0 ? std::to_string(element_bits / 8) + " bytes"
+                                                      : std::to_string(element_bits) + " bits",
+             " = ", u128_str(bytes), " bytes: overflows the 2^63 - 1 bytes a tensor may span");
+  KILN_CHECK(bits % 8 == 0, op, what_prefix(what), "shape ", shape_str(shape), " of ", dtype_name, " (",
+             element_bits, " bits per element) is not a whole number of bytes");
+  return static_cast<uint64_t>(bytes);
 }
 
 std::string shape_str(const Shape& shape) {
@@ -43,10 +101,9 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
 }
 
 Tensor make_tensor(const Shape& sizes, DType dtype, Device device) {
-  for (int64_t s : sizes) KILN_CHECK(s >= 0, "empty", "negative size in shape ", shape_str(sizes));
+  const uint64_t nbytes = checked_nbytes(sizes, element_size(dtype) * 8, dtype_name(dtype), "allocate");
   auto impl = std::make_shared<TensorImpl>();
-  const int64_t n = shape_numel(sizes);
-  impl->storage = std::make_shared<Storage>(device, static_cast<size_t>(n) * element_size(dtype));
+  impl->storage = std::make_shared<Storage>(device, static_cast<size_t>(nbytes));
   impl->sizes = sizes;
   impl->strides = contiguous_strides(sizes);
   impl->dtype = dtype;

@@ -1,7 +1,9 @@
 // Byte sources (pread / mmap / memory), aligned tensor reads, and the atomic writer.
 #include "io/file_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/size_check.h"
 #include "core/tensor_impl.h"
 
 namespace kiln::io::detail {
@@ -80,18 +83,41 @@ mode_t file_mode_for(const std::string& path) {
   return 0666 & ~mask;
 }
 
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 }  // namespace
+
+int open_regular(const std::string& path, const char* op, uint64_t* size) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer; the mode is checked
+  // before a byte is read, and blocking reads come back for the regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  KILN_CHECK(fd >= 0, op, "cannot open ", path, ": ", errno_text());
+  struct stat st {};
+  const bool stat_ok = fstat(fd, &st) == 0;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    const std::string why = !stat_ok ? "cannot stat it: " + errno_text() : std::string("it is ") + file_kind(st.st_mode);
+    ::close(fd);
+    KILN_FAIL(op, "cannot read ", path, ": ", why, "; only regular files are read");
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
 
 Source Source::open_file(const std::string& path, bool map) {
   auto h = std::make_shared<FileHandle>();
-  h->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  KILN_CHECK(h->fd >= 0, kOp, "cannot open ", path, ": ", errno_text());
-  struct stat st {};
-  KILN_CHECK(fstat(h->fd, &st) == 0, kOp, "cannot stat ", path, ": ", errno_text());
-  KILN_CHECK(S_ISREG(st.st_mode), kOp, path, " is not a regular file");
+  uint64_t size = 0;
+  h->fd = open_regular(path, kOp, &size);
   Source s;
   s.path_ = path;
-  s.size_ = static_cast<size_t>(st.st_size);
+  s.size_ = static_cast<size_t>(size);
   s.fd_ = h->fd;
   if (map && s.size_ > 0) {
     // Private and writable: tensors may be modified in place (copy-on-write pages); the file
@@ -101,7 +127,7 @@ Source Source::open_file(const std::string& path, bool map) {
     h->map = p;
     h->map_size = s.size_;
     // Headers and directories are read with pread, not through the mapping: a fault there would
-    // make the kernel read around it (read_ahead_kb, 8 MiB on a Debian VM), pulling tensor
+    // make the kernel read around it (read_ahead_kb, often 8 MiB), pulling tensor
     // data in at load time. FADV_RANDOM keeps those small preads from reading ahead as well.
     ::posix_fadvise(h->fd, 0, 0, POSIX_FADV_RANDOM);
     s.mem_ = static_cast<const uint8_t*>(p);
@@ -156,8 +182,24 @@ std::vector<uint8_t> Source::read_vec(size_t n, uint64_t offset, const char* op)
   return v;
 }
 
+uint32_t Source::crc32_range(uint64_t offset, uint64_t n, const char* op) const {
+  KILN_CHECK(offset <= size_ && n <= size_ - offset, op, "file truncated: ", n, " bytes at offset ", offset,
+             " run past the end of the file (", size_, " bytes)");
+  if (mem_ != nullptr && fd_ < 0) return io::crc32(mem_ + offset, n);
+  constexpr uint64_t kPiece = uint64_t{1} << 20;
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min(n, kPiece)));
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < n;) {
+    const size_t k = static_cast<size_t>(std::min(n - done, kPiece));
+    pread_all(fd_, buf.data(), k, offset + done, path_);
+    crc = io::crc32(buf.data(), k, crc);
+    done += k;
+  }
+  return crc;
+}
+
 Tensor read_tensor(const Source& src, uint64_t offset, const Shape& shape, DType dtype, const char* op) {
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  const size_t nbytes = static_cast<size_t>(checked_nbytes(shape, element_size(dtype) * 8, dtype_name(dtype), op));
   KILN_CHECK(offset <= src.size() && nbytes <= src.size() - offset, op, "file truncated: tensor data at offset ",
              offset, " (", nbytes, " bytes) runs past the end of the file");
   if (src.zero_copy() && (offset % element_size(dtype)) == 0) {
@@ -172,16 +214,53 @@ Tensor read_tensor(const Source& src, uint64_t offset, const Shape& shape, DType
   return t;
 }
 
+namespace {
+
+// Removes the ".NAME.tmp.XXXXXX" files a killed writer of `dir` + `base` left. A live writer holds
+// an exclusive flock on its temporary file until it is renamed, so only abandoned ones are taken.
+void remove_stale_temporaries(const std::string& dir, const std::string& base) {
+  DIR* d = opendir(dir.empty() ? "." : dir.c_str());
+  if (d == nullptr) return;
+  const std::string prefix = "." + base + ".tmp.";
+  std::vector<std::string> stale;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() == prefix.size() + 6 && name.compare(0, prefix.size(), prefix) == 0) stale.push_back(name);
+  }
+  closedir(d);
+  for (const std::string& name : stale) {
+    const std::string p = dir + name;
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0) continue;
+    struct stat st {};
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0) unlink(p.c_str());
+    close(fd);
+  }
+}
+
+}  // namespace
+
 AtomicWriter::AtomicWriter(const std::string& path) : path_(path) {
   const size_t slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  std::string tmpl = dir + "." + base + ".tmp.XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  fd_ = mkostemp(buf.data(), O_CLOEXEC);
-  KILN_CHECK(fd_ >= 0, "save", "cannot create a temporary file beside ", path, ": ", errno_text());
-  tmp_ = buf.data();
+  remove_stale_temporaries(dir, base);
+  // Another writer's cleanup may unlink this file between mkostemp and flock; then try again.
+  for (int attempt = 0; attempt < 8 && fd_ < 0; ++attempt) {
+    std::string tmpl = dir + "." + base + ".tmp.XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    const int fd = mkostemp(buf.data(), O_CLOEXEC);
+    KILN_CHECK(fd >= 0, "save", "cannot create a temporary file beside ", path, ": ", errno_text());
+    struct stat st {};
+    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &st) == 0 && st.st_nlink > 0) {
+      fd_ = fd;
+      tmp_ = buf.data();
+    } else {
+      close(fd);
+    }
+  }
+  KILN_CHECK(fd_ >= 0, "save", "cannot create and lock a temporary file beside ", path);
   // mkostemp makes the file 0600; a checkpoint gets the mode a plain open() would give it.
   fchmod(fd_, file_mode_for(path));
 }
@@ -205,11 +284,13 @@ void AtomicWriter::write(const void* data, size_t n) {
 
 void AtomicWriter::commit() {
   KILN_CHECK(fsync(fd_) == 0, "save", "fsync of ", tmp_, " failed: ", errno_text());
-  KILN_CHECK(close(fd_) == 0, "save", "closing ", tmp_, " failed: ", errno_text());
-  fd_ = -1;
+  // Renamed while still open (and locked), so no cleanup can take it for abandoned.
   KILN_CHECK(std::rename(tmp_.c_str(), path_.c_str()) == 0, "save", "renaming ", tmp_, " to ", path_,
              " failed: ", errno_text());
   committed_ = true;
+  const int rc = close(fd_);
+  fd_ = -1;
+  KILN_CHECK(rc == 0, "save", "closing ", path_, " failed: ", errno_text());
   // The rename is durable only once the folder's entry is on disk.
   const size_t slash = path_.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));

@@ -21,6 +21,8 @@ class Source {
   // Copies [offset, offset + n) into dst; throws "[op] ... truncated" when it runs past the end.
   void read(void* dst, size_t n, uint64_t offset, const char* op) const;
   std::vector<uint8_t> read_vec(size_t n, uint64_t offset, const char* op) const;
+  // CRC-32 of [offset, offset + n), read in 1 MiB pieces (bounded memory for any n).
+  uint32_t crc32_range(uint64_t offset, uint64_t n, const char* op) const;
   // True when tensors may alias the mapped bytes (mmap was asked for and succeeded).
   bool zero_copy() const { return zero_copy_; }
   const uint8_t* mapped() const { return mem_; }
@@ -35,6 +37,10 @@ class Source {
   int fd_ = -1;
   bool zero_copy_ = false;
 };
+
+// Opens a regular file for reading without ever blocking (a FIFO or device is refused before any
+// read: O_NONBLOCK, then fstat); returns the fd and sets *size.
+int open_regular(const std::string& path, const char* op, uint64_t* size);
 
 // A tensor of `shape`/`dtype` holding bytes [offset, offset + nbytes) of the source: an alias of
 // the mapping when zero-copy is possible and the data is aligned, else a fresh copy.
@@ -93,7 +99,9 @@ inline void put_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
 
 // Safetensors and torch-zip entry points used by load()/save() (src/io/safetensors.cpp, torch_zip.cpp).
 Checkpoint load_safetensors(const Source& src, const LoadOptions& options);
-void write_safetensors(Sink& sink, const TensorDict& tensors, const Metadata& metadata);
+CheckpointInfo safetensors_info(const Source& src, bool checksums);
+CheckpointInfo torch_zip_info(const Source& src, bool checksums);
+void write_safetensors(Sink& sink, const TensorDict& tensors, const Metadata& metadata, bool checksums);
 Checkpoint load_torch_zip(const Source& src, const LoadOptions& options);
 void write_torch_zip(Sink& sink, const TensorDict& tensors);
 // A stored zip of the given records, 64-byte aligned as torch writes them (tests, fuzz seeds).

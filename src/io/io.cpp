@@ -1,5 +1,8 @@
 // kiln::io entry points: dtype tables, TensorDict, CRC-32, format detection, load/save.
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
 #include <cstring>
 
 #include "io/file_util.h"
@@ -178,7 +181,23 @@ Checkpoint load_from(const detail::Source& src, const LoadOptions& options) {
   const Format f = detect_impl(head.data(), head.size(), src.size());
   return f == Format::TorchZip ? detail::load_torch_zip(src, options) : detail::load_safetensors(src, options);
 }
+
+
+CheckpointInfo info_from(const detail::Source& src, bool checksums) {
+  const size_t n = std::min<size_t>(src.size(), 4096);
+  std::vector<uint8_t> head = src.read_vec(n, 0, "io");
+  const Format f = detect_impl(head.data(), head.size(), src.size());
+  return f == Format::TorchZip ? detail::torch_zip_info(src, checksums) : detail::safetensors_info(src, checksums);
+}
 }  // namespace
+
+CheckpointInfo inspect(const std::string& path, bool checksums) {
+  return info_from(detail::Source::open_file(path, false), checksums);
+}
+
+CheckpointInfo inspect_bytes(const void* data, size_t size, bool checksums) {
+  return info_from(detail::Source::from_memory(data, size), checksums);
+}
 
 Checkpoint load(const std::string& path, const LoadOptions& options) {
   const bool map = options.mmap && options.device.is_cpu();
@@ -189,17 +208,17 @@ Checkpoint load_bytes(const void* data, size_t size, const LoadOptions& options)
   return load_from(detail::Source::from_memory(data, size), options);
 }
 
-void save(const std::string& path, const TensorDict& tensors, const Metadata& metadata) {
+void save(const std::string& path, const TensorDict& tensors, const Metadata& metadata, bool checksums) {
   detail::AtomicWriter w(path);
   detail::Sink sink(&w);
-  detail::write_safetensors(sink, tensors, metadata);
+  detail::write_safetensors(sink, tensors, metadata, checksums);
   w.commit();
 }
 
-std::vector<uint8_t> save_bytes(const TensorDict& tensors, const Metadata& metadata) {
+std::vector<uint8_t> save_bytes(const TensorDict& tensors, const Metadata& metadata, bool checksums) {
   std::vector<uint8_t> out;
   detail::Sink sink(&out);
-  detail::write_safetensors(sink, tensors, metadata);
+  detail::write_safetensors(sink, tensors, metadata, checksums);
   return out;
 }
 
@@ -208,6 +227,31 @@ void save_torch(const std::string& path, const TensorDict& tensors) {
   detail::Sink sink(&w);
   detail::write_torch_zip(sink, tensors);
   w.commit();
+}
+
+void write_file_atomic(const std::string& path, const void* bytes, size_t size) {
+  detail::AtomicWriter w(path);
+  w.write(bytes, size);
+  w.commit();
+}
+
+std::string read_small_file(const std::string& path, size_t max_bytes) {
+  uint64_t size = 0;
+  const int fd = detail::open_regular(path, "io", &size);
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  KILN_CHECK(size <= max_bytes, "io", path, " has ", size, " bytes, more than the ", max_bytes, " expected");
+  std::string out(static_cast<size_t>(size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    KILN_CHECK(n > 0, "io", "reading ", path, " failed: ", n < 0 ? std::strerror(errno) : "it shrank while read");
+    done += static_cast<size_t>(n);
+  }
+  return out;
 }
 
 std::vector<uint8_t> save_torch_bytes(const TensorDict& tensors) {

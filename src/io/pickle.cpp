@@ -13,6 +13,7 @@ namespace kiln::io::detail {
 namespace {
 
 constexpr const char* kOp = "torch-zip";
+constexpr int kMaxRebuildDepth = 8;
 
 struct TorchType {
   const char* storage;  // torch.<X>Storage, or nullptr (UntypedStorage only)
@@ -319,11 +320,20 @@ class Unpickler {
       return static_cast<uint32_t>(vals_.size() - 1);
     }
     if (g == "torch._tensor._rebuild_from_type_v2") {
-      const auto a = tuple_args(args, g, 4, 4);
-      KILN_CHECK(v(a[1]).kind == PyKind::Global &&
-                     (v(a[1]).s == "torch.Tensor" || v(a[1]).s == "torch.nn.parameter.Parameter"),
-                 kOp, "pickle: _rebuild_from_type_v2 may only rebuild torch.Tensor or Parameter");
-      return call(a[0], a[2]);  // the tensor's __dict__ state (a[3]) is not kept
+      // (func, type, args, state): unwrapped in a loop, to a fixed depth (torch nests it once),
+      // so a pickle that nests it thousands of times cannot exhaust the stack.
+      uint32_t f = fn, a_id = args;
+      for (int depth = 0; v(f).kind == PyKind::Global && v(f).s == g; ++depth) {
+        KILN_CHECK(depth < kMaxRebuildDepth, kOp, "pickle: _rebuild_from_type_v2 nests more than ", kMaxRebuildDepth,
+                   " levels deep");
+        const auto a = tuple_args(a_id, g, 4, 4);
+        KILN_CHECK(v(a[1]).kind == PyKind::Global &&
+                       (v(a[1]).s == "torch.Tensor" || v(a[1]).s == "torch.nn.parameter.Parameter"),
+                   kOp, "pickle: _rebuild_from_type_v2 may only rebuild torch.Tensor or Parameter");
+        f = a[0];
+        a_id = a[2];  // the tensor's __dict__ state (a[3]) is not kept
+      }
+      return call(f, a_id);
     }
     if (g == "collections.OrderedDict") {
       tuple_args(args, g, 0, 0);

@@ -4,10 +4,13 @@
 // Layout: u64 little-endian N, N bytes of UTF-8 JSON, then the data section. Every rule of the
 // format is checked before a byte of tensor data is touched; each failure names its rule.
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "core/size_check.h"
 #include "core/tensor_impl.h"
 #include "io/file_util.h"
 
@@ -27,9 +30,56 @@ struct StTensor {
 
 struct StHeader {
   std::vector<StTensor> tensors;  // sorted by data offsets
-  Metadata metadata;
+  Metadata metadata;              // without kChecksumKey
+  std::optional<std::map<std::string, uint32_t>> checksums;  // from kChecksumKey
   uint64_t data_start = 0;
 };
+
+// The checksum metadata: one flat JSON object of name -> 8 hex digits (SAX, so it is bounded and
+// duplicate names are seen).
+class ChecksumSax : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  std::map<std::string, uint32_t> crcs;
+  std::string error;
+  bool null() override { return fail(); }
+  bool boolean(bool) override { return fail(); }
+  bool number_integer(number_integer_t) override { return fail(); }
+  bool number_unsigned(number_unsigned_t) override { return fail(); }
+  bool number_float(number_float_t, const string_t&) override { return fail(); }
+  bool binary(binary_t&) override { return fail(); }
+  bool start_array(std::size_t) override { return fail(); }
+  bool end_array() override { return fail(); }
+  bool start_object(std::size_t) override { return depth_++ == 0 || fail(); }
+  bool end_object() override { return true; }
+  bool key(string_t& k) override {
+    key_ = k;
+    if (crcs.count(k) != 0) return fail("names tensor '" + k + "' twice");
+    return true;
+  }
+  bool string(string_t& v) override {
+    if (depth_ != 1 || v.size() != 8 || v.find_first_not_of("0123456789abcdef") != std::string::npos)
+      return fail("value for '" + key_ + "' is not 8 lowercase hex digits");
+    crcs[key_] = static_cast<uint32_t>(std::stoul(v, nullptr, 16));
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return fail(); }
+
+ private:
+  bool fail(std::string why = "must be a JSON object of tensor name -> 8 hex digits") {
+    if (error.empty()) error = std::move(why);
+    return false;
+  }
+  int depth_ = 0;
+  std::string key_;
+};
+
+std::map<std::string, uint32_t> parse_checksums(const std::string& text) {
+  ChecksumSax sax;
+  const bool ok = nlohmann::json::sax_parse(text, &sax, nlohmann::json::input_format_t::json, true);
+  KILN_CHECK(ok && sax.error.empty(), kOp, "__metadata__ '", kChecksumKey, "' ",
+             sax.error.empty() ? std::string("is not valid JSON") : sax.error);
+  return std::move(sax.crcs);
+}
 
 // SAX handler: the header is at most three levels deep (object -> tensor/metadata -> array), so
 // anything deeper or of the wrong kind stops the parse at once with the rule it breaks.
@@ -237,17 +287,16 @@ StHeader parse_header(const Source& src) {
   h.tensors = std::move(sax.tensors);
   h.data_start = 8 + n;
   const uint64_t data_size = src.size() - h.data_start;
+  if (auto it = h.metadata.find(kChecksumKey); it != h.metadata.end()) {
+    h.checksums = parse_checksums(it->second);
+    h.metadata.erase(it);
+    for (const StTensor& t : h.tensors)
+      KILN_CHECK(h.checksums->count(t.name) != 0, kOp, "__metadata__ '", kChecksumKey, "' has no checksum for tensor '",
+                 t.name, "'");
+  }
   for (const StTensor& t : h.tensors) {
-    // numel * bits, checked for overflow at every step
-    u128 bits = static_cast<unsigned>(file_dtype_bits(t.dtype));
-    for (int64_t s : t.shape) {
-      bits *= static_cast<uint64_t>(s);
-      KILN_CHECK(bits <= (static_cast<u128>(UINT64_MAX)), kOp, "tensor '", t.name, "': shape ",
-                 shape_str(t.shape), " overflows (numel x bits past 2^64)");
-    }
-    KILN_CHECK(bits % 8 == 0, kOp, "tensor '", t.name, "': numel x bits of ", file_dtype_name(t.dtype),
-               " is not a whole number of bytes");
-    const uint64_t bytes = static_cast<uint64_t>(bits / 8);
+    const uint64_t bytes = checked_nbytes(t.shape, static_cast<uint64_t>(file_dtype_bits(t.dtype)),
+                                          file_dtype_name(t.dtype), kOp, "tensor '" + t.name + "': ");
     KILN_CHECK(t.end - t.begin == bytes, kOp, "tensor '", t.name, "': byte length ", t.end - t.begin,
                " (data_offsets [", t.begin, ", ", t.end, "]) differs from numel x element size = ", bytes);
   }
@@ -277,7 +326,80 @@ StHeader parse_header(const Source& src) {
   return h;
 }
 
+void check_crc(const std::string& name, uint32_t got, uint32_t want) {
+  if (got == want) return;
+  char g[16], w[16];
+  std::snprintf(g, sizeof(g), "%08x", got);
+  std::snprintf(w, sizeof(w), "%08x", want);
+  KILN_FAIL(kOp, "tensor '", name, "' fails its checksum: its bytes have CRC-32 ", g, " but the file's '",
+            kChecksumKey, "' metadata says ", w, " (the data changed after the file was written)");
+}
+
+// Text with every byte outside printable ASCII as \xNN (for error messages about invalid text).
+std::string escaped(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f) {
+      out += ch;
+    } else {
+      char esc[8];
+      std::snprintf(esc, sizeof(esc), "\\x%02x", c);
+      out += esc;
+    }
+  }
+  return out;
+}
+
+// JSON string literal of UTF-8 text (quotes, backslashes and control characters escaped).
+// `kind` names the text in the error ("tensor name").
+void append_json_string(std::string& out, const std::string& text, const char* kind) {
+  size_t bad = 0;
+  KILN_CHECK(valid_utf8(reinterpret_cast<const uint8_t*>(text.data()), text.size(), &bad), kOp, kind, " '",
+             escaped(text), "' is not valid UTF-8 (byte ", bad,
+             "): names and metadata are JSON strings, so lone surrogates and stray bytes cannot be saved");
+  out += '"';
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      // serde_json's (the reference writer's) escapes: short forms where JSON has them.
+      const char* shortform = c == '\b' ? "\\b" : c == '\t' ? "\\t" : c == '\n' ? "\\n" : c == '\f' ? "\\f" : c == '\r' ? "\\r" : nullptr;
+      char esc[8];
+      std::snprintf(esc, sizeof(esc), "\\u%04x", c);
+      out += shortform != nullptr ? shortform : esc;
+    } else {
+      out += ch;
+    }
+  }
+  out += '"';
+}
+
 }  // namespace
+
+CheckpointInfo safetensors_info(const Source& src, bool checksums) {
+  const StHeader h = parse_header(src);
+  CheckpointInfo info;
+  info.format = Format::Safetensors;
+  info.file_size = src.size();
+  info.metadata = h.metadata;
+  for (const StTensor& t : h.tensors) {
+    TensorInfo ti;
+    ti.name = t.name;
+    ti.dtype = t.dtype;
+    ti.shape = t.shape;
+    ti.stride = contiguous_strides(t.shape);
+    ti.nbytes = t.end - t.begin;
+    ti.span_offset = h.data_start + t.begin;
+    ti.span_bytes = ti.nbytes;
+    if (h.checksums) ti.stored_crc32 = h.checksums->at(t.name);
+    if (checksums) ti.crc32 = src.crc32_range(ti.span_offset, ti.span_bytes, kOp);
+    info.tensors.push_back(std::move(ti));
+  }
+  return info;
+}
 
 Checkpoint load_safetensors(const Source& src, const LoadOptions& options) {
   StHeader h = parse_header(src);
@@ -293,19 +415,24 @@ Checkpoint load_safetensors(const Source& src, const LoadOptions& options) {
       if (want.erase(t.name)) chosen.push_back(&t);
     KILN_CHECK(want.empty(), kOp, "tensor '", *want.begin(), "' not found in ", src.path());
   }
+  const bool verify = options.verify_checksums && h.checksums && !src.zero_copy();
   for (const StTensor* t : chosen) {
     const uint64_t off = h.data_start + t->begin;
     const auto kd = to_kiln_dtype(t->dtype);
     Tensor x = kd ? read_tensor(src, off, t->shape, *kd, kOp)
                   : read_tensor(src, off, {static_cast<int64_t>(t->end - t->begin)}, kUInt8, kOp);
+    if (verify) check_crc(t->name, crc32(x.data_ptr(), t->end - t->begin), h.checksums->at(t->name));
     if (!options.device.is_cpu()) x = x.to(options.device);
     ck.tensors.insert(TensorEntry{t->name, x, t->dtype, t->shape});
   }
   return ck;
 }
 
-void write_safetensors(Sink& sink, const TensorDict& tensors, const Metadata& metadata) {
+void write_safetensors(Sink& sink, const TensorDict& tensors, const Metadata& metadata, bool checksums) {
+  KILN_CHECK(metadata.count(kChecksumKey) == 0, kOp, "metadata key '", kChecksumKey,
+             "' is reserved for the checksums save(..., checksums = true) writes");
   std::vector<const TensorEntry*> order;
+  order.reserve(tensors.size());
   for (const TensorEntry& e : tensors) {
     KILN_CHECK(e.name != "__metadata__", kOp, "a tensor may not be named '__metadata__' (reserved for metadata)");
     order.push_back(&e);
@@ -318,27 +445,65 @@ void write_safetensors(Sink& sink, const TensorDict& tensors, const Metadata& me
     if (a->dtype != b->dtype) return a->dtype > b->dtype;
     return a->name < b->name;
   });
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header["__metadata__"] = m;
-  }
+  // The header is written by hand, appending only: a JSON library's ordered object looks keys up
+  // linearly, which made saving 40k tensors take seconds.
   std::vector<Tensor> data;
+  data.reserve(order.size());
+  std::string entries, crcs = "{";
   uint64_t offset = 0;
   for (const TensorEntry* e : order) {
     Tensor c = contiguous_cpu(e->tensor);
     const uint64_t n = c.nbytes();
-    header[e->name] = {{"dtype", file_dtype_name(e->dtype)}, {"shape", e->shape}, {"data_offsets", {offset, offset + n}}};
+    entries += ',';
+    append_json_string(entries, e->name, "tensor name");
+    entries += ":{\"dtype\":\"";
+    entries += file_dtype_name(e->dtype);
+    entries += "\",\"shape\":[";
+    for (size_t d = 0; d < e->shape.size(); ++d) {
+      if (d != 0) entries += ',';
+      entries += std::to_string(e->shape[d]);
+    }
+    entries += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + n) + "]}";
+    if (checksums) {
+      char hex[16];
+      std::snprintf(hex, sizeof(hex), "%08x", crc32(c.data_ptr(), n));
+      if (crcs.size() > 1) crcs += ',';
+      append_json_string(crcs, e->name, "tensor name");
+      crcs += ":\"";
+      crcs += hex;
+      crcs += '"';
+    }
     offset += n;
     data.push_back(std::move(c));
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {
-    KILN_FAIL(kOp, "cannot write the header (tensor names and metadata must be valid UTF-8): ", e.what());
+  crcs += '}';
+  // Metadata keys in sorted order (the checksums among them), as the reference writes a map.
+  std::string text = "{";
+  if (!metadata.empty() || checksums) {
+    text += "\"__metadata__\":{";
+    bool first = true, crc_done = !checksums;
+    auto put = [&](const std::string& k, const std::string& v) {
+      if (!first) text += ',';
+      first = false;
+      append_json_string(text, k, "metadata key");
+      text += ':';
+      append_json_string(text, v, ("metadata value of '" + escaped(k) + "':").c_str());
+    };
+    for (const auto& [k, v] : metadata) {
+      if (!crc_done && k > kChecksumKey) {
+        put(kChecksumKey, crcs);
+        crc_done = true;
+      }
+      put(k, v);
+    }
+    if (!crc_done) put(kChecksumKey, crcs);
+    text += '}';
   }
+  if (!entries.empty() && text.size() == 1) entries.erase(0, 1);  // no leading comma without metadata
+  text += entries;
+  text += '}';
+  KILN_CHECK(text.size() <= kMaxHeader, kOp, "the header of ", order.size(), " tensors takes ", text.size(),
+             " bytes, more than the format's 100 MB limit");
   text.append((8 - text.size() % 8) % 8, ' ');
   std::vector<uint8_t> len;
   put_le(len, text.size(), 8);

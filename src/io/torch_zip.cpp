@@ -7,6 +7,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "core/size_check.h"
 #include "core/tensor_impl.h"
 #include "io/file_util.h"
 #include "io/pickle.h"
@@ -20,6 +21,7 @@ constexpr uint64_t kU32Max = 0xFFFFFFFFu;
 struct Record {
   uint64_t offset = 0;  // of the data
   uint64_t size = 0;
+  uint32_t crc = 0;     // the central directory's CRC-32 of the data
 };
 
 // The records of a stored zip: name -> data range. Everything is bounds-checked.
@@ -59,6 +61,7 @@ std::map<std::string, Record> read_zip(const Source& src) {
     KILN_CHECK(p + 46 <= cd.size() && le32(&cd[p]) == 0x02014b50u, kOp, "zip: bad central directory entry ", k);
     const uint8_t* c = &cd[p];
     const uint16_t flags = le16(c + 8), method = le16(c + 10);
+    const uint32_t crc = le32(c + 16);
     uint64_t csize = le32(c + 20), usize = le32(c + 24), local = le32(c + 42);
     const size_t name_len = le16(c + 28), extra_len = le16(c + 30), comment_len = le16(c + 32);
     KILN_CHECK(p + 46 + name_len + extra_len + comment_len <= cd.size(), kOp, "zip: central directory entry ", k,
@@ -95,7 +98,7 @@ std::map<std::string, Record> read_zip(const Source& src) {
                    std::vector<uint8_t>(name.begin(), name.end()),
                kOp, "zip: local header name differs from the central directory for '", name, "'");
     KILN_CHECK(data <= n && usize <= n - data, kOp, "zip: record '", name, "' runs past the end of the file");
-    KILN_CHECK(out.emplace(name, Record{data, usize}).second, kOp, "zip: duplicate record '", name, "'");
+    KILN_CHECK(out.emplace(name, Record{data, usize, crc}).second, kOp, "zip: duplicate record '", name, "'");
     p += 46 + name_len + extra_len + comment_len;
   }
   return out;
@@ -103,14 +106,20 @@ std::map<std::string, Record> read_zip(const Source& src) {
 
 // Flattens the unpickled object: nested dicts/lists join names with '.', tensors become
 // entries, primitive leaves become metadata.
+// A value reached through several paths (the pickle memo shares it) is flattened once per path, as
+// torch's names for tied weights need; the walk is bounded by a budget proportional to the
+// pickle's size, so a chain of lists each holding the next twice cannot make it exponential.
 class Flattener {
  public:
-  Flattener(const PickleResult& r) : r_(r) {}
+  explicit Flattener(const PickleResult& r) : r_(r), budget_(4 * r.values.size() + 100'000) {}
   std::vector<std::pair<std::string, uint32_t>> tensors;
   Metadata metadata;
 
   void walk(uint32_t id, const std::string& name, int depth) {
     KILN_CHECK(depth <= 64, kOp, "pickle: object nests deeper than 64 levels");
+    KILN_CHECK(++visits_ <= budget_, kOp, "pickle: flattening the object visits more than ", budget_,
+               " entries for ", r_.values.size(), " pickled values: containers are shared through the memo "
+               "so often that the tree they unfold to is far larger than the file");
     const PyValue& v = r_.values[id];
     auto child = [&](const std::string& k) { return name.empty() ? k : name + "." + k; };
     switch (v.kind) {
@@ -143,6 +152,8 @@ class Flattener {
  private:
   const PickleResult& r_;
   std::set<uint32_t> on_path_;
+  size_t budget_;
+  size_t visits_ = 0;
 };
 
 Tensor view_of(const std::shared_ptr<Storage>& storage, DType dtype, Shape sizes, Shape strides, int64_t offset) {
@@ -160,41 +171,153 @@ void byteswap(uint8_t* p, size_t nbytes, size_t es) {
   for (size_t i = 0; i + es <= nbytes; i += es) std::reverse(p + i, p + i + es);
 }
 
-}  // namespace
+// The archive read up to the tensors: records, the unpickled object and its flattening.
+struct TorchFile {
+  std::map<std::string, Record> recs;
+  std::string prefix;  // the archive folder, "archive/"
+  bool big_endian = false;
+  PickleResult pickle;
+  std::vector<std::pair<std::string, uint32_t>> tensors;  // name -> tensor value
+  Metadata metadata;
+};
 
-Checkpoint load_torch_zip(const Source& src, const LoadOptions& options) {
-  const std::map<std::string, Record> recs = read_zip(src);
-  std::string prefix;
-  for (const auto& [name, r] : recs) {
+TorchFile read_torch(const Source& src) {
+  TorchFile f;
+  f.recs = read_zip(src);
+  for (const auto& [name, r] : f.recs) {
     const size_t slash = name.find('/');
     KILN_CHECK(slash != std::string::npos && slash > 0, kOp, "zip: record '", name, "' is not inside an archive folder");
-    if (prefix.empty()) prefix = name.substr(0, slash + 1);
-    KILN_CHECK(name.compare(0, prefix.size(), prefix) == 0, kOp, "zip: records lie in more than one folder ('",
-               prefix, "' and '", name, "')");
+    if (f.prefix.empty()) f.prefix = name.substr(0, slash + 1);
+    KILN_CHECK(name.compare(0, f.prefix.size(), f.prefix) == 0, kOp, "zip: records lie in more than one folder ('",
+               f.prefix, "' and '", name, "')");
   }
-  auto pkl = recs.find(prefix + "data.pkl");
-  KILN_CHECK(pkl != recs.end(), kOp, "zip: no data.pkl record");
-  bool big_endian = false;
-  if (auto bo = recs.find(prefix + "byteorder"); bo != recs.end()) {
+  auto pkl = f.recs.find(f.prefix + "data.pkl");
+  KILN_CHECK(pkl != f.recs.end(), kOp, "zip: no data.pkl record");
+  if (auto bo = f.recs.find(f.prefix + "byteorder"); bo != f.recs.end()) {
+    KILN_CHECK(bo->second.size <= 16, kOp, "byteorder record must be 'little' or 'big' (", bo->second.size, " bytes)");
     const std::vector<uint8_t> b = src.read_vec(bo->second.size, bo->second.offset, kOp);
     const std::string s(b.begin(), b.end());
     KILN_CHECK(s == "little" || s == "big", kOp, "byteorder record must be 'little' or 'big', found '", s, "'");
-    big_endian = s == "big";
+    f.big_endian = s == "big";
   }
   const std::vector<uint8_t> pickle = src.read_vec(pkl->second.size, pkl->second.offset, kOp);
-  const PickleResult pr = unpickle(pickle.data(), pickle.size());
-  Flattener fl(pr);
-  fl.walk(pr.root, "", 0);
+  f.pickle = unpickle(pickle.data(), pickle.size());
+  Flattener fl(f.pickle);
+  fl.walk(f.pickle.root, "", 0);
+  f.tensors = std::move(fl.tensors);
+  f.metadata = std::move(fl.metadata);
+  return f;
+}
 
+bool row_major(const Shape& size, const Shape& stride) {
+  int64_t expect = 1;
+  for (size_t d = size.size(); d-- > 0;) {
+    if (size[d] == 1) continue;
+    if (stride[d] != expect) return false;
+    expect *= size[d];
+  }
+  return true;
+}
+
+// One tensor of the archive with its geometry checked against its storage record: every reachable
+// element inside the storage, numel x element size representable. Nothing is read.
+struct TorchTensor {
+  const PyValue* value = nullptr;
+  const PyValue* storage = nullptr;
+  const Record* rec = nullptr;
+  FileDType dtype = FileDType::F32;
+  size_t es = 1;            // bytes per element of `dtype`
+  int64_t base_numel = 0;   // the storage's elements of `dtype`
+  int64_t numel = 0;
+  TensorInfo info;
+};
+
+TorchTensor check_tensor(const TorchFile& f, const std::string& name, uint32_t id) {
+  TorchTensor r;
+  const PyValue& t = f.pickle.values[id];
+  const PyValue& st = f.pickle.values[t.storage];
+  r.value = &t;
+  r.storage = &st;
+  r.dtype = *t.dtype;
+  r.es = static_cast<size_t>(file_dtype_bits(r.dtype) / 8);
+  const size_t st_es = st.untyped ? 1 : static_cast<size_t>(file_dtype_bits(*st.dtype) / 8);
+  auto rec = f.recs.find(f.prefix + "data/" + st.s);
+  KILN_CHECK(rec != f.recs.end(), kOp, "zip: storage record 'data/", st.s, "' is missing");
+  r.rec = &rec->second;
+  const uint64_t want_bytes = checked_nbytes({st.i}, st_es * 8, st.untyped ? "U8" : file_dtype_name(*st.dtype), kOp,
+                                             "storage 'data/" + st.s + "': ");
+  KILN_CHECK(want_bytes == r.rec->size, kOp, "storage 'data/", st.s, "': record size ", r.rec->size,
+             " differs from numel x element size = ", want_bytes);
+  const uint64_t nbytes = r.rec->size;
+  KILN_CHECK(nbytes % r.es == 0, kOp, "storage 'data/", st.s, "' (", nbytes, " bytes) is not a whole number of ",
+             file_dtype_name(r.dtype), " elements");
+  r.base_numel = static_cast<int64_t>(nbytes / r.es);
+  // Geometry: non-negative, and every reachable element inside the storage.
+  KILN_CHECK(t.offset >= 0, kOp, "tensor '", name, "': negative storage offset");
+  u128 last = static_cast<uint64_t>(t.offset);
+  for (size_t d = 0; d < t.size.size(); ++d) {
+    KILN_CHECK(t.size[d] >= 0 && t.stride[d] >= 0, kOp, "tensor '", name, "': negative size or stride");
+    if (t.size[d] > 0) last += static_cast<u128>(t.size[d] - 1) * static_cast<uint64_t>(t.stride[d]);
+    KILN_CHECK(last <= static_cast<u128>(INT64_MAX), kOp, "tensor '", name, "': size overflows (stride ",
+               shape_str(t.stride), ")");
+  }
+  const uint64_t logical = checked_nbytes(t.size, r.es * 8, file_dtype_name(r.dtype), kOp, "tensor '" + name + "': ");
+  r.numel = static_cast<int64_t>(logical / r.es);
+  KILN_CHECK(r.numel == 0 || last < static_cast<u128>(r.base_numel), kOp, "tensor '", name, "' (size ",
+             shape_str(t.size), ", stride ", shape_str(t.stride), ", offset ", t.offset,
+             ") reaches past the end of its storage of ", r.base_numel, " elements");
+  TensorInfo& ti = r.info;
+  ti.name = name;
+  ti.dtype = r.dtype;
+  ti.shape = t.size;
+  ti.stride = t.stride;
+  ti.storage_offset = t.offset;
+  ti.storage = "data/" + st.s;
+  ti.nbytes = logical;
+  ti.span_offset = r.rec->offset + static_cast<uint64_t>(t.offset) * r.es;
+  ti.span_bytes = r.numel == 0 ? 0 : (static_cast<uint64_t>(last) - static_cast<uint64_t>(t.offset) + 1) * r.es;
+  ti.dense = ti.span_bytes == ti.nbytes && row_major(t.size, t.stride);
+  if (ti.span_offset == r.rec->offset && ti.span_bytes == r.rec->size) ti.stored_crc32 = r.rec->crc;
+  return r;
+}
+
+void check_record_crc(const Record& rec, const std::string& key, const void* bytes) {
+  const uint32_t got = crc32(bytes, rec.size);
+  if (got == rec.crc) return;
+  char g[16], w[16];
+  std::snprintf(g, sizeof(g), "%08x", got);
+  std::snprintf(w, sizeof(w), "%08x", rec.crc);
+  KILN_FAIL(kOp, "storage record '", key, "' fails its checksum: its bytes have CRC-32 ", g,
+            " but the zip directory says ", w, " (the data changed after the file was written)");
+}
+
+}  // namespace
+
+CheckpointInfo torch_zip_info(const Source& src, bool checksums) {
+  const TorchFile f = read_torch(src);
+  CheckpointInfo info;
+  info.format = Format::TorchZip;
+  info.file_size = src.size();
+  info.metadata = f.metadata;
+  for (const auto& [name, id] : f.tensors) {
+    TensorInfo ti = check_tensor(f, name, id).info;
+    if (checksums) ti.crc32 = src.crc32_range(ti.span_offset, ti.span_bytes, kOp);
+    info.tensors.push_back(std::move(ti));
+  }
+  return info;
+}
+
+Checkpoint load_torch_zip(const Source& src, const LoadOptions& options) {
+  const TorchFile f = read_torch(src);
   Checkpoint ck;
   ck.format = Format::TorchZip;
-  ck.metadata = std::move(fl.metadata);
+  ck.metadata = f.metadata;
   std::vector<std::pair<std::string, uint32_t>> chosen;
   if (options.names.empty()) {
-    chosen = fl.tensors;
+    chosen = f.tensors;
   } else {
     std::set<std::string> want(options.names.begin(), options.names.end());
-    for (const auto& t : fl.tensors)
+    for (const auto& t : f.tensors)
       if (want.erase(t.first)) chosen.push_back(t);
     KILN_CHECK(want.empty(), kOp, "tensor '", *want.begin(), "' not found in ", src.path());
   }
@@ -204,47 +327,28 @@ Checkpoint load_torch_zip(const Source& src, const LoadOptions& options) {
   };
   std::unordered_map<uint32_t, Loaded> storages;
   for (const auto& [name, id] : chosen) {
-    const PyValue& t = pr.values[id];
-    const PyValue& st = pr.values[t.storage];
-    const FileDType fd = *t.dtype;
-    const size_t es = static_cast<size_t>(file_dtype_bits(fd) / 8);
-    const size_t st_es = st.untyped ? 1 : static_cast<size_t>(file_dtype_bits(*st.dtype) / 8);
-    auto rec = recs.find(prefix + "data/" + st.s);
-    KILN_CHECK(rec != recs.end(), kOp, "zip: storage record 'data/", st.s, "' is missing");
-    const u128 want_bytes = static_cast<u128>(st.i) * st_es;
-    KILN_CHECK(want_bytes == rec->second.size, kOp, "storage 'data/", st.s, "': record size ", rec->second.size,
-               " differs from numel x element size = ", static_cast<uint64_t>(want_bytes));
-    const uint64_t nbytes = rec->second.size;
-    KILN_CHECK(nbytes % es == 0, kOp, "storage 'data/", st.s, "' (", nbytes, " bytes) is not a whole number of ",
-               file_dtype_name(fd), " elements");
-    const int64_t base_numel = static_cast<int64_t>(nbytes / es);
-    // Geometry: non-negative, and every reachable element inside the storage.
-    KILN_CHECK(t.offset >= 0, kOp, "tensor '", name, "': negative storage offset");
-    u128 last = static_cast<uint64_t>(t.offset), numel = 1;
-    for (size_t d = 0; d < t.size.size(); ++d) {
-      KILN_CHECK(t.size[d] >= 0 && t.stride[d] >= 0, kOp, "tensor '", name, "': negative size or stride");
-      numel *= static_cast<uint64_t>(t.size[d]);
-      if (t.size[d] > 0) last += static_cast<u128>(t.size[d] - 1) * static_cast<uint64_t>(t.stride[d]);
-      KILN_CHECK(numel <= (u128)INT64_MAX && last <= (u128)INT64_MAX, kOp, "tensor '",
-                 name, "': size overflows");
-    }
-    KILN_CHECK(numel == 0 || last < static_cast<u128>(base_numel), kOp, "tensor '", name, "' (size ",
-               shape_str(t.size), ", stride ", shape_str(t.stride), ", offset ", t.offset,
-               ") reaches past the end of its storage of ", base_numel, " elements");
-
+    const TorchTensor tt = check_tensor(f, name, id);
+    const PyValue& t = *tt.value;
+    const PyValue& st = *tt.storage;
+    const FileDType fd = tt.dtype;
+    const size_t es = tt.es;
+    const uint64_t nbytes = tt.rec->size;
+    const int64_t base_numel = tt.base_numel;
     const auto kd = to_kiln_dtype(fd);
     auto it = storages.find(t.storage);
     if (it == storages.end()) {
-      const uint64_t off = rec->second.offset;
+      const uint64_t off = tt.rec->offset;
       const DType read_dtype = kd ? *kd : kUInt8;
       const int64_t read_numel = kd ? base_numel : static_cast<int64_t>(nbytes);
       Tensor bytes;
-      if (big_endian) {
+      if (f.big_endian) {
         bytes = empty({read_numel}, read_dtype);
         src.read(bytes.data_ptr(), nbytes, off, kOp);
+        if (options.verify_checksums) check_record_crc(*tt.rec, "data/" + st.s, bytes.data_ptr());
         byteswap(static_cast<uint8_t*>(bytes.data_ptr()), nbytes, es);
       } else {
         bytes = read_tensor(src, off, {read_numel}, read_dtype, kOp);
+        if (options.verify_checksums && !src.zero_copy()) check_record_crc(*tt.rec, "data/" + st.s, bytes.data_ptr());
       }
       Loaded l{bytes, bytes};
       if (!options.device.is_cpu() && kd) l.device = bytes.to(options.device);
@@ -262,9 +366,9 @@ Checkpoint load_torch_zip(const Source& src, const LoadOptions& options) {
     }
     // Raw dtypes: the view's bytes, gathered contiguously (a zero-copy slice when contiguous).
     // A view with more elements than its storage (zero strides) would be expanded here: refused.
-    KILN_CHECK(numel <= static_cast<u128>(base_numel), kOp, "tensor '", name, "': a ", file_dtype_name(fd),
+    KILN_CHECK(tt.numel <= base_numel, kOp, "tensor '", name, "': a ", file_dtype_name(fd),
                " view with more elements than its storage (zero or overlapping strides) cannot be loaded as raw bytes");
-    const int64_t n = static_cast<int64_t>(numel);
+    const int64_t n = tt.numel;
     const bool contig = t.size.empty() || t.stride == contiguous_strides(t.size) || n <= 1;
     if (contig) {
       out = view_of(l.cpu.storage(), kUInt8, {n * static_cast<int64_t>(es)}, {1}, t.offset * static_cast<int64_t>(es));

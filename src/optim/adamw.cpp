@@ -16,7 +16,7 @@ namespace {
 DType state_dtype(DType param) { return is_low_precision(param) ? kFloat32 : param; }
 
 void check_options(const AdamWOptions& o) {
-  KILN_CHECK(o.lr >= 0, "AdamW", "invalid learning rate ", o.lr);
+  KILN_CHECK(o.lr >= 0, "AdamW", "learning rate must be >= 0, got ", o.lr);
   KILN_CHECK(o.eps >= 0, "AdamW", "invalid eps ", o.eps);
   KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1, "AdamW", "invalid beta1 ", o.beta1);
   KILN_CHECK(o.beta2 >= 0 && o.beta2 < 1, "AdamW", "invalid beta2 ", o.beta2);
@@ -90,7 +90,7 @@ void AdamW::zero_grad(bool set_to_none) {
 }
 
 void AdamW::set_lr(double lr) {
-  KILN_CHECK(lr >= 0, "AdamW", "invalid learning rate ", lr);
+  KILN_CHECK(lr >= 0, "AdamW", "learning rate must be >= 0, got ", lr);
   for (ParamGroup& g : groups_) g.options.lr = lr;
 }
 
@@ -134,6 +134,8 @@ void AdamW::load_state(const std::vector<AdamWState>& state) {
 double warmup_cosine_lr(int64_t step, int64_t warmup_steps, int64_t total_steps, double max_lr, double min_lr) {
   KILN_CHECK(warmup_steps >= 0 && total_steps >= warmup_steps, "warmup_cosine_lr",
              "need 0 <= warmup_steps <= total_steps, got ", warmup_steps, " and ", total_steps);
+  // A negative step would give a negative rate during warm-up (and AdamW would blame the rate).
+  KILN_CHECK(step >= 0, "warmup_cosine_lr", "step must be >= 0, got ", step);
   if (step < warmup_steps) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
   if (step >= total_steps || total_steps == warmup_steps) return min_lr;
   const double progress = static_cast<double>(step - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
