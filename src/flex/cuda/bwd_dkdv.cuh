@@ -3,6 +3,8 @@
 // Per (b, kv head, 64-row kv tile): dV = sum P^T dO, dK = scale * sum dS^T Q over the group's q heads
 // (fixed order) and their transposed q lists; captured-tensor gradients go to per-warp double slots,
 // lanes taking turns (fixed order); then flex_capgrad_reduce sums the slots in order. No atomics.
+// 64 x 64 tiles, transposed (q along the columns): dK and dV, S and dP of a tile are 192 fp32
+// registers a thread at E = 128 (ptxas: 250 in all), so a larger tile would not fit 255.
 
 // A thread's two q columns n * 8 + 2t and + 1 of a rows buffer (lse2 or delta) in one 8-byte LDS:
 // the buffers start 8-byte aligned, and ptxas cannot see that to pair the loads itself.

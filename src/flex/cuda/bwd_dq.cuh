@@ -2,6 +2,7 @@
 // The backward's dQ kernel: dQ's tile helpers (P / dS, keep bits, split P) and flex_bwd_dq, per
 // (b, q head, q tile): dQ = scale * sum dS K over its kv list. Reads Q, dO, lse2, delta and K / V tiles;
 // writes dQ in T. Deterministic: one CTA owns a tile's rows, no atomics.
+// 64 x 64 tiles (TILE_M x TILE_N): dQ's fp32 accumulators and a tile's S and dP fit the registers.
 
 // dQ's tile: s (raw scores) becomes dS, from dp, row by row (rows[r], columns c0..).
 template <bool kInterior>

@@ -3,6 +3,7 @@
 // per (b, q head, q tile) an online softmax over the tile's kv list; reads Q once and K / V tiles by
 // TMA (wgmma) or cp.async (mma.sync), the next tile's load issued as soon as its buffer is free;
 // writes out in T and lse. Never materialises the scores beyond one tile in registers.
+// The tile (FWD_TILE_M x FWD_TILE_N) is kernel_config.cpp's rule, its measurements beside it.
 
 #if KILN_BUILD_FWD
 #if !FWD_PERSIST  // else flex_fwd is the persistent kernel of persist.cuh

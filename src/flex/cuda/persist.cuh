@@ -209,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FWD_CONSUMER_REGS));
 
   // The unit being accumulated and what its tiles need.
-  i64 bh = 0, b = 0, h = 0, r0 = 0, row_base = 0, mrow = 0;
+  i64 bh = 0, b = 0, h = 0, r0 = 0, row_base = 0;
   bool rows_in = false;
   int storing = -1;  // the stage whose V buffer holds an output store thread 0 has not yet seen read
   i64 stored = blockIdx.x;  // this CTA's first unit not yet written (units without tiles are skipped)
@@ -233,7 +233,6 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
       b = bh / P.Hq;
       h = bh % P.Hq;
       row_base = r0 + warp * 16 * FWD_MT + g;
-      mrow = fwd_unit_mrow(P, bh, r0);
       rows_in = r0 + FWD_TILE_M <= P.L;
 #pragma unroll
       for (int mt = 0; mt < FWD_MT; ++mt) {
