@@ -83,7 +83,21 @@ TuningGuard::~TuningGuard() { set_tuning(saved_); }
 
 namespace detail {
 
+namespace {
+std::mutex g_cache_dir_mutex;
+std::string g_cache_dir_override;  // guarded by g_cache_dir_mutex
+}  // namespace
+
+void set_cache_dir_override(std::string dir) {
+  std::lock_guard<std::mutex> lock(g_cache_dir_mutex);
+  g_cache_dir_override = std::move(dir);
+}
+
 std::string cache_dir() {
+  {
+    std::lock_guard<std::mutex> lock(g_cache_dir_mutex);
+    if (!g_cache_dir_override.empty()) return g_cache_dir_override;
+  }
   if (const char* d = env("KILN_CACHE_DIR")) return d;
   if (const char* x = env("XDG_CACHE_HOME")) return std::string(x) + "/kiln";
   if (const char* home = env("HOME")) return std::string(home) + "/.cache/kiln";

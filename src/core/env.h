@@ -9,8 +9,12 @@
 namespace kiln::detail {
 
 // The folder of kiln's disk caches (compiled kernels): $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
-// else $HOME/.cache/kiln; empty when none is set.
+// else $HOME/.cache/kiln; empty when none is set. set_cache_dir_override's folder replaces them.
 std::string cache_dir();
+
+// Points cache_dir() at `dir` for this process (tests give the kernel cache a scratch folder); ""
+// returns it to the environment's.
+void set_cache_dir_override(std::string dir);
 
 // Where this process sits in a multi-process job, from the launcher's variables: torchrun's (and
 // `kiln run`'s) RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT, else

@@ -22,6 +22,8 @@
 #include "support/testing.h"
 
 #ifdef KILN_WITH_CUDA
+#include "core/embedded.h"
+#include "core/env.h"
 #include "flex/cuda/codegen.h"
 #include "flex/cuda/kernel_config.h"
 #include "flex/cuda/nvrtc.h"
@@ -36,17 +38,20 @@ using kiln::testing::rel_error;
 
 const Device kGpu(DeviceType::CUDA, 0);
 
-// A fresh cache directory for one test (removed at the end). The cache's location is the process
-// environment's (KILN_CACHE_DIR, as XDG_CACHE_HOME), not a tuning value.
+// A fresh cache directory for one test (removed at the end), in place of the environment's
+// (KILN_CACHE_DIR, as XDG_CACHE_HOME) for this process.
 struct TempCacheDir {
   std::string path = (std::filesystem::temp_directory_path() /
                       ("kiln_flex_cache_" + std::to_string(getpid()) + "_" + std::to_string(std::rand())))
                          .string();
-  kiln::testing::ScopedEnv env{"KILN_CACHE_DIR", path.c_str()};
+  TempCacheDir() { kiln::detail::set_cache_dir_override(path); }
   ~TempCacheDir() {
+    kiln::detail::set_cache_dir_override("");
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
   }
+  TempCacheDir(const TempCacheDir&) = delete;
+  TempCacheDir& operator=(const TempCacheDir&) = delete;
 };
 
 const std::string kFwdOnly = "#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n";
@@ -284,7 +289,8 @@ TEST(FlexCudaCodegen, ConstantDivisorsMultiplyAndTanhIsApprox) {
     EXPECT_NE(s.find(" / v"), std::string::npos) << s;
     EXPECT_EQ(s.find(" * __uint_as_float"), std::string::npos) << s;
   }
-  EXPECT_NE(std::string(cuda::params_struct_source()).find("tanh.approx.f32"), std::string::npos);
+  const std::string common(kiln::detail::embedded_source("flex/cuda/device_common.cuh"));
+  EXPECT_NE(common.find("tanh.approx.f32"), std::string::npos);
 }
 
 // Int locals are `int` where the interval analysis proves them within 32 bits (q, kv < 2^22;
@@ -331,10 +337,10 @@ TEST(FlexCudaCodegen, IntLocalsNarrowUnderTheBounds) {
 }
 
 // kiln_i2f (the conversion of ints within +-2^22 under fast_mods) is exact over its whole range:
-// its formula, taken from the generated prelude, evaluated with the host's IEEE float add.
+// its formula, taken from device_common.cuh, evaluated with the host's IEEE float add.
 TEST(FlexCudaCodegen, MagicIntToFloatIsExact) {
   const std::string formula = "__int_as_float(0x4B400000 + x) - 12582912.0f";
-  ASSERT_NE(std::string(cuda::params_struct_source()).find(formula), std::string::npos);
+  ASSERT_NE(std::string(kiln::detail::embedded_source("flex/cuda/device_common.cuh")).find(formula), std::string::npos);
   int64_t wrong = 0;
   for (int32_t x = -(1 << 22); x <= (1 << 22); ++x) {
     const uint32_t bits = 0x4B400000u + static_cast<uint32_t>(x);

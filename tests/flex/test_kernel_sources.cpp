@@ -23,10 +23,10 @@ namespace {
 #define KILN_FLEX_PARAMS_FIELDS(X)                                                                                   \
   X(q) X(k) X(v) X(out) X(lse) X(dout) X(dlse) X(delta) X(lse2) X(dq) X(dk) X(dv) X(kv_num) X(kv_idx) X(fkv_num)   \
   X(fkv_idx) X(q_num) X(q_idx) X(fq_num) X(fq_idx) X(kv_all_num) X(kv_all_idx) X(q_all_num) X(q_all_idx) X(err)    \
-  X(slots) X(capgrad) X(prof) X(mbits) X(B) X(Hq) X(Hkv) X(L) X(S) X(G) X(QB) X(KB) X(nQB) X(nKVB) X(mB) X(mH)       \
+  X(slots) X(capgrad) X(mbits) X(B) X(Hq) X(Hkv) X(L) X(S) X(G) X(QB) X(KB) X(nQB) X(nKVB) X(mB) X(mH)       \
   X(kv_m) X(fkv_m) X(q_m) X(fq_m) X(all_full) X(q_tiles) X(kv_tiles) X(units) X(nslots) X(grad_numel) X(kv_all_m)   \
   X(q_all_m) X(scale) X(scale_f) X(scale_log2e) X(sptr) X(ssize) X(sstride) X(sgoff) X(mptr) X(msize) X(mstride)    \
-  X(qmap) X(kmap) X(vmap) X(domap) X(omap) X(dqmap) X(dqacc) X(dqsem)
+  X(qmap) X(kmap) X(vmap) X(domap) X(omap)
 
 TEST(FlexKernelSources, ParamsHeaderMatchesTheHostLayout) {
   std::string src = "#include \"flex/cuda/flex_params.cuh\"\n";

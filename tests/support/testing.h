@@ -12,26 +12,6 @@
 
 namespace kiln::testing {
 
-// Sets an environment variable for a scope (restores or removes it afterwards): the measurement
-// switches that are read per call.
-struct ScopedEnv {
-  std::string name, old;
-  bool had = false;
-  ScopedEnv(const char* n, const char* value) : name(n) {
-    if (const char* o = std::getenv(n)) {
-      old = o;
-      had = true;
-    }
-    setenv(n, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had) setenv(name.c_str(), old.c_str(), 1);
-    else unsetenv(name.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-};
-
 // The command-line arguments after GoogleTest's own flags (tests/support/test_main.cpp), e.g. the
 // paths a re-executed test binary is given: `test_train --gtest_filter=TrainChild.Run RUN DATA`.
 const std::vector<std::string>& program_args();

@@ -312,10 +312,9 @@ std::string mask_range_functions(const detail::Program& mask, bool fast_mods) {
 
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask, bool fast_mods) {
   std::ostringstream os;
-  os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
   os << "#define KILN_INDEX_CHECK 1\n";
-  os << params_struct_source();
+  os << "#include \"flex/cuda/device_common.cuh\"\n";
   os << generate_mod_functions(score, mask, fast_mods);
   os << "extern \"C\" __global__ void flex_mod_check(const FlexParams P, float* out, double* slot) {\n"
         "  const long long q = threadIdx.x, kv = blockIdx.x;\n"
@@ -324,54 +323,6 @@ std::string generate_mod_check_source(const detail::Program* score, const detail
         "}\n";
   return os.str();
 }
-
-namespace {
-
-// "{%first, ..., %(first+count-1)}" for an asm operand list.
-std::string operand_list(int first, int count) {
-  std::string s = "{";
-  for (int i = 0; i < count; ++i) s += (i ? ", %" : "%") + std::to_string(first + i);
-  return s + "}";
-}
-
-// "+f"(d[0][0]), ... for count / 4 fragments of four accumulators.
-std::string accumulator_operands(int count) {
-  std::string s;
-  for (int i = 0; i < count; ++i)
-    s += (i ? ", " : "") + std::string("\"+f\"(d[") + std::to_string(i / 4) + "][" + std::to_string(i % 4) + "])";
-  return s;
-}
-
-// The wgmma (sm_90a) calls, written out because each names every accumulator register:
-// wgmma_ss_n<N>: d[64 x N] (=|+=) A (smem desc, K-major) * B (smem desc, K-major), N = 64, 128;
-// wgmma_ss_tt_n64: d[64 x 64] (=|+=) A (smem desc, M-major) * B (smem desc, N-major) (the fused
-// backward's dQ part: its dS^T tile times K);
-// wgmma_rs_n<HEAD_DIM>: d[64 x HEAD_DIM] += A (registers) * B (smem desc, N-major, i.e. transposed).
-std::string wgmma_wrappers(const KernelConfig& cfg) {
-  std::ostringstream os;
-  os << "#define WG_T \"" << (cfg.bf16 ? "bf16" : "f16") << "\"\n";
-  const auto smem_operands = [&](const std::string& name, int n, const char* transposes) {
-    const int acc = n / 2;  // accumulators a thread
-    os << "__device__ __forceinline__ void " << name << "(float (*d)[4], u64 a, u64 b, int accumulate) {\n"
-       << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << acc + 2 << ", 0;\\n\"\n"
-       << "    \"wgmma.mma_async.sync.aligned.m64n" << n << "k16.f32.\" WG_T \".\" WG_T \" " << operand_list(0, acc)
-       << ", %" << acc << ", %" << acc + 1 << ", p, 1, 1, " << transposes << ";\\n}\\n\"\n"
-       << "    : " << accumulator_operands(acc) << "\n    : \"l\"(a), \"l\"(b), \"r\"(accumulate));\n}\n";
-  };
-  for (int n : {64, 128}) smem_operands("wgmma_ss_n" + std::to_string(n), n, "0, 0");
-  smem_operands("wgmma_ss_tt_n64", 64, "1, 1");
-  const int acc = cfg.head_dim / 2;
-  os << "__device__ __forceinline__ void wgmma_rs_n" << cfg.head_dim << "(float (*d)[4], const u32* a, u64 b) {\n"
-     << "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %" << acc + 5 << ", 0;\\n\"\n"
-     << "    \"wgmma.mma_async.sync.aligned.m64n" << cfg.head_dim << "k16.f32.\" WG_T \".\" WG_T \" "
-     << operand_list(0, acc) << ", " << operand_list(acc, 4) << ", %" << acc + 4 << ", p, 1, 1, 1;\\n}\\n\"\n"
-     << "    : " << accumulator_operands(acc)
-     << "\n    : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(1));\n}\n";
-  os << "#define wgmma_rs wgmma_rs_n" << cfg.head_dim << "\n";
-  return os.str();
-}
-
-}  // namespace
 
 std::string generate_source(const detail::Program* score, const detail::Program* mask, const KernelConfig& cfg) {
   KILN_CHECK(cfg.head_dim == 64 || cfg.head_dim == 128, "flex_attention", "CUDA head dim must be 64 or 128, got ",
@@ -413,16 +364,14 @@ std::string generate_source(const detail::Program* score, const detail::Program*
   os << "#define HAS_MASK " << (mask ? 1 : 0) << "\n";
   os << "#define HAS_CAP_GRAD " << (score && score->any_grad ? 1 : 0) << "\n";
   os << "#define SCORE_GRAD_ONE " << (score && detail::score_grad_is_one(*score) ? 1 : 0) << "\n";
-  os << "#define KILN_MAX_BUFFERS " << kMaxBuffers << "\n";
   os << "#define KILN_PARAMS_SIZE " << sizeof(FlexParams) << "\n";
-  os << params_struct_source();
+  os << "#include \"flex/cuda/device_common.cuh\"\n";
   os << generate_mod_functions(score, mask, cfg.fast_mods);
   if (cfg.mask_ranges && mask && !cfg.mask_bits) {
     const std::string ranges = mask_range_functions(*mask, cfg.fast_mods);
     if (!ranges.empty()) os << "#define MASK_RANGES 1\n" << ranges;
   }
-  if (cfg.wgmma) os << wgmma_wrappers(cfg);
-  os << kernel_template();
+  os << "#include \"flex/cuda/kernels.cuh\"\n";
   return os.str();
 }
 

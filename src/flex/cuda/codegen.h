@@ -1,59 +1,23 @@
 #pragma once
 // CUDA source generation for FlexAttention: the score_mod / mask_mod programs become device
-// functions (mask_mod, score_mod, score_grad) pasted in front of the kernel templates. The source
+// functions (mask_mod, score_mod, score_grad) between the embedded headers device_common.cuh and
+// kernels.cuh, which the source #includes (NVRTC resolves them from the library, nvrtc.cpp). The source
 // depends only on the IR, the dtype, the head dim and the tile configuration: lengths, captured
 // tensor shapes and pointers are run-time kernel arguments (FlexParams), so a new sequence length
 // never recompiles. No CUDA headers here (plain C++ callers and the CPU-side NVRTC test use it).
 #include <cstdint>
 #include <string>
 
+#include "flex/cuda/flex_params.cuh"  // FlexParams, kMaxBuffers
 #include "flex/ir.h"
 
 namespace kiln::flex::cuda {
 
-constexpr int kMaxBuffers = 8;  // captured tensors per mod on CUDA
 constexpr int kTileM = 64;      // q rows per CTA (4 warps x 16)
 constexpr int kTileN = 64;      // kv columns per step (BlockMask blocks must be multiples of both)
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPreRows = 4;  // rows each flex_bwd_pre lane group reads, their loads in flight together
-
-// The kernels' argument block. Every field is 8 bytes (pointers, int64, double), so the host and
-// the generated device struct (same field list, in kernel_source.cpp) have one layout; the device
-// side static_asserts the size the host emits.
-struct FlexParams {
-  const void *q, *k, *v;
-  void* out;
-  float* lse;
-  const void* dout;
-  const float* dlse;
-  float* delta;
-  float* lse2;  // backward: lse * log2(e) per row (+inf for fully masked rows), from flex_bwd_pre
-  void *dq, *dk, *dv;
-  const int32_t *kv_num, *kv_idx, *fkv_num, *fkv_idx;
-  const int32_t *q_num, *q_idx, *fq_num, *fq_idx;
-  // KernelConfig::merged_walk: the partial and full lists merged (detail::merge_block_lists), else null.
-  const int32_t *kv_all_num, *kv_all_idx, *q_all_num, *q_all_idx;
-  int32_t* err;
-  double* slots;    // [nslots][kWarps][grad_numel] per-warp captured-gradient slots
-  double* capgrad;  // [grad_numel] the fixed-order sum of the slots
-  uint32_t* mbits;  // KernelConfig::mask_bits: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
-  int64_t B, Hq, Hkv, L, S, G;
-  int64_t QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
-  int64_t q_tiles, kv_tiles, units, nslots, grad_numel;
-  int64_t kv_all_m, q_all_m;
-  double scale;
-  float scale_f;      // (float)scale
-  float scale_log2e;  // scale log2(e) rounded once from double: FOLD_SCALE's exponent factor
-  const void* sptr[kMaxBuffers];
-  int64_t ssize[kMaxBuffers][3], sstride[kMaxBuffers][3], sgoff[kMaxBuffers];
-  const void* mptr[kMaxBuffers];
-  int64_t msize[kMaxBuffers][3], mstride[kMaxBuffers][3];
-  // KernelConfig::wgmma: CUtensorMaps of q and dout [B*Hq, L, E], k and v [B*Hkv, S, E] (64-column
-  // boxes, 128-byte swizzle; the forward's rows per box, then the backward's), read by bulk tensor
-  // copies; omap: out's, written by the persistent forward's bulk tensor stores; unused otherwise.
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
-};
 
 // What a generated source depends on besides the mods: the decisions kernel_config_for
 // (kernel_config.h) takes for one problem, each a rule of the shapes, dtype and architecture. A field
@@ -79,7 +43,7 @@ struct KernelConfig {
   // (not with mask_bits).
   bool fwd_keepbits = false;
   // wgmma forward: a CTA per SM slot walks several q tiles, a producer warpgroup loading the next
-  // tile's Q and first K / V during the last tiles of the one before (kernel_source_persist.cpp).
+  // tile's Q and first K / V during the last tiles of the one before (persist.cuh).
   bool fwd_persist = false;
   // The staged wgmma forward (not persistent) at 128-row tiles: the last warp done with a stage
   // issues its next loads, instead of a block barrier each step.
@@ -136,22 +100,5 @@ std::string mask_range_functions(const detail::Program& mask, bool fast_mods);
 // The mod functions with a one-line kernel calling them: a fast NVRTC check of the codegen alone.
 std::string generate_mod_check_source(const detail::Program* score, const detail::Program* mask,
                                       bool fast_mods = false);
-
-// The kernel templates, concatenated once by kernel_template() (kernel_source.cpp) in this order:
-// prelude, wgmma helpers (kernel_source_wgmma.cpp), walks and mod_score (kernel_source_walks.cpp),
-// the forward's tiles and kernel (kernel_source_fwd.cpp), the persistent forward
-// (kernel_source_persist.cpp) and the backward: its shared part and flex_bwd_pre (kernel_source_bwd.cpp),
-// the dQ kernel (kernel_source_bwd_dq.cpp) and the dK/dV kernel (kernel_source_bwd_dkdv.cpp).
-const std::string& kernel_template();
-const char* params_struct_source();
-const char* kernel_prelude();
-const char* wgmma_helpers_source();
-const char* kernel_walks();
-const char* kernel_forward_tiles();
-const char* kernel_forward();
-const char* kernel_forward_persist();
-const char* kernel_backward_common();
-const char* kernel_backward_dq();
-const char* kernel_backward_dkdv();
 
 }  // namespace kiln::flex::cuda

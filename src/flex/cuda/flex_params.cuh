@@ -1,5 +1,5 @@
 #pragma once
-// FlexAttention's kernel argument block, defined once for the host (codegen.h, which fills it) and
+// FlexAttention's kernel argument block, defined once for the host (codegen.h; attention_cuda.cpp fills it) and
 // every device compile (the NVRTC source includes this embedded file; so do the nvcc checks). Every
 // field is 8 bytes (pointers, 64-bit ints, doubles) or a 64-byte aligned tensor map, so g++, nvcc and
 // NVRTC lay it out alike. The device compiles see the kernels' own int types and no standard headers
@@ -25,6 +25,7 @@ namespace kiln::flex::cuda {
 // device compile.
 enum : int { kMaxBuffers = 8 };
 
+// The kernels' argument block, filled by the host (attention_cuda.cpp) and passed by value.
 struct FlexParams {
   const void *q, *k, *v;
   void* out;
@@ -36,13 +37,12 @@ struct FlexParams {
   void *dq, *dk, *dv;
   const params_i32 *kv_num, *kv_idx, *fkv_num, *fkv_idx;
   const params_i32 *q_num, *q_idx, *fq_num, *fq_idx;
-  // MERGED_WALK: the partial and full lists merged (detail::merge_block_lists), else null.
+  // KernelConfig::merged_walk: the partial and full lists merged (detail::merge_block_lists), else null.
   const params_i32 *kv_all_num, *kv_all_idx, *q_all_num, *q_all_idx;
   params_i32* err;
   double* slots;    // [nslots][kWarps][grad_numel] per-warp captured-gradient slots
   double* capgrad;  // [grad_numel] the fixed-order sum of the slots
-  unsigned long long* prof;  // KILN_FLEX_PROFILE: per-phase cycle counters (kProfileSlots), else null
-  params_u32* mbits;  // KILN_FLEX_MASK_BITS: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
+  params_u32* mbits;  // KernelConfig::mask_bits: keep bits of the kv lists' partial blocks (flex_mask_bits), else null
   params_i64 B, Hq, Hkv, L, S, G;
   params_i64 QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
   params_i64 q_tiles, kv_tiles, units, nslots, grad_numel;
@@ -54,13 +54,10 @@ struct FlexParams {
   params_i64 ssize[kMaxBuffers][3], sstride[kMaxBuffers][3], sgoff[kMaxBuffers];
   const void* mptr[kMaxBuffers];
   params_i64 msize[kMaxBuffers][3], mstride[kMaxBuffers][3];
-  // CUtensorMaps of q and dout [B*Hq, L, E], k and v [B*Hkv, S, E] (64-column boxes, 128-byte
-  // swizzle; the forward's rows per box, then the backward's), read by bulk tensor copies; omap:
-  // out's, written by the persistent forward's bulk tensor stores; dqmap: the fused backward's fp32
-  // sums [B*Hq, L, E] (32-column boxes of 64 rows, 128-byte swizzle) for its bulk tensor reductions.
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128], dqmap[128];
-  float* dqacc;        // fused backward: dQ's fp32 sums [B, Hq, L, E], zeroed before the dK/dV kernel adds into them
-  params_u32* dqsem;   // fused backward: the parts added to each 64-row q tile of each (b, h) so far, zeroed
+  // KernelConfig::wgmma: CUtensorMaps of q and dout [B*Hq, L, E], k and v [B*Hkv, S, E] (64-column
+  // boxes, 128-byte swizzle; the forward's rows per box, then the backward's), read by bulk tensor
+  // copies; omap: out's, written by the persistent forward's bulk tensor stores; unused otherwise.
+  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
 };
 
 }  // namespace kiln::flex::cuda

@@ -29,7 +29,7 @@ bool per_mask_row(const cpu::Problem& p) {
 }
 
 // Rows of at most 9 blocks at E = 128 on a 128 x 128-block mask that reads no tensors, without a
-// score_mod, take the persistent forward with 128 x 128 tiles (kernel_source_persist.cpp) on the
+// score_mod, take the persistent forward with 128 x 128 tiles (persist.cuh) on the
 // caller's blocks (BlockPlan::forward_keeps). Fwd / fwd+bwd, staged -> persistent (fdb2227, e8e405a):
 // window 256 E 128 0.35-0.36 / 1.25-1.29 -> 0.29-0.32 / 1.20-1.22, window 1024 0.78-0.80 / 2.79-2.89 ->
 // 0.62-0.66 / 2.60-2.75. Not elsewhere (bf12a72, the persistent forward forced, fwd): causal 2.15-2.18

@@ -334,11 +334,6 @@ void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int6
                                 outer, rows, cols, 64, box_rows, kOp);
 }
 
-void encode_sums_map(void* map, float* base, int64_t outer, int64_t rows, int64_t cols) {
-  KILN_CHECK(cols == 128, kOp, "the fused backward's sums take 128 columns, got ", cols);
-  kiln::cuda::encode_tensor_map(map, kiln::cuda::MapElem::Float32, base, 3, outer, rows, cols, 32, 64, kOp);
-}
-
 int max_active_blocks(void* function, int block, int64_t smem) {
   int n = 0;
   KILN_CU_CHECK(driver().occupancy(&n, static_cast<CUfunction>(function), block, static_cast<size_t>(smem)));

@@ -61,10 +61,6 @@ const FlexKernels& load_kernels_by_id(const std::string& id, const std::function
 // 64-byte aligned 128-byte CUtensorMap; throws kiln::Error naming flex_attention on failure.
 void encode_tile_map(void* map, const void* base, bool bf16, int64_t outer, int64_t rows, int64_t cols, int box_rows);
 
-// The same for the fused backward's fp32 sums [outer, rows, cols] (cols 128): boxes of {32, 64, 1},
-// 128 bytes a box row, with the 128-byte swizzle (bulk tensor reductions and stores into it).
-void encode_sums_map(void* map, float* base, int64_t outer, int64_t rows, int64_t cols);
-
 // How many CTAs of `block` threads and `smem` dynamic bytes fit one SM at once.
 int max_active_blocks(void* function, int block, int64_t smem);
 // cuLaunchKernel with one argument (the parameter block) on `stream` (a cudaStream_t).

@@ -63,24 +63,6 @@ __device__ __forceinline__ void wg_pb(float (*d)[4], const u32 (*pk)[2], const u
   reg_fence<HEAD_DIM / 8>(d);
 }
 
-// d[64 x 64] = A B over K rows (k): A an M-major swizzled panel of K rows (64 m a row) at shared address
-// a, B an N-major panel of K rows (64 n a row) at b; both panels' rows 128 bytes apart (the fused
-// backward's dQ part: its dS^T tile times a panel of K). Waited for.
-template <int K>
-__device__ __forceinline__ void wg_ab_tt(float (*d)[4], u32 a, u32 b) {
-#pragma unroll
-  for (int n = 0; n < 8; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.f;
-  reg_fence<8>(d);
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk)
-    wgmma_m64_ss<64, KILN_BF16 != 0, 1, 1>(d, sw128_desc(a + kk * 16 * 128, K * 128),
-                                           sw128_desc(b + kk * 16 * 128, K * 128), kk > 0);
-  wg_commit();
-  wg_wait_all();
-  reg_fence<8>(d);
-}
-
 // pk = p rounded to T, in wg_pb's A layout.
 template <int NB>
 __device__ __forceinline__ void pack_rows(u32 (*pk)[2], const float (*p)[4]) {

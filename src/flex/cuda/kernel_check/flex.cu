@@ -1,11 +1,9 @@
-// Build-time check of FlexAttention's kernel source (cmake/KilnEmbed.cmake's kiln_kernel_check): its
-// embedded parts included as the NVRTC source includes them, compiled by nvcc for sm_90a during the
-// normal build. Never launched.
-#include "flex/cuda/flex_params.cuh"
-
-// The block arrives by value in parameter memory, as the generated kernels take it.
-extern "C" __global__ void flex_params_check(const FlexParams P) {
-  if (threadIdx.x == 0 && P.err)
-    *P.err = static_cast<int>(P.B * P.Hq + P.msize[kiln::flex::cuda::kMaxBuffers - 1][2] + P.qmap[127] +
-                              P.dqmap[0]) + P.kv_num[0];
-}
+// Build-time check of FlexAttention's kernels (cmake/KilnEmbed.cmake's kiln_kernel_check): the
+// embedded headers in the order of the NVRTC source (codegen.cpp's generate_source), the generated
+// mod functions replaced by stub_mods.cuh's causal mask, compiled by nvcc during the normal build
+// under one configuration's defines (CMakeLists.txt: the sm_90 defaults at E = 64 and 128, the
+// persistent forward, mma.sync). The kernels are extern "C" __global__, so nvcc emits each one and
+// ptxas reports its registers and spills. Never launched.
+#include "flex/cuda/device_common.cuh"
+#include "flex/cuda/kernel_check/stub_mods.cuh"
+#include "flex/cuda/kernels.cuh"

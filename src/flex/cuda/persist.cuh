@@ -1,12 +1,10 @@
-// The persistent forward (the wgmma forward on short rows at E = 128, kernel_config.cpp) as source
-// text, pasted after the forward by kernel_template() (kernel_source.cpp). It is flex_fwd when
-// FWD_PERSIST is defined.
-#include "flex/cuda/codegen.h"
+#pragma once
+// The persistent forward (the wgmma forward on short rows at E = 128, kernel_config.cpp): flex_fwd when
+// FWD_PERSIST is defined. A CTA per SM slot walks several q tiles, a producer thread loading the
+// next tile's Q and first K / V during the last tiles of the one before; out leaves by bulk tensor
+// stores (FlexParams::omap).
 
-namespace kiln::flex::cuda {
-
-const char* kernel_forward_persist() {
-  return R"kiln_src(#if KILN_BUILD_FWD && FWD_PERSIST
+#if KILN_BUILD_FWD && FWD_PERSIST
 // gridDim.x CTAs (the host takes as many as fit the device at once) each walk the units u =
 // blockIdx.x, + gridDim.x, ... of one q tile of one (b, h), in the staged forward's order: (b, h)
 // by (b, h), heaviest q tiles first within each, so the CTAs running at once share a few heads' K
@@ -211,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(FWD_CONSUMER_REGS));
 
   // The unit being accumulated and what its tiles need.
-  i64 bh = 0, b = 0, h = 0, r0 = 0, row_base = 0, mrow = 0;
+  i64 bh = 0, b = 0, h = 0, r0 = 0, row_base = 0;
   bool rows_in = false;
   int storing = -1;  // the stage whose V buffer holds an output store thread 0 has not yet seen read
   i64 stored = blockIdx.x;  // this CTA's first unit not yet written (units without tiles are skipped)
@@ -235,7 +233,6 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
       b = bh / P.Hq;
       h = bh % P.Hq;
       row_base = r0 + warp * 16 * FWD_MT + g;
-      mrow = fwd_unit_mrow(P, bh, r0);
       rows_in = r0 + FWD_TILE_M <= P.L;
 #pragma unroll
       for (int mt = 0; mt < FWD_MT; ++mt) {
@@ -269,8 +266,3 @@ extern "C" __global__ void __launch_bounds__(FWD_CTA_THREADS, FWD_PERSIST_MIN_BL
   for (; stored < units; stored += gridDim.x) fwd_store_empty(P, q_tiles, stored);
 }
 #endif  // KILN_BUILD_FWD && FWD_PERSIST
-
-)kiln_src";
-}
-
-}  // namespace kiln::flex::cuda

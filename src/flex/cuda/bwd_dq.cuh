@@ -1,11 +1,10 @@
-// The backward's dQ kernel as source text: dQ's tile helpers (P / dS, keep bits, split P) and flex_bwd_dq.
-#include "flex/cuda/codegen.h"
+#pragma once
+// The backward's dQ kernel: dQ's tile helpers (P / dS, keep bits, split P) and flex_bwd_dq, per
+// (b, q head, q tile): dQ = scale * sum dS K over its kv list. Reads Q, dO, lse2, delta and K / V tiles;
+// writes dQ in T. Deterministic: one CTA owns a tile's rows, no atomics.
+// 64 x 64 tiles (TILE_M x TILE_N): dQ's fp32 accumulators and a tile's S and dP fit the registers.
 
-namespace kiln::flex::cuda {
-
-// Pasted after kernel_backward_common() (kernel_source_bwd.cpp), inside its #if KILN_BUILD_BWD.
-const char* kernel_backward_dq() {
-  return R"kiln_src(// dQ's tile: s (raw scores) becomes dS, from dp, row by row (rows[r], columns c0..).
+// dQ's tile: s (raw scores) becomes dS, from dp, row by row (rows[r], columns c0..).
 template <bool kInterior>
 __device__ __forceinline__ void dq_tile_ds(const FlexParams& P, float (*s)[4], const float (*dp)[4], i64 b, i64 h,
                                            const i64* rows, i64 c0, int t, bool partial, const float* lse2,
@@ -294,8 +293,3 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, BWD_DQ_MIN_BLOCKS) flex_b
     for (int n = 0; n < HEAD_DIM / 8; ++n) *(u32*)(dg + n * 8 + 2 * t) = pack2(dq[n][2 * r] * sc, dq[n][2 * r + 1] * sc);
   }
 }
-
-)kiln_src";
-}
-
-}  // namespace kiln::flex::cuda

@@ -1,12 +1,9 @@
-// The kernels' shared device code as source text, pasted after the wgmma helpers by
-// kernel_template() (kernel_source.cpp): the BlockMask walks (BlockWalk, TileWalk, GroupWalk), the
-// modified score of one element (mod_score) and the defaults of the generated defines.
-#include "flex/cuda/codegen.h"
+#pragma once
+// The kernels' shared device code: the BlockMask walks (BlockWalk, TileWalk, GroupWalk), the modified
+// score of one element (mod_score) and the defaults of the generated defines. A walk visits a row's
+// (or column's) blocks, partial and full merged in ascending block order, so a block contributes the
+// same bits whatever its classification (the mask is simply not evaluated on full blocks).
 
-namespace kiln::flex::cuda {
-
-const char* kernel_walks() {
-  return R"kiln_src(
 // The mma.sync forward's tile loads (padded rows, cp.async from every thread).
 #define FWD_LOAD_TILE(dst, src, row0, total, rows) load_tile_async(dst, src, row0, total, rows, FWD_THREADS)
 
@@ -230,12 +227,8 @@ __device__ __forceinline__ bool in_run(Run r, int j) { return (unsigned)(j - r.l
 #define FWD_TMA 0  // wgmma forward (sm_90a): Q, K and V tiles by TMA, two K / V stages
 #endif
 #ifndef FWD_PERSIST
-#define FWD_PERSIST 0  // TMA only: one CTA walks several q tiles (kernel_source_persist.cpp)
+#define FWD_PERSIST 0  // TMA only: one CTA walks several q tiles (persist.cuh)
 #endif
 #ifndef FWD_KEEPBITS
 #define FWD_KEEPBITS 0  // TMA only: a non-interior tile's keep bits while QK^T is in flight
 #endif
-)kiln_src";
-}
-
-}  // namespace kiln::flex::cuda

@@ -1,13 +1,8 @@
-// The backward's shared part as source text: its switches, tile macros, flex_bwd_pre, elem_p and p_ds.
-#include "flex/cuda/codegen.h"
+#pragma once
+// The backward's shared part: its switches, tile macros, flex_bwd_pre (delta = rowsum(dO * O) - dlse,
+// lse2 = lse log2(e)), elem_p and p_ds (P and dS of one element). kernels.cuh includes it, then
+// bwd_dq.cuh and bwd_dkdv.cuh, inside one #if KILN_BUILD_BWD.
 
-namespace kiln::flex::cuda {
-
-// First of the backward's three parts in kernel_template() (kernel_source.cpp), then kernel_backward_dq()
-// (kernel_source_bwd_dq.cpp) and kernel_backward_dkdv() (kernel_source_bwd_dkdv.cpp). Its #if KILN_BUILD_BWD
-// spans all three: kernel_backward_dkdv() ends with the #endif.
-const char* kernel_backward_common() {
-  return R"kiln_src(#if KILN_BUILD_BWD
 #ifndef BWD_TMA
 #define BWD_TMA 0  // wgmma (sm_90a): Q, dO, K and V tiles by TMA, two K / V stages in dQ and two Q / dO in
                    // dK/dV, each tile's two products issued as a pair
@@ -139,8 +134,3 @@ __device__ __forceinline__ void p_ds(const FlexParams& P, float raw, float dp, i
   *p_out = p;
   *ds_out = ds;
 }
-
-)kiln_src";
-}
-
-}  // namespace kiln::flex::cuda

@@ -1,109 +1,9 @@
-// The FlexAttention CUDA kernels as source text, compiled at run time by NVRTC after the
-// generated mod functions (codegen.cpp). Self-contained: no CUDA headers; bf16/fp16 travel as
-// 16-bit patterns, tensor cores via inline PTX: on sm_90a wgmma with TMA tile loads (the helpers in
-// kernel_source_wgmma.cpp; FWD_WGMMA / BWD_WGMMA), else mma.sync m16n8k16 with cp.async. This
-// file holds the parameter block, the prelude and their assembly (kernel_template); the walks and
-// mod_score are in kernel_source_walks.cpp, the forward in kernel_source_fwd.cpp (and
-// kernel_source_persist.cpp), the backward kernels in kernel_source_bwd.cpp (shared part, flex_bwd_pre),
-// kernel_source_bwd_dq.cpp and kernel_source_bwd_dkdv.cpp.
-//
-// Tiles (mma.sync): a CTA is 4 warps; each warp owns 16 rows of a 64 x 64 score tile and
-// accumulates in fp32 registers (mma C fragments). Q/K/V/dO tiles sit in shared memory with rows
-// padded by 16 bytes (conflict-free ldmatrix: the 8 rows of a phase hit distinct banks). With
-// wgmma a warpgroup owns 64 rows, tiles are swizzled and unpadded, the accumulators keep the same
-// per-thread layout, so the softmax and mask code is shared. K/V (Q/dO in dK/dV) tiles arrive
-// by TMA or cp.async, the next one's load issued as soon as its buffer is free, so it overlaps
-// the current tile's MMAs. 64 x 64 divides the BlockMask's 128 blocks; a CTA walks the BlockMask
-// lists, partial and full merged in ascending block order, so a block contributes the same bits
-// whatever its classification (the mask is simply not evaluated on full blocks).
-//   flex_fwd:       per (b, q head, q tile): online softmax, out in T, lse (natural log).
-//   flex_bwd_pre:   delta = rowsum(dO * O) - dlse, E / 8 lanes a row (16-byte loads), PRE_ROWS rows a lane group.
-//   flex_bwd_dq:    per (b, q head, q tile): dQ = scale * sum dS K over its kv list.
-//   flex_bwd_dkdv:  per (b, kv head, 64-row kv tile): dV = sum P^T dO, dK = scale * sum dS^T Q over
-//                   the group's q heads (fixed order) and their transposed q lists; captured-tensor
-//                   gradients go to per-warp double slots, lanes taking turns (fixed order);
-//                   then flex_capgrad_reduce sums the slots in order. No atomics anywhere.
-#include "flex/cuda/codegen.h"
+#pragma once
+// The kernels' prelude: the generated defines' defaults, bf16 / fp16 conversions, mma.sync m16n8k16
+// and ldmatrix helpers, tile loads by plain stores or cp.async (padded rows, or wgmma's swizzled
+// layout), and the mma.sync score / output products of the backward's 64 x 64 tiles and the
+// forward's tile. Everything the other parts use.
 
-#include <string>
-
-namespace kiln::flex::cuda {
-
-const char* params_struct_source() {
-  return R"kiln_src(
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef long long i64;
-typedef unsigned long long u64;
-
-struct FlexParams {
-  const void *q, *k, *v;
-  void* out;
-  float* lse;
-  const void* dout;
-  const float* dlse;
-  float* delta;
-  float* lse2;
-  void *dq, *dk, *dv;
-  const int *kv_num, *kv_idx, *fkv_num, *fkv_idx;
-  const int *q_num, *q_idx, *fq_num, *fq_idx;
-  const int *kv_all_num, *kv_all_idx, *q_all_num, *q_all_idx;
-  int* err;
-  double* slots;
-  double* capgrad;
-  unsigned* mbits;
-  i64 B, Hq, Hkv, L, S, G;
-  i64 QB, KB, nQB, nKVB, mB, mH, kv_m, fkv_m, q_m, fq_m, all_full;
-  i64 q_tiles, kv_tiles, units, nslots, grad_numel;
-  i64 kv_all_m, q_all_m;
-  double scale;
-  float scale_f, scale_log2e;
-  const void* sptr[KILN_MAX_BUFFERS];
-  i64 ssize[KILN_MAX_BUFFERS][3], sstride[KILN_MAX_BUFFERS][3], sgoff[KILN_MAX_BUFFERS];
-  const void* mptr[KILN_MAX_BUFFERS];
-  i64 msize[KILN_MAX_BUFFERS][3], mstride[KILN_MAX_BUFFERS][3];
-  alignas(64) unsigned char qmap[128], kmap[128], vmap[128], domap[128], omap[128];
-};
-static_assert(sizeof(FlexParams) == KILN_PARAMS_SIZE, "host and device FlexParams differ");
-
-__device__ __forceinline__ i64 kiln_floordiv(i64 x, i64 y) {
-  if (y == 0) return 0;
-  i64 q = x / y;
-  if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
-  return q;
-}
-__device__ __forceinline__ i64 kiln_floormod(i64 x, i64 y) { return y == 0 ? 0 : x - kiln_floordiv(x, y) * y; }
-// The narrow-int locals' (never INT32_MIN, so neither x / y nor x % y overflows). The remainder is
-// corrected rather than x - q * y, whose product can leave 32 bits when the result does not.
-__device__ __forceinline__ int kiln_floordiv(int x, int y) {
-  if (y == 0) return 0;
-  int q = x / y;
-  if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
-  return q;
-}
-__device__ __forceinline__ int kiln_floormod(int x, int y) {
-  if (y == 0) return 0;
-  const int r = x % y;
-  return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
-}
-// tanh on the SFU (sm_75+): max relative error ~2^-11, under bf16 / fp16 resolution; tanhf is a
-// polynomial or an exp and a reciprocal, with a branch between them.
-__device__ __forceinline__ float kiln_tanh(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// int -> float for |x| <= 2^22, exact: x added into the mantissa of 1.5 * 2^23, which is then
-// subtracted. Two full-rate adds instead of I2F, a conversion issued at a fraction of the FMA rate
-// (ALiBi's (float)(kv - q) on every element, beside the softmax's ex2).
-__device__ __forceinline__ float kiln_i2f(int x) { return __int_as_float(0x4B400000 + x) - 12582912.0f; }
-
-)kiln_src";
-}
-
-// Types, mma.sync and ldmatrix helpers, tile loads: everything the other parts use.
-const char* kernel_prelude() {
-  return R"kiln_src(
 #ifndef KILN_BUILD_FWD
 #define KILN_BUILD_FWD 1
 #endif
@@ -179,7 +79,7 @@ __device__ __forceinline__ void load_tile(u16* dst, const u16* src, i64 row0, i6
 }
 
 // Byte offset of 16-byte chunk col8 of row r in wgmma's swizzled tile of `rows` rows: 64-column
-// panels of 128-byte rows, chunk c of row r stored at chunk c ^ (r % 8) (kernel_source_wgmma.cpp).
+// panels of 128-byte rows, chunk c of row r stored at chunk c ^ (r % 8) (wgmma.cuh, core/cuda/hopper.cuh).
 __device__ __forceinline__ u32 sw_offset(int r, int col8, int rows) {
   return (u32)((col8 >> 3) * rows * 128 + r * 128 + (((col8 & 7) ^ (r & 7)) << 4));
 }
@@ -343,15 +243,3 @@ __device__ __forceinline__ void tile_pb_mt(float (*acc)[HEAD_DIM / 8][4], const 
     }
   }
 }
-
-)kiln_src";
-}
-
-const std::string& kernel_template() {
-  static const std::string source = std::string(kernel_prelude()) + wgmma_helpers_source() + kernel_walks() +
-                                    kernel_forward_tiles() + kernel_forward() + kernel_forward_persist() +
-                                    kernel_backward_common() + kernel_backward_dq() + kernel_backward_dkdv();
-  return source;
-}
-
-}  // namespace kiln::flex::cuda

@@ -1,11 +1,12 @@
-// The backward's dK/dV kernel as source text: its transposed tiles' helpers, flex_bwd_dkdv, flex_capgrad_reduce.
-#include "flex/cuda/codegen.h"
+#pragma once
+// The backward's dK/dV kernel: its transposed tiles' helpers, flex_bwd_dkdv and flex_capgrad_reduce.
+// Per (b, kv head, 64-row kv tile): dV = sum P^T dO, dK = scale * sum dS^T Q over the group's q heads
+// (fixed order) and their transposed q lists; captured-tensor gradients go to per-warp double slots,
+// lanes taking turns (fixed order); then flex_capgrad_reduce sums the slots in order. No atomics.
+// 64 x 64 tiles, transposed (q along the columns): dK and dV, S and dP of a tile are 192 fp32
+// registers a thread at E = 128 (ptxas: 250 in all), so a larger tile would not fit 255.
 
-namespace kiln::flex::cuda {
-
-// Pasted after kernel_backward_dq() (kernel_source_bwd_dq.cpp); closes kernel_backward_common()'s #if KILN_BUILD_BWD.
-const char* kernel_backward_dkdv() {
-  return R"kiln_src(// A thread's two q columns n * 8 + 2t and + 1 of a rows buffer (lse2 or delta) in one 8-byte LDS:
+// A thread's two q columns n * 8 + 2t and + 1 of a rows buffer (lse2 or delta) in one 8-byte LDS:
 // the buffers start 8-byte aligned, and ptxas cannot see that to pair the loads itself.
 __device__ __forceinline__ float col_of_pair(const float* rows, int n, int t, int e) {
   const float2 v = *(const float2*)(rows + n * 8 + 2 * t);
@@ -354,8 +355,3 @@ extern "C" __global__ void flex_capgrad_reduce(const FlexParams P) {
   for (i64 k = 0; k < P.nslots * NWARPS; ++k) s += P.slots[k * P.grad_numel + x];
   P.capgrad[x] = s;
 }
-#endif  // KILN_BUILD_BWD
-)kiln_src";
-}
-
-}  // namespace kiln::flex::cuda
