@@ -365,8 +365,8 @@ CASES = {"ops": case_ops, "timeout": case_timeout, "shrink": case_shrink, "torch
 
 if __name__ != "__main__":
 
-    def test_single_process_api():
-        comm = dist.new_comm("gloo", device="cpu", name="solo", timeout=5)
+    def test_single_process_api(tmp_path):
+        comm = dist.new_comm("gloo", device="cpu", name="solo", timeout=5, trace_dir=str(tmp_path))
         assert (comm.get_rank(), comm.get_size(), comm.get_timeout()) == (0, 1, 5.0)
         assert issubclass(dist.TimeoutError, dist.CommError) and issubclass(dist.CommError, kiln.KilnError)
         t = kiln.tensor([1.5, -2.0, 3.0])
@@ -382,7 +382,7 @@ if __name__ != "__main__":
         with pytest.raises(kiln.KilnError, match="positive"):
             comm.set_timeout(0)
         with pytest.raises(kiln.KilnError, match="nccl"):
-            dist.new_comm("nccl", device="cpu", name="bad")
+            dist.new_comm("nccl", device="cpu", name="bad", trace_dir=str(tmp_path))
         comm.abort()
         with pytest.raises(dist.CommError, match="aborted"):
             comm.all_reduce(t)
@@ -400,13 +400,19 @@ if __name__ != "__main__":
         pytest.importorskip("torch", reason="torch is not installed (pip install torch to run this test)")
         launch("torch", 2, tmp_path)
 
-    def test_example_under_kiln_run(tmp_path):
-        cli = _kiln_cli()
-        if cli is None:
-            pytest.skip("the kiln command was not built next to the Python package (ninja kiln_cli)")
+    @pytest.mark.parametrize("launcher", ["kiln run", "torchrun"])
+    def test_example_under_launcher(tmp_path, launcher):
         example = REPO / "examples" / "distributed" / "all_reduce.py"
-        out = subprocess.run([str(cli), "run", "--nproc", "4", "--", sys.executable, str(example)], env=_child_env(),
-                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        if launcher == "kiln run":
+            cli = _kiln_cli()
+            if cli is None:
+                pytest.skip("the kiln command was not built next to the Python package (ninja kiln_cli)")
+            cmd = [str(cli), "run", "--nproc", "4", "--", sys.executable, str(example)]
+        else:
+            pytest.importorskip("torch", reason="torch is not installed (torchrun comes with it)")
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+                   "--master-port", str(_free_port_pair()), str(example)]
+        out = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
         lines = sorted(out.stdout.splitlines())
         assert len(lines) == 4, repr(out.stdout)
