@@ -49,6 +49,7 @@ void bind_ops(nb::module_& m);
 void bind_nn(nb::module_& m);
 void bind_flex(nb::module_& m);
 void bind_io(nb::module_& m);
+void bind_dist(nb::module_& m);
 
 }  // namespace kiln::py
 

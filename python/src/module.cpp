@@ -165,4 +165,5 @@ NB_MODULE(_C, m) {
   bind_nn(m);
   bind_flex(m);
   bind_io(m);
+  bind_dist(m);
 }

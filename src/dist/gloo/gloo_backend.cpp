@@ -70,6 +70,8 @@ milliseconds gloo_timeout(const OpContext& c) {
   return std::max(left, milliseconds(1));
 }
 
+constexpr size_t kAllreduceSegmentBytes = size_t{2} << 20;
+
 // Slots of point-to-point messages: a prefix byte Gloo's collectives do not use, then the pair's
 // message number.
 uint64_t p2p_slot(uint32_t tag, bool header) { return (uint64_t{header ? 0xA1u : 0xA0u} << 56) | tag; }
@@ -214,6 +216,10 @@ class GlooBackend final : public Backend {
         default: KILN_FAIL("all_reduce", "cannot reduce ", dtype_name(dt));
       }
       opts.setReduceFunction(reduce_fn(dt, op));
+      // Gloo's ring sends segments of at most 1 MiB by default, each with its own ready / data
+      // handshake; 2 MiB halves those round trips. 64 MiB float32, kiln / torch's gloo in the same
+      // processes on a 2-core host: 0.94-1.18x (2 ranks), 0.90-1.04x (4) at 1 MiB; 1.06-1.17x, 0.99-1.15x at 2 MiB.
+      opts.setMaxSegmentSize(kAllreduceSegmentBytes);
       opts.setTag(c.tag);
       opts.setTimeout(gloo_timeout(c));
       gloo::allreduce(opts);
