@@ -95,6 +95,9 @@ std::shared_ptr<FSDPModule> fully_shard(nn::Module& module, std::shared_ptr<Comm
 // The FSDPModule fully_shard made for `module` (nullptr when it was not sharded).
 std::shared_ptr<FSDPModule> fsdp_module(const nn::Module& module);
 
+// Runs fn through the module's FSDPModule::forward when it was sharded, else fn itself.
+Tensor fsdp_forward(const nn::Module& module, const std::function<Tensor()>& fn);
+
 // clip_grad_norm_ over sharded gradients: the global L2 norm from an all_reduce of the ranks'
 // squared sums; every rank scales its shards by the same factor. -> total norm [] float32.
 Tensor clip_grad_norm_sharded_(const std::vector<Tensor>& shards, double max_norm, Communicator& comm);

@@ -242,6 +242,11 @@ std::shared_ptr<FSDPModule> fsdp_module(const nn::Module& module) {
   return unit ? std::make_shared<FSDPModule>(unit) : nullptr;
 }
 
+Tensor fsdp_forward(const nn::Module& module, const std::function<Tensor()>& fn) {
+  auto unit = detail::unit_of(module);
+  return unit ? detail::run_forward(*unit, fn) : fn();
+}
+
 Tensor clip_grad_norm_sharded_(const std::vector<Tensor>& shards, double max_norm, Communicator& comm) {
   NoGradGuard no_grad;
   double sq = 0;
