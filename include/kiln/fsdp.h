@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kiln/dist.h"
+#include "kiln/io.h"
 #include "kiln/nn.h"
 #include "kiln/tensor.h"
 
@@ -48,6 +49,14 @@ struct FullyShardOptions {
   // SUM then multiplied by gradient_scale for other loss normalisations.
   ReduceOp reduce_op = ReduceOp::AVG;
   double gradient_scale = 1.0;
+};
+
+// One tensor split on dim 0 as fully_shard splits parameters: shard [ceil(rows / world), ...] holds
+// rows [rank * that, ...) of full_shape, padded with zero rows.
+struct ShardSpec {
+  std::string name;
+  Shape full_shape;
+  Tensor shard;
 };
 
 namespace detail {
@@ -78,6 +87,9 @@ class FSDPModule {
   // Whole parameters (the padding dropped), gathered from every rank: called on every rank of the
   // group; names as the root module's named_parameters().
   std::vector<std::pair<std::string, Tensor>> full_parameters() const;
+  // Every parameter of the group this rank holds, named from the root module (a root's view: all
+  // units; else this unit's), for sharded checkpoints.
+  std::vector<ShardSpec> shard_specs() const;
   std::shared_ptr<Communicator> comm() const;
   bool is_root() const;
 
@@ -94,6 +106,20 @@ std::shared_ptr<FSDPModule> fully_shard(nn::Module& module, std::shared_ptr<Comm
                                         const FullyShardOptions& options = {});
 // The FSDPModule fully_shard made for `module` (nullptr when it was not sharded).
 std::shared_ptr<FSDPModule> fsdp_module(const nn::Module& module);
+
+// ---- sharded checkpoints ----
+
+// Called on every rank: each writes <dir>/shard-<rank>-of-<world>.safetensors (its real rows of
+// every tensor, padding dropped, with checksums; atomic), then after a barrier rank 0 writes
+// <dir>/index.json (atomic). A folder without its index is not a checkpoint.
+void save_sharded(const std::string& dir, const std::vector<ShardSpec>& tensors, Communicator& comm,
+                  const io::Metadata& metadata = {});
+// Fills each spec's shard (shapes for comm's world size, which may differ from the writer's) from
+// the checkpoint; a missing shard file or tensor, or a shape that differs, is a kiln::Error.
+void load_sharded(const std::string& dir, const std::vector<ShardSpec>& into, Communicator& comm);
+// The whole tensors of a sharded checkpoint (for an unsharded model); no communicator needed.
+io::TensorDict load_sharded_full(const std::string& dir);
+io::Metadata sharded_metadata(const std::string& dir);
 
 // Runs fn through the module's FSDPModule::forward when it was sharded, else fn itself.
 Tensor fsdp_forward(const nn::Module& module, const std::function<Tensor()>& fn);
