@@ -65,19 +65,29 @@ uint64_t fingerprint(const std::vector<std::pair<std::string, Tensor>>& params) 
   return h;
 }
 
+// One small all-gather, so every rank raises the same error: a parameter off the communicator's
+// device on any rank, or ranks whose parameters differ.
 void check_same_on_every_rank(Communicator& comm, const std::string& what,
                               const std::vector<std::pair<std::string, Tensor>>& params) {
   const int world = comm.get_size();
   const uint64_t h = fingerprint(params);
+  std::string off_device;
+  for (const auto& [name, t] : params)
+    if (off_device.empty() && t.device() != comm.get_device())
+      off_device = "'" + name + "' is on " + t.device().str() + ", the communicator on " + comm.get_device().str();
   Tensor mine = tensor({static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu),
-                        static_cast<double>(params.size())}, TensorOptions().dtype(kFloat64).device(comm.get_device()));
-  Tensor all = empty({3 * world}, mine.options());
+                        static_cast<double>(params.size()), off_device.empty() ? 0.0 : 1.0},
+                       TensorOptions().dtype(kFloat64).device(comm.get_device()));
+  Tensor all = empty({4 * world}, mine.options());
   comm.all_gather_single(all, mine);
   const std::vector<double> v = all.cpu().to_vector();
+  KILN_CHECK(off_device.empty(), "fully_shard", "parameters on different devices: ", off_device);
+  for (int r = 0; r < world; ++r)
+    KILN_CHECK(v[4 * r + 3] == 0, "fully_shard", "parameters on different devices on rank ", r);
   for (int r = 1; r < world; ++r) {
-    KILN_CHECK(v[3 * r] == v[0] && v[3 * r + 1] == v[1] && v[3 * r + 2] == v[2], "fully_shard",
+    KILN_CHECK(v[4 * r] == v[0] && v[4 * r + 1] == v[1] && v[4 * r + 2] == v[2], "fully_shard",
                "ranks disagree on the parameters of ", what, ": rank 0 has ", static_cast<int64_t>(v[2]),
-               " parameters, rank ", r, " has ", static_cast<int64_t>(v[3 * r + 2]),
+               " parameters, rank ", r, " has ", static_cast<int64_t>(v[4 * r + 2]),
                " (names, shapes or dtypes differ)");
   }
 }
@@ -99,8 +109,6 @@ std::shared_ptr<FsdpUnit> make_unit(nn::Module& module, Communicator& comm, cons
   const int world = comm.get_size(), rank = comm.get_rank();
   NoGradGuard no_grad;
   for (const auto& [name, t] : mine) {
-    KILN_CHECK(t.device() == u->device, "fully_shard", "parameter '", name, "' is on ", t.device().str(),
-               " but the communicator is on ", u->device.str(), " (parameters on different devices)");
     KILN_CHECK(is_floating_point(t.dtype()), "fully_shard", "parameter '", name, "' is not floating point");
     KILN_CHECK(u->params.empty() || t.dtype() == u->params.front().shard.dtype(), "fully_shard",
                "parameters of one module must share a dtype: '", name, "' is ", dtype_name(t.dtype()));
