@@ -1,7 +1,9 @@
 // fully_shard against plain training: ranks train on their slices of a global batch, a reference
 // model in the same process trains on the whole batch; after N AdamW steps the gathered parameters
 // match the reference within fp32 reduction-order tolerance (float64 norms).
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "dist/harness.h"
 #include "fsdp/tiny_net.h"
@@ -64,25 +66,38 @@ DIST_SCENARIO(fsdp_train) {
   optim::AdamWOptions ao;
   ao.lr = 1e-2;
   optim::AdamW ref_opt(ref.parameters(), ao), opt(net.parameters(), ao);
+  const double tol = bf16 ? 3e-2 : 2e-5;
+  // bf16 compute against the fp32 reference: a one-element shard (a bias row) summed in bf16 over
+  // the batch with cancellation lands near 7%; the parameters after the steps are held to `tol`.
+  const double grad_tol = bf16 ? 0.15 : 2e-5;
   for (int s = 0; s < steps; ++s) {
     Batch b = global_batch(s, per_rank * child.world, cfg);
     Tensor ref_loss = ref.loss(b.x, b.y);
     ref_loss.backward();
-    ref_opt.step();
-    ref_opt.zero_grad();
 
     Tensor x = b.x.narrow(0, child.rank * per_rank, per_rank);
     Tensor loss = net.loss(bf16 ? x.to(kBFloat16) : x, b.y.narrow(0, child.rank * per_rank, per_rank));
     loss.backward();
     root->finish_grad_sync();
-    for (const Tensor& p : net.parameters()) ASSERT_TRUE(p.grad().defined()) << "a shard got no gradient";
+    // Each shard's gradient: its rows of the global-batch gradient (Adam would hide a wrong scale).
+    std::map<std::string, Tensor> ref_grads;
+    for (auto& [name, p] : ref.named_parameters()) ref_grads[name] = p.grad();
+    for (const ShardSpec& sp : root->shard_specs()) {
+      ASSERT_TRUE(sp.shard.grad().defined()) << sp.name << " got no gradient";
+      const int64_t c = sp.shard.size(0);
+      const int64_t n = std::clamp<int64_t>(sp.full_shape.empty() ? 1 : sp.full_shape[0] - child.rank * c, 0, c);
+      if (n == 0) continue;
+      const Tensor want = ref_grads.at(sp.name).reshape(sp.shard.dim() == 1 && sp.full_shape.empty() ? Shape{1} : sp.full_shape);
+      EXPECT_LT(rel_err(sp.shard.grad().narrow(0, 0, n), want.narrow(0, child.rank * c, n)), grad_tol) << sp.name;
+    }
+    ref_opt.step();
+    ref_opt.zero_grad();
     opt.step();
     opt.zero_grad();
     Tensor mean_loss = loss.detach().to(kFloat32).reshape({1}).contiguous();
     comm->all_reduce(mean_loss, ReduceOp::AVG);
     EXPECT_NEAR(mean_loss.item(), ref_loss.item(), bf16 ? 2e-2 * std::abs(ref_loss.item()) : 1e-5 * std::abs(ref_loss.item()));
   }
-  const double tol = bf16 ? 3e-2 : 2e-5;
   manual_seed(7);
   TinyNet initial(cfg);
   const auto init = initial.named_parameters();
