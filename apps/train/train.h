@@ -69,6 +69,10 @@ struct TrainConfig {
   std::string sample_prompt = "def ";
   bool golden_dump = false;     // write golden/init.safetensors + golden/batches.safetensors (first 10 steps)
   bool quiet_summary = false;   // tests: no header/footer text
+  // Sharded data parallel: > 1 starts this many ranks (unless a launcher already did: RANK /
+  // WORLD_SIZE set), each training on batch_size / nproc sequences of every global batch.
+  int nproc = 1;
+  bool fsdp = false;  // the sharded code path even on one rank
 };
 
 struct GenerateConfig {
