@@ -13,13 +13,12 @@
 
 namespace kiln::train {
 
-Sharding shard_model(GPT& model, const Device& device, bool force) {
+Sharding shard_model(GPT& model, const Device& device, bool force, std::shared_ptr<dist::Communicator> comm) {
   Sharding sh;
-  const dist::LaunchInfo li = dist::launch_info();
-  if (li.world_size <= 1 && !force) return sh;
+  if (!comm && dist::launch_info().world_size <= 1 && !force) return sh;
   dist::CommOptions o;
-  o.timeout = std::chrono::minutes(5);  // the first step includes rank 0's BlockMask and kernel warm-up
-  sh.comm = dist::new_comm(device.is_cuda() ? "nccl" : "gloo", device, "train", o);
+  o.timeout = std::chrono::minutes(5);  // ranks wait for each other through data preparation
+  sh.comm = comm ? std::move(comm) : dist::new_comm(device.is_cuda() ? "nccl" : "gloo", device, "train", o);
   sh.rank = sh.comm->get_rank();
   sh.world = sh.comm->get_size();
   for (const auto& blk : model.blocks()) dist::fully_shard(*blk, sh.comm);
@@ -108,7 +107,7 @@ void load_shards(const std::string& ckpt_dir, const Sharding& sh, optim::AdamW& 
   for (size_t i = 0; i < opt_names.size(); ++i) {
     state[i].step = adam_steps[i];
     if (adam_steps[i] == 0) continue;
-    const dist::ShardSpec& p = specs[i];
+    const dist::ShardSpec p = specs[i];  // a copy: specs grows below
     state[i].exp_avg = zeros(p.shard.sizes(), p.shard.options());
     state[i].exp_avg_sq = zeros(p.shard.sizes(), p.shard.options());
     const std::string name = p.name.substr(6);  // without "model."

@@ -21,9 +21,9 @@ struct Sharding {
   bool active() const { return root != nullptr; }
 };
 
-// Shards the model when this process is one of several ranks, or `force` (one rank: the sharded
-// code path on its own). Gloo on the CPU, NCCL on CUDA.
-Sharding shard_model(GPT& model, const Device& device, bool force);
+// Shards the model over `comm` when given, else when this process is one of several launched
+// ranks, or `force` (one rank: the sharded code path on its own). Gloo on the CPU, NCCL on CUDA.
+Sharding shard_model(GPT& model, const Device& device, bool force, std::shared_ptr<dist::Communicator> comm = nullptr);
 // The rank's rows of a global micro-batch: batch_size / world sequences.
 Batch local_part(const Batch& global, int rank, int world);
 // The mean of `value` over the ranks (value itself when not sharded).

@@ -243,7 +243,7 @@ TrainResult train(const TrainConfig& requested, std::ostream& rank0_out) {
   check_settings(cfg);
   // Sharded runs: rank 0 speaks and owns the run folder; the other ranks keep their metrics in
   // <run>/rank<r> and print nothing.
-  const int launch_rank = dist::launch_info().rank;
+  const int launch_rank = cfg.comm ? cfg.comm->get_rank() : dist::launch_info().rank;
   std::ofstream silent;  // never opened: what rank > 0 would print is dropped
   std::ostream& out = launch_rank == 0 ? rank0_out : silent;
   ThreadsGuard threads_guard;
@@ -322,7 +322,7 @@ TrainResult train(const TrainConfig& requested, std::ostream& rank0_out) {
   GPT model(mc);
   if (pl.device.is_cuda()) model.to(pl.device);
   // From here model.parameters() are this rank's shards (the optimizer steps on them).
-  const Sharding sh = shard_model(model, pl.device, cfg.fsdp);
+  const Sharding sh = shard_model(model, pl.device, cfg.fsdp, cfg.comm);
   // Weight decay on matrices only (norm gains and the like are left alone).
   std::vector<Tensor> decay, no_decay;
   std::vector<std::string> decay_names, no_decay_names;
@@ -597,8 +597,10 @@ TrainResult train(const TrainConfig& requested, std::ostream& rank0_out) {
   return result;
 }
 
-int run_train(const TrainConfig& cfg, std::ostream& out) {
+int run_train(const TrainConfig& cfg, std::ostream& rank0_out) {
   if (cfg.nproc > 1 && dist::launch_info().source == "none") return spawn_ranks(cfg.nproc);
+  std::ofstream silent;  // never opened: ranks other than 0 print nothing
+  std::ostream& out = dist::launch_info().rank == 0 ? rank0_out : silent;
   TrainResult r;
   try {
     r = train(cfg, out);

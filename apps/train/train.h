@@ -3,6 +3,7 @@
 // progress, metrics, checkpoints, resume) and sampling from a checkpoint.
 #include <cstdint>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <set>
@@ -10,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/dist.h"
 #include "model.h"
 
 namespace CLI {
@@ -73,6 +75,9 @@ struct TrainConfig {
   // WORLD_SIZE set), each training on batch_size / nproc sequences of every global batch.
   int nproc = 1;
   bool fsdp = false;  // the sharded code path even on one rank
+  // C++ callers that formed the ranks themselves: the communicator to shard over (unset: the
+  // launcher's ranks, as `kiln run` / torchrun set them).
+  std::shared_ptr<dist::Communicator> comm;
 };
 
 struct GenerateConfig {
