@@ -1,12 +1,14 @@
-// `kiln train`'s sharded path: the tiny GPT over 2 Gloo ranks follows the 1-process loss curve on
-// the same global batches (fp32 reduction order apart), and resuming it from a sharded checkpoint
-// reproduces the uninterrupted run bit for bit.
+// `kiln train`'s sharded path: the micro GPT over 2 Gloo ranks follows the 1-process loss curve on
+// the same global batches (fp32 reduction order apart), resuming it from a sharded checkpoint
+// reproduces the uninterrupted run bit for bit, and one rank (Gloo here, NCCL on a GPU) takes the
+// same training steps as the plain run.
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dist/harness.h"
+#include "support/testing.h"
 #include "train.h"
 
 namespace kiln::dist::testing {
@@ -83,6 +85,45 @@ TEST(FullyShardGpt, TwoRanksFollowOneProcessAndResumeBitExact) {
     EXPECT_EQ(rest[i], sharded[3 + i]) << "step " << i + 4;
   }
   fs::remove_all(base);
+}
+
+}  // namespace kiln::dist::testing
+
+namespace kiln::dist::testing {
+
+namespace {
+
+// The sharded path on one rank (`kiln train --fsdp`) against the plain run: the same first loss
+// bit for bit (the gather and reduce-scatter of one rank copy), the next ones within the
+// clipping's summation order.
+void expect_one_rank_sharded_equals_plain(const std::string& device) {
+  const std::string base = ::testing::TempDir() + "/kiln_fsdp_gpt_one_" + device.substr(0, 4);
+  fs::remove_all(base);
+  train::TrainConfig c = gpt_config(base + "/plain");
+  c.device = device;
+  c.steps = 3;
+  c.checkpoint_every = 0;
+  c.eval_every = 0;
+  std::ostringstream sink;
+  const train::TrainResult plain = train::train(c, sink);
+  c.run_dir = base + "/sharded";
+  c.fsdp = true;
+  const train::TrainResult sharded = train::train(c, sink);
+  ASSERT_EQ(plain.train_losses.size(), 3u);
+  ASSERT_EQ(sharded.train_losses.size(), 3u);
+  EXPECT_EQ(sharded.train_losses[0], plain.train_losses[0]);
+  for (size_t i = 1; i < 3; ++i)
+    EXPECT_NEAR(sharded.train_losses[i], plain.train_losses[i], 1e-5 * plain.train_losses[i]) << "step " << i + 1;
+  fs::remove_all(base);
+}
+
+}  // namespace
+
+TEST(FullyShardGpt, OneRankGlooStepEqualsUnsharded) { expect_one_rank_sharded_equals_plain("cpu"); }
+
+TEST(FullyShardGpt, OneRankNcclStepEqualsUnsharded) {
+  KILN_REQUIRE_CUDA();
+  expect_one_rank_sharded_equals_plain("cuda");
 }
 
 }  // namespace kiln::dist::testing
