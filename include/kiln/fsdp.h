@@ -5,8 +5,8 @@
 //   auto root = kiln::dist::fully_shard(model, comm);                    // the rest; last
 //   root->set_separate_reduce_scatter_group(rs_comm);                   // optional: overlap
 //   AdamW opt(model.parameters());          // the shards: model.parameters() between steps
-//   Tensor loss = root->forward([&] { ... run the model, calling each block through
-//                                     fsdp_module(*block)->forward([&] { return block(x); }) ... });
+//   // in the model's forward: fsdp_forward(*block, [&] { return block->forward(x); }) per block,
+//   // and the whole forward inside fsdp_forward(model, ...) (or root->forward(...)).
 //   loss.backward();  root->finish_grad_sync();  opt.step();
 //
 // Each parameter is split on dim 0 into world_size equal row blocks (the last padded with zero
