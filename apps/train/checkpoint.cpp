@@ -125,16 +125,18 @@ void check_config_json(const std::string& config_json, const std::string& where)
 
 std::string save_checkpoint(const std::string& run_dir, const GPT& model, const optim::AdamW& opt,
                             const std::vector<std::string>& opt_names, const Tokenizer& tok,
-                            const TrainState& state, int keep) {
+                            const TrainState& state, int keep, bool tensor_files) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   char name[32];
   std::snprintf(name, sizeof(name), "step-%07lld", static_cast<long long>(state.step));
   const fs::path dir = root / name;
   fs::create_directories(dir);
 
-  io::TensorDict weights;
-  for (const auto& [pname, p] : model.named_parameters()) weights.insert(pname, p.detach().cpu());
-  io::save((dir / "model.safetensors").string(), weights, {{"format", "kiln-gpt"}}, /*checksums=*/true);
+  if (tensor_files) {
+    io::TensorDict weights;
+    for (const auto& [pname, p] : model.named_parameters()) weights.insert(pname, p.detach().cpu());
+    io::save((dir / "model.safetensors").string(), weights, {{"format", "kiln-gpt"}}, /*checksums=*/true);
+  }
   io::TensorDict moments;
   nlohmann::json adam_steps = nlohmann::json::array();
   const auto& st = opt.state();
@@ -147,7 +149,7 @@ std::string save_checkpoint(const std::string& run_dir, const GPT& model, const 
       moments.insert("exp_avg_sq." + opt_names[i], st[i].exp_avg_sq.cpu());
     }
   }
-  io::save((dir / "optimizer.safetensors").string(), moments, {}, /*checksums=*/true);
+  if (tensor_files) io::save((dir / "optimizer.safetensors").string(), moments, {}, /*checksums=*/true);
   io::TensorDict rng;
   nlohmann::json rng_json = {{"seed", state.seed}};
   for (const auto& [key, t] : state.rng) {

@@ -36,9 +36,10 @@ void write_file_atomic(const std::string& path, const std::string& contents);
 // Tensors are written from the CPU (device tensors are copied), with a CRC-32 per tensor in the
 // files' metadata that loading checks. opt_names: the parameter names in the optimizer's flat order
 // (its groups in order). Saves and returns the checkpoint folder; keeps the newest `keep` folders.
+// tensor_files false: no model / optimizer files (a sharded run's ranks wrote them into shards/).
 std::string save_checkpoint(const std::string& run_dir, const GPT& model, const optim::AdamW& opt,
                             const std::vector<std::string>& opt_names, const Tokenizer& tok,
-                            const TrainState& state, int keep = 2);
+                            const TrainState& state, int keep = 2, bool tensor_files = true);
 
 // `path` itself when it holds state.json, else the folder <path>/checkpoints/latest names; empty
 // only when there is no `latest` at all. A `latest` that is empty, garbage, names anything but a

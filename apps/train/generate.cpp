@@ -141,6 +141,9 @@ void add_train_options(CLI::App* sub, TrainConfig& c) {
   sub->add_option("--stop-after", c.stop_after, "stop after this step (the schedule still spans --steps)");
   sub->add_option("--seed", c.seed, "initialisation and data-order seed");
   sub->add_option("--threads", c.threads, "OpenMP threads (0: default)");
+  sub->add_option("--nproc", c.nproc, "sharded data parallel over N processes on this machine (fully_shard per block)")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--fsdp", c.fsdp, "the sharded code path on a single process");
   sub->add_option("--progress", c.progress, "auto, tty, plain or none")
       ->check(CLI::IsMember({"auto", "tty", "plain", "none"}));
   sub->add_option("--sample-tokens", c.sample_tokens, "tokens generated at the end (0: none)");

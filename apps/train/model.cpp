@@ -7,6 +7,7 @@
 
 #include "kiln/autocast.h"
 #include "kiln/autograd.h"
+#include "kiln/fsdp.h"
 #include "kiln/lce.h"
 #include "kiln/ops.h"
 #include "profile.h"
@@ -144,7 +145,8 @@ Tensor GPT::hidden(const Tensor& idx, const flex::BlockMask& mask) {
     Phase ph("embedding");
     x = F::dropout(F::embedding(idx, tok_emb), c_.dropout, is_training());
   }
-  for (auto& blk : blocks_) x = blk->forward(x, cos, sin, mask);
+  // Sharded runs (fully_shard per block) gather each block's parameters around its forward.
+  for (auto& blk : blocks_) x = dist::fsdp_forward(*blk, [&] { return blk->forward(x, cos, sin, mask); });
   Phase ph("norms");
   return F::rms_norm(x, final_norm, c_.norm_eps);
 }
@@ -154,6 +156,10 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& target, const Tensor& doc_ids)
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& target, const flex::BlockMask& mask) {
+  return dist::fsdp_forward(*this, [&] { return unsharded_loss(idx, target, mask); });
+}
+
+Tensor GPT::unsharded_loss(const Tensor& idx, const Tensor& target, const flex::BlockMask& mask) {
   const Tensor h = hidden(idx, mask);
   Phase ph("lce");
   F::LinearCrossEntropyOptions o;
@@ -182,8 +188,10 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& target, const flex::BlockMask&
 Tensor GPT::last_logits(const Tensor& idx) {
   const int64_t T = idx.size(1);
   const flex::BlockMask mask = flex::create_block_mask(flex::causal_mask(), 1, 1, T, T, 64);
-  const Tensor h = hidden(idx, mask);
-  return linear(h.select(0, 0).select(0, T - 1), tok_emb);
+  return dist::fsdp_forward(*this, [&] {
+    const Tensor h = hidden(idx, mask);
+    return linear(h.select(0, 0).select(0, T - 1), tok_emb);
+  });
 }
 
 }  // namespace kiln::train

@@ -69,8 +69,10 @@ class GPT : public nn::Module {
 
   Tensor& tok_emb;
   Tensor& final_norm;
+  const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
 
  private:
+  Tensor unsharded_loss(const Tensor& idx, const Tensor& target, const flex::BlockMask& mask);
   ModelConfig c_;
   std::vector<std::shared_ptr<Block>> blocks_;
   Tensor& cos_;  // rotary tables, registered as buffers so module.to(device) moves them

@@ -31,6 +31,7 @@
 #include "profile.h"
 #include "report.h"
 #include "resume.h"
+#include "sharding.h"
 
 namespace fs = std::filesystem;
 
@@ -237,9 +238,14 @@ void check_settings(const TrainConfig& c) {
 }
 }  // namespace
 
-TrainResult train(const TrainConfig& requested, std::ostream& out) {
+TrainResult train(const TrainConfig& requested, std::ostream& rank0_out) {
   TrainConfig cfg = requested;  // a resumed run takes its saved settings into this copy
   check_settings(cfg);
+  // Sharded runs: rank 0 speaks and owns the run folder; the other ranks keep their metrics in
+  // <run>/rank<r> and print nothing.
+  const int launch_rank = cfg.comm ? cfg.comm->get_rank() : dist::launch_info().rank;
+  std::ofstream silent;  // never opened: what rank > 0 would print is dropped
+  std::ostream& out = launch_rank == 0 ? rank0_out : silent;
   ThreadsGuard threads_guard;
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   Placement pl{Device(cfg.device)};
@@ -252,6 +258,8 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
 
   // Resume: the checkpoint's settings, tokenizer and data position; the model shape must match.
   const std::string ckpt = resume_checkpoint(cfg);
+  const std::string shared_run_dir = cfg.run_dir;  // where every rank's checkpoint shards go
+  if (launch_rank != 0) cfg.run_dir = (fs::path(cfg.run_dir) / ("rank" + std::to_string(launch_rank))).string();
   TrainState state;
   state.seed = cfg.seed;
   std::vector<std::string> resume_notes;
@@ -313,6 +321,8 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
   manual_seed(cfg.seed);
   GPT model(mc);
   if (pl.device.is_cuda()) model.to(pl.device);
+  // From here model.parameters() are this rank's shards (the optimizer steps on them).
+  const Sharding sh = shard_model(model, pl.device, cfg.fsdp, cfg.comm);
   // Weight decay on matrices only (norm gains and the like are left alone).
   std::vector<Tensor> decay, no_decay;
   std::vector<std::string> decay_names, no_decay_names;
@@ -347,7 +357,8 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
     const nlohmann::json saved = nlohmann::json::parse(state.config_json);
     KILN_CHECK(saved.at("model") == model_json(mc), "train", "--resume: the checkpoint's model ",
                saved.at("model").dump(), " differs from the requested ", model_json(mc).dump());
-    load_weights(ckpt, model, &opt, opt_names);
+    if (sh.active()) load_shards(ckpt, sh, opt, opt_names, state.adam_steps);
+    else load_weights(ckpt, model, &opt, opt_names);
     const std::string bad = first_nonfinite_parameter(model.named_parameters());
     KILN_CHECK(bad.empty(), "train", "--resume: the checkpoint ", ckpt, " is not usable: its ", bad);
     restore_rng(state.rng);  // after model init, which drew from the generator
@@ -432,6 +443,15 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
     for (int64_t micro = 0; micro < cfg.grad_accum; ++micro) {
       PreparedBatch pb = ahead ? std::move(*ahead) : prepare_batch(loader, model, cfg.batch_size);
       ahead.reset();
+      // Sharded: this rank's rows; its mean loss is weighted by its share of the global batch's
+      // targets, so the ranks' average is the global-batch mean the single process computes.
+      double loss_weight = 1.0;
+      if (sh.active()) {
+        const int64_t global_tokens = pb.batch.tokens;
+        pb.batch = local_part(pb.batch, sh.rank, sh.world);
+        pb.mask = model.block_mask(pb.batch.doc_ids);
+        loss_weight = static_cast<double>(pb.batch.tokens * sh.world) / static_cast<double>(global_tokens);
+      }
       const Batch& b = pb.batch;
       if (cfg.golden_dump && step < 10) {
         const std::string k = "step" + std::to_string(step) + ".micro" + std::to_string(micro) + ".";
@@ -439,18 +459,20 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
         golden_batches.insert(k + "target", b.target);
         golden_batches.insert(k + "doc_ids", b.doc_ids);
       }
-      const Tensor loss = batch_loss(model, b, pb.mask, pl);
+      const Tensor loss = loss_weight == 1.0 ? batch_loss(model, b, pb.mask, pl) : batch_loss(model, b, pb.mask, pl) * loss_weight;
       {
         Phase ph("backward");  // outside autocast, as PyTorch recommends
         (cfg.grad_accum > 1 ? loss / static_cast<double>(cfg.grad_accum) : loss).backward();
       }
       micro_losses.push_back(loss.detach());
-      tokens += b.input.numel();
+      tokens += b.input.numel() * sh.world;
     }
     Tensor grad_norm_t;
     {
       Phase ph("optimizer");
-      grad_norm_t = optim::clip_grad_norm_(model.parameters(), cfg.grad_clip);
+      if (sh.active()) sh.root->finish_grad_sync();  // the reduce-scatters into the shards' .grad
+      grad_norm_t = sh.active() ? dist::clip_grad_norm_sharded_(model.parameters(), cfg.grad_clip, *sh.comm)
+                                : optim::clip_grad_norm_(model.parameters(), cfg.grad_clip);
       opt.step();
       opt.zero_grad();
     }
@@ -464,7 +486,7 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
       timer->collect(phase_ms);
       bench_step_s.push_back(now_s() - t0);
     }
-    const double loss = loss_sum / static_cast<double>(cfg.grad_accum);
+    const double loss = mean_over_ranks(sh, loss_sum / static_cast<double>(cfg.grad_accum));
     // A non-finite loss, gradient norm or parameter stops the run at this step, before anything
     // of it is saved: the last checkpoint stays the last good one.
     std::string bad;
@@ -494,6 +516,7 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
     nlohmann::json m = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"tokens", tokens},
                         {"step_s", dt}, {"tokens_per_s", tok_s}, {"elapsed_s", now_s() - t_start},
                         {"kiln_allocated_bytes", mem.allocated}, {"kiln_peak_bytes", mem.peak_allocated},
+                        {"peak_rss_bytes", peak_rss_bytes()}, {"rank", sh.rank}, {"world", sh.world},
                         {"telemetry", nlohmann::json::parse(telemetry::to_json(tel))}};
     metrics << m.dump() << "\n";
     if (step % cfg.log_every == 0 || step == end || progress_mode == "tty") {
@@ -514,7 +537,16 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
       state.data_epoch = ahead ? ahead->epoch : loader.epoch();  // a prepared batch is not consumed yet
       state.data_cursor = ahead ? ahead->cursor : loader.cursor();
       state.rng = capture_rng(pl.device);
-      const std::string dir = save_checkpoint(cfg.run_dir, model, opt, opt_names, tok, state);
+      std::string dir;
+      if (sh.active()) {
+        char name[32];
+        std::snprintf(name, sizeof(name), "step-%07lld", static_cast<long long>(step));
+        save_shards((fs::path(shared_run_dir) / "checkpoints" / name).string(), sh, opt, opt_names);
+        if (sh.rank == 0) dir = save_checkpoint(cfg.run_dir, model, opt, opt_names, tok, state, 2, /*tensor_files=*/false);
+        sh.comm->barrier();  // `latest` names the new folder before any rank goes on
+      } else {
+        dir = save_checkpoint(cfg.run_dir, model, opt, opt_names, tok, state);
+      }
       metrics << std::flush;
       progress.print("checkpoint " + dir);
     }
@@ -565,7 +597,10 @@ TrainResult train(const TrainConfig& requested, std::ostream& out) {
   return result;
 }
 
-int run_train(const TrainConfig& cfg, std::ostream& out) {
+int run_train(const TrainConfig& cfg, std::ostream& rank0_out) {
+  if (cfg.nproc > 1 && dist::launch_info().source == "none") return spawn_ranks(cfg.nproc);
+  std::ofstream silent;  // never opened: ranks other than 0 print nothing
+  std::ostream& out = dist::launch_info().rank == 0 ? rank0_out : silent;
   TrainResult r;
   try {
     r = train(cfg, out);

@@ -3,6 +3,7 @@
 // progress, metrics, checkpoints, resume) and sampling from a checkpoint.
 #include <cstdint>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <set>
@@ -10,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/dist.h"
 #include "model.h"
 
 namespace CLI {
@@ -69,6 +71,13 @@ struct TrainConfig {
   std::string sample_prompt = "def ";
   bool golden_dump = false;     // write golden/init.safetensors + golden/batches.safetensors (first 10 steps)
   bool quiet_summary = false;   // tests: no header/footer text
+  // Sharded data parallel: > 1 starts this many ranks (unless a launcher already did: RANK /
+  // WORLD_SIZE set), each training on batch_size / nproc sequences of every global batch.
+  int nproc = 1;
+  bool fsdp = false;  // the sharded code path even on one rank
+  // C++ callers that formed the ranks themselves: the communicator to shard over (unset: the
+  // launcher's ranks, as `kiln run` / torchrun set them).
+  std::shared_ptr<dist::Communicator> comm;
 };
 
 struct GenerateConfig {

@@ -7,6 +7,7 @@
 #include "kiln/dtype.h"
 #include "kiln/error.h"
 #include "kiln/flex.h"
+#include "kiln/fsdp.h"
 #include "kiln/io.h"
 #include "kiln/memory.h"
 #include "kiln/nn.h"
