@@ -46,5 +46,15 @@ bench: build
 	$(BUILD)/bench/bench_lce --device cpu --tokens 512 --hidden 256 --vocab 8192
 	$(BUILD)/bench/bench_flex --device cpu
 
+# kiln on aarch64 (scripts/arm.sh): a cross build into build-arm/, then every CPU test under
+# qemu-aarch64 with SVE at 128, 256 and 512 bits and with NEON only (and the SIMD kernel tests on
+# A64FX's plain SVE), `kiln info` printing the Highway target the kernels dispatched to in each.
+# Left out under qemu: the install check, Train.KillNineLosesOnlyStepsSinceCheckpoint (it execs
+# an aarch64 child, which needs binfmt_misc) and FlexBlockMask.MillionTokenSlidingWindowIsFastAndSmall
+# (a wall-clock bound for native speed).
+.PHONY: test-arm
+test-arm:
+	JOBS=$(JOBS) scripts/arm.sh all
+
 clean:
 	rm -rf $(BUILD)

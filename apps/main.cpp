@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/cpu.h"
 #include "kiln/kiln.h"
 #include "dist_commands.h"
 #include "io_commands.h"
@@ -28,6 +29,17 @@ int run_info() {
     std::cout << "  " << d << ": allocated " << kiln::memory_allocated(d) << " B, reserved "
               << kiln::memory_reserved(d) << " B\n";
   }
+  // The CPU kernels' Highway dispatch (logs of Arm runs show SVE / SVE2 / NEON by this).
+  const kiln::CpuSimdInfo simd = kiln::cpu_simd_info();
+  const auto list = [](const std::vector<std::string>& names) {
+    std::string s;
+    for (const auto& n : names) s += " " + n;
+    return s;
+  };
+  std::cout << "CPU SIMD (Highway): dispatched " << simd.target << ", " << simd.vector_bits << "-bit vectors\n"
+            << "  compiled:" << list(simd.compiled) << "\n  runnable here:" << list(simd.runnable) << "\n";
+  for (const auto& family : simd.families) std::cout << "  " << family << ": " << simd.target << "\n";
+  std::cout << "  FlexAttention tiles: plain C++ for the build's baseline (not dispatched)\n";
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "kiln/cpu.h"
 #include "ops/reduce_ref.h"
 #include "support/testing.h"
 
@@ -212,8 +213,11 @@ TEST(Reduce, SumToSize) {
   }
 }
 
-// Bitwise identical results for 1, 2 and 3 threads.
+// Bitwise identical results for 1, 2 and 3 threads. The SIMD sums keep per-lane partials, so
+// their order (and the last bits) depends on the vector width: bitwise determinism holds at one
+// width (one Highway target); every width stays within tolerance of the float64 references.
 TEST(Reduce, DeterministicAcrossThreadCounts) {
+  SCOPED_TRACE("Highway target " + cpu_simd_info().target);
   manual_seed(99);
   const Tensor big = randn({2100000});
   const Tensor col = randn({60000, 7}, kBFloat16);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kiln/cpu.h"
 #include "ops/reduce_ref.h"
 #include "support/testing.h"
 
@@ -60,7 +61,10 @@ TEST(Softmax, ExtremeInputs) {
   EXPECT_EQ(softmax(randn({0, 5}), 1).numel(), 0);
 }
 
+// The row sums of exp run in vector lanes: bitwise identical across threads at one vector width,
+// not across widths (SVE 128 vs 512 bits sum in another order; each is checked against float64).
 TEST(Softmax, DeterministicAcrossThreadCounts) {
+  SCOPED_TRACE("Highway target " + cpu_simd_info().target);
   manual_seed(32);
   const Tensor rows = randn({300, 517}, kBFloat16);
   const Tensor cols = randn({64, 40, 70});
