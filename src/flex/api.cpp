@@ -202,6 +202,7 @@ std::shared_ptr<Prepared> prepare(const Tensor& q, const Tensor& k, const Tensor
     const ExprNode& root = *pr->block_mask.mask_mod.expr.node();
     if (!(root.op == Op::ConstBool && root.ival == 1)) {
       pr->mask = compiled(pr->block_mask.mask_mod.expr);
+      detail::check_mask_loads(*pr->mask, pr->block_mask.mask_mod.expr, kOp, p.B, p.Hq, p.L, p.S);
       p.mask = pr->mask.get();
     }
   } else {

@@ -194,6 +194,7 @@ BlockMask create_block_mask(const MaskMod& mask_mod, int64_t B, int64_t H, int64
   KILN_CHECK(block_size >= 1, op, "block_size must be positive, got ", block_size);
   const detail::Program prog = detail::compile(mask_mod.expr);
   for (const detail::Buffer& buf : prog.buffers) buf.build_pyramid();  // before threads share it
+  detail::check_mask_loads(prog, mask_mod.expr, op, B, H, Q_LEN, KV_LEN);
   const int64_t nQ = ceil_div(Q_LEN, block_size), nKV = ceil_div(KV_LEN, block_size);
   // Only distinct (b, h) pairs are classified; the rest copy them.
   const int64_t Bc = mask_mod.expr.uses_b() ? B : 1, Hc = mask_mod.expr.uses_h() ? H : 1;

@@ -73,6 +73,7 @@ void RowEval<F>::run(int64_t bi, int64_t hi, int64_t qi, int64_t kv0, int64_t n,
           for (int d = 0; d < in.nidx; ++d) {
             int64_t x = iregs_[off_[idx_ops[d]] + j];
             if (x < 0 || x >= buf.sizes[d]) {
+              if (fault_.buf < 0) fault_ = IndexFault{in.buf, d, x, kv0 + j};
               bad = true;
               x = std::clamp<int64_t>(x, 0, buf.sizes[d] - 1);
             }

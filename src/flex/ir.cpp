@@ -301,6 +301,14 @@ std::string to_string(const Expr& e) {
   return os.str();
 }
 
+int detail::captured_number(const Expr& e, const CapturedTensor* t) {
+  std::ostringstream os;
+  std::unordered_map<const CapturedTensor*, int> names;
+  print(*e.node(), os, names);
+  auto it = names.find(t);
+  return it == names.end() ? -1 : it->second;
+}
+
 MaskMod::MaskMod() : expr(true) {}
 MaskMod::MaskMod(Expr e) : expr(std::move(e)) {
   check_complete(expr, "mask_mod");

@@ -76,6 +76,13 @@ class RowEval {
   // captured tensors into grads[buffer] (double, in position order: deterministic).
   void backward(const F* dresult, F* dscore, std::vector<std::vector<double>>& grads);
   bool index_error() const { return index_error_; }
+  // The first out-of-range read since construction: buffer, index dim, the index and its kv.
+  struct IndexFault {
+    int32_t buf = -1;
+    int dim = 0;
+    int64_t index = 0, kv = 0;
+  };
+  const IndexFault& index_fault() const { return fault_; }
 
  private:
   const Program* prog_;
@@ -87,6 +94,7 @@ class RowEval {
   std::vector<uint8_t> bregs_;
   std::vector<F> adj_;
   bool index_error_ = false;
+  IndexFault fault_;
 };
 
 // Interval value of one instruction: ints in [ilo, ihi], floats in [flo, fhi] (nan: may be NaN),
@@ -125,6 +133,16 @@ bool score_grad_is_one(const Program& p);
 // True when interval analysis proves every tensor load of the program in range for all b < B,
 // h < H, q < L, kv < S (so a kernel need not report out-of-range indices back to the host).
 bool loads_in_bounds(const Program& p, int64_t B, int64_t H, int64_t L, int64_t S);
+
+// The number n of `t` in to_string(e), which prints it as bufn (-1 when e does not read it).
+int captured_number(const Expr& e, const CapturedTensor* t);
+
+// Raises a kiln::Error from `op` when some load of the mask program `p` (compiled from `e`)
+// reads outside its tensor at some b < B, h < H, q < L, kv < S: the row evaluator reads every
+// load at every position, so such a read is an error whether or not the blocks it falls in are
+// ever evaluated. Interval analysis proves most masks in range at once; boxes it cannot decide
+// are split, and small ones evaluated exactly (bounds.cpp).
+void check_mask_loads(const Program& p, const Expr& e, const char* op, int64_t B, int64_t H, int64_t L, int64_t S);
 
 }  // namespace detail
 }  // namespace kiln::flex

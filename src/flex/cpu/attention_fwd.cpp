@@ -17,6 +17,16 @@
 #include "flex/cpu/attention.h"
 
 namespace kiln::flex::cpu {
+namespace {
+
+template <typename F>
+bool has_nan(const F* s, int64_t n) {
+  bool nan = false;
+  for (int64_t c = 0; c < n; ++c) nan |= s[c] != s[c];
+  return nan;
+}
+
+}  // namespace
 
 template <typename T>
 void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, acc_t<T>* lse, bool* index_error) {
@@ -37,6 +47,7 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
       *acc = take(p.QB * p.Ev), *mrow = take(p.QB), *lrow = take(p.QB);
     std::vector<std::pair<int32_t, bool>> blocks;
     std::vector<int32_t> lo(static_cast<size_t>(p.QB)), hi(static_cast<size_t>(p.QB));
+    std::vector<uint8_t> nan_row(static_cast<size_t>(p.QB));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t i = u % p.nQ, bh = u / p.nQ, b = bh / p.Hq, h = bh % p.Hq, hk = h / G;
@@ -48,6 +59,7 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
       std::fill_n(acc, m * p.Ev, F(0));
       std::fill_n(mrow, m, kNegInf);
       std::fill_n(lrow, m, F(0));
+      std::fill_n(nan_row.begin(), m, uint8_t{0});
       p.kv_blocks(b, h, i, blocks);
       for (const auto& [j, partial] : blocks) {
         const int64_t c0 = j * p.KB, n = std::min(p.KB, p.S - c0);
@@ -60,6 +72,13 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
         for (int64_t r = 0; r < m; ++r) {
           F* s = st + r * p.KB;
           mod_row(mods, p, s, b, h, r0 + r, c0, n, partial);
+          // A NaN score makes the row's softmax NaN (as PyTorch's): the row is written as NaN at
+          // the end and contributes nothing meanwhile (row_max and the exp would drop or garble it).
+          if (nan_row[r] || has_nan(s, n)) {
+            nan_row[r] = 1;
+            std::fill_n(s, n, F(0));
+            continue;
+          }
           const F mx = row_max(s, n);
           const F m_new = mx > mrow[r] ? mx : mrow[r];
           if (m_new == kNegInf) {  // nothing attended yet in this row: contributes nothing
@@ -78,6 +97,11 @@ void flex_forward(const Problem& p, const T* q, const T* k, const T* v, T* out, 
       T* ob = out + ((b * p.Hq + h) * p.L + r0) * p.Ev;
       F* lb = lse + (b * p.Hq + h) * p.L + r0;
       for (int64_t r = 0; r < m; ++r) {
+        if (nan_row[r]) {
+          std::fill_n(ob + r * p.Ev, p.Ev, cast_value<T>(std::numeric_limits<F>::quiet_NaN()));
+          lb[r] = std::numeric_limits<F>::quiet_NaN();
+          continue;
+        }
         const F l = lrow[r];
         const F inv = l > F(0) ? F(1) / l : F(0);  // fully masked rows: output 0, lse -inf
         for (int64_t e = 0; e < p.Ev; ++e) ob[r * p.Ev + e] = cast_value<T>(acc[r * p.Ev + e] * inv);
