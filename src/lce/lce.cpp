@@ -271,8 +271,8 @@ LinearCrossEntropyLoss::LinearCrossEntropyLoss(int64_t in_features, int64_t num_
                                                functional::LinearCrossEntropyOptions options,
                                                TensorOptions tensor_options)
     : options_(std::move(options)) {
-  KILN_CHECK(in_features > 0 && num_classes > 0, "LinearCrossEntropyLoss", "in_features and num_classes must be > 0, got ",
-             in_features, " and ", num_classes);
+  KILN_CHECK(in_features > 0, "LinearCrossEntropyLoss", "in_features must be a positive integer, got ", in_features);
+  KILN_CHECK(num_classes > 0, "LinearCrossEntropyLoss", "num_classes must be a positive integer, got ", num_classes);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   NoGradGuard ng;
   auto uniform = [&](const Shape& shape) {

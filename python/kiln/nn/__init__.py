@@ -1,5 +1,6 @@
 """kiln.nn: functional ops, attention, and LinearCrossEntropyLoss (torch.nn names)."""
 import math
+import numbers
 
 from . import attention, functional
 from .. import _C
@@ -18,6 +19,9 @@ class LinearCrossEntropyLoss:
     logit_softcap, strategy, ...)."""
 
     def __init__(self, in_features, num_classes, bias=False, *, dtype=None, device=None, **options):
+        for name, value in (("in_features", in_features), ("num_classes", num_classes)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+                raise ValueError(f"LinearCrossEntropyLoss: {name} must be a positive integer, got {value!r}")
         bound = 1.0 / math.sqrt(in_features)
         w = _C.rand(num_classes, in_features, dtype="float32", device=device) * (2 * bound) - bound
         self.weight = (w.to(dtype) if dtype is not None else w).detach().requires_grad_(True)
