@@ -10,6 +10,7 @@
 #include "dist/harness.h"
 #include "support/testing.h"
 #include "train.h"
+#include "train/micro_config.h"
 
 namespace kiln::dist::testing {
 
@@ -17,21 +18,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The training tests' micro run on synthetic data, one thread a rank.
 train::TrainConfig gpt_config(const std::string& run_dir) {
-  train::TrainConfig c;
-  c.preset = "micro";
+  train::TrainConfig c = train::testing::micro_test_config("", run_dir);
   c.synthetic = true;
-  c.run_dir = run_dir;
-  c.steps = 6;
-  c.batch_size = 4;
-  c.warmup_steps = 2;
-  c.eval_every = 3;
-  c.eval_batches = 1;
-  c.checkpoint_every = 3;
-  c.log_every = 1;
-  c.progress = "none";
-  c.sample_tokens = 0;
-  c.quiet_summary = true;
   c.threads = 1;
   return c;
 }
