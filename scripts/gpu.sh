@@ -33,7 +33,7 @@
 # on the same warm machine only rebuilds what changed: for full figures run `tests`, then
 # `lce flex`, then `train` as separate calls.
 #
-# Knobs (environment): OUT, BUILD, DEADLINE, JOBS (ninja, default nproc), CTEST_JOBS (12),
+# Knobs (environment): OUT, BUILD, DEADLINE, JOBS (ninja, default nproc), CTEST_JOBS (12), CTEST_EXCLUDE,
 # TESTS_SERIAL=1 (CTest, then pytest), ITERS / WARMUP (compare_torch.py; default 20 / 5, 10 / 3 under
 # `all`), LCE_ROWS / FLEX_ROWS (row indices, e.g. 0,3), TRAIN_STEPS (6), TRAIN_WARMUP (2), PASSES (ab,
 # 2); KILN_* tuning variables pass through to every part. Exit status 0 when every part ran to its end.
@@ -212,7 +212,9 @@ suite_tests() {  # CTest and pytest side by side (TESTS_SERIAL=1: one after the 
   grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -20 | tee -a "$OUT/gpu.log"
 }
 run_ctest() {
-  part ctest "$1" "$OUT/ctest.log" ctest --test-dir "$BUILD" -j "$CTEST_JOBS" --output-on-failure --timeout 200
+  # CTEST_EXCLUDE: a regex of tests to leave out (e.g. the NVRTC compile sweeps, which need no GPU).
+  part ctest "$1" "$OUT/ctest.log" ctest --test-dir "$BUILD" -j "$CTEST_JOBS" --output-on-failure --timeout 200 \
+    ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"}
 }
 run_pytest() {
   part pytest "$1" "$OUT/pytest.log" \
