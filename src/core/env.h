@@ -44,9 +44,3 @@ LaunchEnv launch_env();
 std::vector<std::string> environment_with(const std::vector<std::pair<std::string, std::string>>& overrides);
 
 }  // namespace kiln::detail
-
-namespace kiln::detail {
-// Old per-op switches, still read by flex and LCE until their plans take Tuning values.
-const char* env_switch(const char* op, const char* var, const char* a, const char* b);
-bool env_flag(const char* op, const char* var, bool dflt);
-}  // namespace kiln::detail
