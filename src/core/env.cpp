@@ -135,20 +135,23 @@ LaunchEnv parse_launch_env(const std::function<const char*(const char*)>& lookup
   constexpr int kMaxRanks = 1 << 24;
   LaunchEnv e;
   const char* master_port = get("MASTER_PORT");
-  if (get("RANK") && get("WORLD_SIZE")) {
-    e.source = "env";
-    e.world_size = parse_int("WORLD_SIZE", get("WORLD_SIZE"), 1, kMaxRanks);
-    e.rank = parse_int("RANK", get("RANK"), 0, e.world_size - 1);
-    if (const char* v = get("LOCAL_RANK")) e.local_rank = parse_int("LOCAL_RANK", v, 0, kMaxRanks);
+  // torchrun's and Slurm's names for the same four numbers.
+  struct Names {
+    const char *source, *rank, *world, *local_rank, *local_world;
+  };
+  constexpr Names kTorchrun{"env", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+  constexpr Names kSlurm{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"};
+  auto read_ranks = [&](const Names& n) {
+    if (!get(n.rank) || !get(n.world)) return false;
+    e.source = n.source;
+    e.world_size = parse_int(n.world, get(n.world), 1, kMaxRanks);
+    e.rank = parse_int(n.rank, get(n.rank), 0, e.world_size - 1);
+    if (const char* v = get(n.local_rank)) e.local_rank = parse_int(n.local_rank, v, 0, kMaxRanks);
     e.local_world_size = e.world_size;
-    if (const char* v = get("LOCAL_WORLD_SIZE")) e.local_world_size = parse_int("LOCAL_WORLD_SIZE", v, 1, kMaxRanks);
-  } else if (get("SLURM_PROCID") && get("SLURM_NTASKS")) {
-    e.source = "slurm";
-    e.world_size = parse_int("SLURM_NTASKS", get("SLURM_NTASKS"), 1, kMaxRanks);
-    e.rank = parse_int("SLURM_PROCID", get("SLURM_PROCID"), 0, e.world_size - 1);
-    if (const char* v = get("SLURM_LOCALID")) e.local_rank = parse_int("SLURM_LOCALID", v, 0, kMaxRanks);
-    e.local_world_size = e.world_size;
-    if (const char* v = get("SLURM_NTASKS_PER_NODE")) e.local_world_size = parse_int("SLURM_NTASKS_PER_NODE", v, 1, kMaxRanks);
+    if (const char* v = get(n.local_world)) e.local_world_size = parse_int(n.local_world, v, 1, kMaxRanks);
+    return true;
+  };
+  if (!read_ranks(kTorchrun) && read_ranks(kSlurm)) {
     const char* nodes = get("SLURM_STEP_NODELIST") ? get("SLURM_STEP_NODELIST") : get("SLURM_JOB_NODELIST");
     if (nodes) e.master_addr = first_slurm_host(nodes);
     if (!master_port)
