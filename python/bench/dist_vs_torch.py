@@ -18,11 +18,12 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from kiln.distributed._ports import free_port_pair
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -123,20 +124,6 @@ def worker(args):
 
 def fmt_size(b):
     return f"{b // MiB} MiB" if b >= MiB else f"{b // KiB} KiB"
-
-
-def free_port_pair():
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise RuntimeError("no free port pair")
 
 
 def launch(nproc, argv, limit):

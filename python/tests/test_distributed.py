@@ -6,7 +6,6 @@ NumPy reference of all ranks' inputs (each rank regenerates every rank's input f
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ if __name__ != "__main__":
 
 import kiln
 import kiln.distributed as dist
+from kiln.distributed._ports import free_port_pair
 
 REPO = Path(__file__).resolve().parents[2]
 TOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1e-2, "float16": 2e-3, "int64": 0.0}
@@ -26,23 +26,6 @@ SIZES = (1, 13, 1001, 40_003)  # odd; the small ones complete inside the input c
 
 
 # ---------------------------------------------------------------- launching
-
-def _free_port_pair():
-    """A port p with p + 1 free too (kiln's store listens on MASTER_PORT + 1)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise RuntimeError("no free port pair")
-
 
 def _child_env(extra=None):
     env = dict(os.environ)
@@ -76,7 +59,7 @@ def _report(results):
 def launch(case, nproc, tmp_path, *, limit=40.0, expect=None):
     """Runs CASE on nproc ranks; every rank must exit with expect[rank] (default 0)."""
     seed = int.from_bytes(os.urandom(4), "little")
-    port = _free_port_pair()
+    port = free_port_pair()
     trace = tmp_path / "trace"
     procs, logs = [], []
     for r in range(nproc):
@@ -411,7 +394,7 @@ if __name__ != "__main__":
         else:
             pytest.importorskip("torch", reason="torch is not installed (torchrun comes with it)")
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-                   "--master-port", str(_free_port_pair()), str(example)]
+                   "--master-port", str(free_port_pair()), str(example)]
         out = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
         lines = sorted(out.stdout.splitlines())
