@@ -97,13 +97,11 @@ RunResult run_ranks(const RunSpec& spec) {
   std::vector<pid_t> pids(static_cast<size_t>(spec.world), -1);
   pid_t group = 0;
   for (int r = 0; r < spec.world; ++r) {
-    std::vector<std::string> a = {"/proc/self/exe",
-                                  "--gtest_filter=DistChild.Run",
-                                  "--dist-scenario=" + spec.scenario,
-                                  "--dist-rank=" + std::to_string(r),
-                                  "--dist-world=" + std::to_string(spec.world),
-                                  "--dist-port=" + std::to_string(port),
-                                  "--dist-dir=" + res.dir};
+    std::vector<std::string> a = kiln::testing::self_command();
+    for (std::string arg : {std::string("--gtest_filter=DistChild.Run"), "--dist-scenario=" + spec.scenario,
+                            "--dist-rank=" + std::to_string(r), "--dist-world=" + std::to_string(spec.world),
+                            "--dist-port=" + std::to_string(port), "--dist-dir=" + res.dir})
+      a.push_back(std::move(arg));
     if (spec.rank0_hosts) a.push_back("--dist-rank0-hosts");
     for (const auto& [k, v] : spec.args) a.push_back("--dist-arg=" + k + "=" + v);
     std::vector<char*> argv;
@@ -117,7 +115,7 @@ RunResult run_ranks(const RunSpec& spec) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       ::dup2(fd, STDOUT_FILENO);
       ::dup2(fd, STDERR_FILENO);
-      ::execv(argv[0], argv.data());
+      ::execvp(argv[0], argv.data());  // the emulator, if any, is found on PATH
       ::_exit(127);
     }
     ::close(fd);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kiln/dist.h"
+#include "support/testing.h"
 
 namespace kiln::dist::testing {
 

@@ -107,7 +107,10 @@ DIST_SCENARIO(rank1_fails) {
 
 namespace {
 std::vector<std::string> child_command(const std::string& scenario, const std::string& dir) {
-  return {"/proc/self/exe", "--gtest_filter=DistChild.Run", "--dist-scenario=" + scenario, "--dist-dir=" + dir};
+  std::vector<std::string> command = kiln::testing::self_command();
+  for (std::string arg : {std::string("--gtest_filter=DistChild.Run"), "--dist-scenario=" + scenario, "--dist-dir=" + dir})
+    command.push_back(std::move(arg));
+  return command;
 }
 }  // namespace
 

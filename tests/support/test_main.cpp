@@ -4,10 +4,12 @@
 // rather than through the environment.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "support/testing.h"
+#include "test_emulator.h"
 
 namespace kiln::testing {
 namespace {
@@ -18,6 +20,14 @@ std::vector<std::string>& stored_args() {
 }  // namespace
 
 const std::vector<std::string>& program_args() { return stored_args(); }
+
+std::vector<std::string> self_command() {
+  std::vector<std::string> command = {KILN_TEST_EMULATOR_ARGS};
+  // Under an emulator /proc/self/exe names this binary (qemu-user shows the guest's view of it).
+  if (command.empty()) return {"/proc/self/exe"};
+  command.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+  return command;
+}
 
 }  // namespace kiln::testing
 

@@ -16,6 +16,11 @@ namespace kiln::testing {
 // paths a re-executed test binary is given: `test_train --gtest_filter=TrainChild.Run RUN DATA`.
 const std::vector<std::string>& program_args();
 
+// The command that starts this test binary again: {"/proc/self/exe"}, or, in a cross build whose
+// tests run under an emulator (qemu-aarch64), the emulator's command followed by this binary's
+// path, so a child process runs without the host kernel knowing the binary's architecture.
+std::vector<std::string> self_command();
+
 // ||out - ref|| / ||ref|| in float64 over all elements; +inf if any NaN/inf appears in out
 // where ref is finite, or if shapes differ.
 double rel_error(const Tensor& out, const Tensor& ref);

@@ -220,12 +220,16 @@ TEST(TrainChild, Run) {
 TEST(Train, KillNineLosesOnlyStepsSinceCheckpoint) {
   const std::string data = make_corpus("kill", 6);
   const std::string run = data + "_run";
+  std::vector<std::string> command = kiln::testing::self_command();
+  for (std::string arg : {std::string("--gtest_filter=TrainChild.Run"), run, data}) command.push_back(std::move(arg));
+  std::vector<char*> argv;
+  for (auto& word : command) argv.push_back(word.data());
+  argv.push_back(nullptr);
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     // exec a fresh copy of this binary (no OpenMP state inherited across fork).
-    execl("/proc/self/exe", "test_train", "--gtest_filter=TrainChild.Run", run.c_str(), data.c_str(),
-          static_cast<char*>(nullptr));
+    execvp(argv[0], argv.data());
     _exit(127);
   }
   // Wait for a few checkpoints, then kill -9 at an arbitrary moment.
