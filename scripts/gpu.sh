@@ -4,6 +4,7 @@
 #   scripts/gpu.sh [-n|--dry-run] SUITE...          SUITE: tests lce flex train ops all
 #   scripts/gpu.sh [-n|--dry-run] ab VAR=V1,V2[,...] SUITE     SUITE: lce flex train
 #   scripts/gpu.sh prepare                          (here, before the call: .device/debs, .device/commit)
+#   PREBUILT=1 scripts/gpu.sh prepare               (also builds here and packs .device/prebuilt.tar.xz)
 #
 # Suites (run from the repository root of the GPU machine; `all` = tests lce flex train, built once):
 #   tests  a full build for sm_90a with the Python extension, every CTest test (CUDA included), pytest
@@ -34,7 +35,7 @@
 # `lce flex`, then `train` as separate calls.
 #
 # Knobs (environment): OUT, BUILD, DEADLINE, JOBS (ninja, default nproc), CTEST_JOBS (12), CTEST_EXCLUDE,
-# TESTS_SERIAL=1 (CTest, then pytest), ITERS / WARMUP (compare_torch.py; default 20 / 5, 10 / 3 under
+# CTEST_INCLUDE (CTest regexes), PYTEST_PATHS (default python/tests), TESTS_SERIAL=1 (CTest, then pytest), ITERS / WARMUP (compare_torch.py; default 20 / 5, 10 / 3 under
 # `all`), LCE_ROWS / FLEX_ROWS (row indices, e.g. 0,3), TRAIN_STEPS (6), TRAIN_WARMUP (2), PASSES (ab,
 # 2); KILN_* tuning variables pass through to every part. Exit status 0 when every part ran to its end.
 #
@@ -42,6 +43,13 @@
 # .device/debs (git-ignored), fetched here by `scripts/gpu.sh prepare`, carried with the call
 # (carry [".device"]), unpacked with dpkg -x into /opt/deps and found through CMAKE_PREFIX_PATH.
 # torch, nanobind and pytest are installed there.
+#
+# Prebuilt: where device time is short, `PREBUILT=1 scripts/gpu.sh prepare` builds the tree here (in
+# build-pre, with CUDA, the tests, the benchmarks and the extension for that machine's Python 3.12)
+# and packs the binaries, CTest files and the Python package into .device/prebuilt.tar.xz (~25 MiB:
+# the statically linked binaries share most of their bytes). A call that finds the archive unpacks
+# it instead of building, and links this machine's source path to its own checkout, since CTest
+# files and test fixtures name absolute paths.
 #
 #   scripts/gpu.sh prepare                               # here
 #   device run, carry [".device"]:  bash scripts/gpu.sh all
@@ -162,6 +170,7 @@ report() {  # results.json now; with --table, the summary and the table on stdou
 # ---------------------------------------------------------------- build
 build() {  # build TARGET...: unpack the carried Debian packages, configure once, ninja
   local debs=(.device/debs/*.deb)
+  [ -f .device/prebuilt.tar.xz ] && BUILD=build-pre
   if [ -e "${debs[0]}" ]; then
     if [ "$DRY" = 1 ]; then echo "+ dpkg -x <each of ${#debs[@]} .deb in .device/debs> $DEPS"
     else mkdir -p "$DEPS" && for f in "${debs[@]}"; do dpkg -x "$f" "$DEPS"; done; fi
@@ -169,6 +178,7 @@ build() {  # build TARGET...: unpack the carried Debian packages, configure once
     log "no .device/debs: relying on the machine's own packages (scripts/gpu.sh prepare fetches them)"
   fi
   export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  [ -f .device/prebuilt.tar.xz ] && { unpack_prebuilt; return; }
   if [ ! -f "$BUILD/build.ninja" ]; then
     part configure "$(limit build)" "$OUT/build.log" \
       cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS/usr" \
@@ -177,6 +187,19 @@ build() {  # build TARGET...: unpack the carried Debian packages, configure once
   fi
   part build "$(limit build)" "$OUT/build.log" ninja -C "$BUILD" -j "$JOBS" "$@" ||
     { grep -s -E -A5 "error|FAILED" "$OUT/build.log" | head -40 | tee -a "$OUT/gpu.log"; return 1; }
+}
+
+unpack_prebuilt() {  # the binaries built here by `PREBUILT=1 scripts/gpu.sh prepare`, in place of a build
+  local src nccl
+  src=$(cat .device/prebuilt.path)
+  [ "$DRY" = 1 ] && { echo "+ tar xJf .device/prebuilt.tar.xz; ln -s $ROOT $src"; return 0; }
+  tar xJf .device/prebuilt.tar.xz || { log "prebuilt: cannot unpack"; return 1; }
+  [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -s "$ROOT" "$src"; }
+  # The CUDA libraries and NCCL as that machine has them (the toolkit, or the pip wheels).
+  nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) + "/lib")' 2> /dev/null)
+  export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/usr/local/cuda/lib64${nccl:+:$nccl}
+  record build prebuilt 0 "built from $(cat .device/commit)"
+  log "prebuilt binaries of $(cat .device/commit) unpacked"
 }
 
 # ---------------------------------------------------------------- suites
@@ -214,11 +237,11 @@ suite_tests() {  # CTest and pytest side by side (TESTS_SERIAL=1: one after the 
 run_ctest() {
   # CTEST_EXCLUDE: a regex of tests to leave out (e.g. the NVRTC compile sweeps, which need no GPU).
   part ctest "$1" "$OUT/ctest.log" ctest --test-dir "$BUILD" -j "$CTEST_JOBS" --output-on-failure --timeout 200 \
-    ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"}
+    ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"} ${CTEST_INCLUDE:+-R "$CTEST_INCLUDE"}
 }
 run_pytest() {
   part pytest "$1" "$OUT/pytest.log" \
-    env PYTHONPATH="$BUILD/python" python3 -m pytest python/tests -q -rs -p no:cacheprovider
+    env PYTHONPATH="$BUILD/python" python3 -m pytest ${PYTEST_PATHS:-python/tests} -q -rs -p no:cacheprovider
 }
 
 suite_compare() {  # suite_compare lce|flex
@@ -326,8 +349,24 @@ prepare() {  # the Debian packages the GPU machine lacks, and the commit the cal
   commit=$(git rev-parse --short HEAD)
   [ -n "$(git status --porcelain --untracked-files=no)" ] && commit="$commit+changes"
   echo "$commit" > .device/commit
+  if [ "${PREBUILT:-0}" = 1 ]; then prebuild || return 1; else rm -f .device/prebuilt.tar.xz; fi
   ls .device/debs
   echo "commit $commit; carry [\".device\"] and run: bash scripts/gpu.sh SUITE..."
+}
+
+prebuild() {  # here: build for the GPU machine and pack what its suites run
+  local py=${PYTHON312:-$(command -v python3.12)} b=build-pre
+  [ -x "$py" ] || { echo "prebuilt: needs Python 3.12 (PYTHON312=...) with nanobind for the extension"; return 1; }
+  cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DKILN_PYTHON=ON -DKILN_TESTS=ON \
+    -DKILN_BENCH=ON -DPython_EXECUTABLE="$py" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache > /dev/null && ninja -C "$b" || return 1
+  find "$b" \( -name CTestTestfile.cmake -o -name '*_tests.cmake' -o -name '*_include.cmake' \) > .device/files
+  find "$b/tests" "$b/bench" -maxdepth 1 -type f -perm -u+x >> .device/files
+  echo "$b/kiln" >> .device/files
+  find "$b/python/kiln" -type f >> .device/files
+  tar cf - -T .device/files | xz -T0 -6 --lzma2=dict=256MiB > .device/prebuilt.tar.xz
+  echo "$PWD" > .device/prebuilt.path
+  ls -la .device/prebuilt.tar.xz
 }
 
 # ---------------------------------------------------------------- main
