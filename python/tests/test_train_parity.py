@@ -83,7 +83,8 @@ def mlp_data():
     return x, y
 
 
-def test_mlp_matches_cpp_modules_and_torch():
+def run_mlp():
+    """-> (kiln.nn losses, C++ losses, initial state_dict as NumPy, x, y)."""
     kiln.manual_seed(7)
     x, y = mlp_data()
     kiln.manual_seed(11)
@@ -98,11 +99,19 @@ def test_mlp_matches_cpp_modules_and_torch():
 
     py_losses = train_kiln(model, lambda m: F.cross_entropy(m(x), y), model.parameters())
     cpp_losses = train_cpp([cpp_params], [0.1], lambda: F.cross_entropy(cpp(x), y))
+    assert_same_weights(model, cpp_params)
+    return py_losses, cpp_losses, init, x, y
+
+
+def test_mlp_matches_cpp_modules():
+    py_losses, cpp_losses, _, _, _ = run_mlp()
     assert_trained(py_losses)
     np.testing.assert_allclose(py_losses, cpp_losses, rtol=1e-6)
-    assert_same_weights(model, cpp_params)
 
+
+def test_mlp_matches_torch():
     torch = pytest.importorskip("torch")
+    py_losses, _, init, x, y = run_mlp()
     tm = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 3))
     tm.load_state_dict({k.replace("fc1", "0").replace("fc2", "2"): torch.from_numpy(v) for k, v in init.items()})
     tx, ty = torch.from_numpy(x.numpy()), torch.from_numpy(y.numpy())
@@ -189,7 +198,8 @@ def no_decay(name):
     return "norm" in name or name.endswith("bias")
 
 
-def test_one_block_transformer_matches_cpp_and_torch():
+def run_transformer():
+    """-> (kiln.nn losses, C++ losses, initial state_dict as NumPy, parameter names, inputs, targets)."""
     kiln.manual_seed(5)
     idx = kiln.randint(0, VOCAB, (B, T + 1))
     inputs, targets = idx[:, :T].contiguous(), idx[:, 1:].contiguous()
@@ -208,10 +218,18 @@ def test_one_block_transformer_matches_cpp_and_torch():
     cpp_groups = [[p for n, p in zip(names, cpp_params) if not no_decay(n)],
                   [p for n, p in zip(names, cpp_params) if no_decay(n)]]
     cpp_losses = train_cpp(cpp_groups, [0.1, 0.0], lambda: cpp_loss(inputs, targets))
+    return py_losses, cpp_losses, init, names, inputs, targets
+
+
+def test_one_block_transformer_matches_cpp_modules():
+    py_losses, cpp_losses, _, _, _, _ = run_transformer()
     assert_trained(py_losses)
     np.testing.assert_allclose(py_losses, cpp_losses, rtol=1e-6)
 
+
+def test_one_block_transformer_matches_torch():
     torch = pytest.importorskip("torch")
+    py_losses, _, init, names, inputs, targets = run_transformer()
     tmodel = torch_transformer(torch, init)
     tnamed = list(tmodel.named_parameters())
     assert [n for n, _ in tnamed] == names
