@@ -296,3 +296,14 @@ def test_init_functions_follow_their_distributions():
     assert nn.init.calculate_gain("tanh") == 5.0 / 3
     with pytest.raises(ValueError, match="fewer than 2 dimensions"):
         nn.init.xavier_uniform_(kiln.empty(3))
+
+
+def test_deepcopy_gives_independent_parameters():
+    import copy
+
+    model = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+    twin = copy.deepcopy(model)
+    assert twin[0].weight is not model[0].weight and twin[0].weight.requires_grad
+    np.testing.assert_array_equal(twin[0].weight.detach().numpy(), model[0].weight.detach().numpy())
+    nn.init.zeros_(twin[0].weight)
+    assert np.abs(model[0].weight.detach().numpy()).max() > 0

@@ -1,8 +1,6 @@
 """F.layer_norm and F.mse_loss, composed of kiln ops (kiln has no fused kernel for them)."""
 import numbers
 
-from .. import _C
-
 __all__ = ["layer_norm", "mse_loss"]
 
 _LOW_PRECISION = ("bfloat16", "float16")

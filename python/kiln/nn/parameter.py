@@ -26,6 +26,11 @@ class Parameter(_C.Tensor):
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
 
+    def __deepcopy__(self, memo):
+        if id(self) not in memo:
+            memo[id(self)] = Parameter(self.detach().clone(), self.requires_grad)
+        return memo[id(self)]
+
     def __reduce_ex__(self, protocol):
         raise TypeError("kiln.nn.Parameter cannot be pickled; save a state_dict with kiln.save instead")
 
