@@ -9,7 +9,7 @@ import pytest
 import kiln
 import kiln.nn as nn
 import kiln.nn.functional as F
-from conftest import TOL, rel_error
+from conftest import TOL, rel_error, requires_cuda
 
 
 class Block(nn.Module):
@@ -307,3 +307,28 @@ def test_deepcopy_gives_independent_parameters():
     np.testing.assert_array_equal(twin[0].weight.detach().numpy(), model[0].weight.detach().numpy())
     nn.init.zeros_(twin[0].weight)
     assert np.abs(model[0].weight.detach().numpy()).max() > 0
+
+
+@requires_cuda
+def test_module_to_cuda_trains_like_cpu():
+    kiln.manual_seed(3)
+    cpu = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    gpu = copy_of(cpu).to("cuda")
+    assert all(p.is_cuda for p in gpu.parameters())
+    x, y = kiln.randn(32, 8), kiln.randint(0, 4, (32,))
+    for model, xs, ys in ((cpu, x, y), (gpu, x.cuda(), y.cuda())):
+        opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+        for _ in range(3):
+            loss = F.cross_entropy(model(xs), ys)
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    for a, b in zip(cpu.parameters(), gpu.parameters()):
+        assert rel_error(b.detach().cpu().numpy(), a.detach().numpy()) < 1e-5
+
+
+def copy_of(model):
+    import copy
+
+    return copy.deepcopy(model)

@@ -115,5 +115,27 @@ TEST(SGD, RejectsBadOptions) {
   EXPECT_THROW(SGD({zeros({2}, kInt64)}, SGDOptions{}), Error);
 }
 
+TEST(SGDCuda, MatchesCpu) {
+  KILN_REQUIRE_CUDA();
+  SGDOptions o;
+  o.lr = 0.05, o.momentum = 0.9, o.nesterov = true, o.weight_decay = 0.01;
+  for (DType dt : {kFloat32, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor pc = randn({33, 65}).to(dt).requires_grad_(true);
+    Tensor pg = pc.detach().cuda().requires_grad_(true);
+    SGD oc({pc}, o), og({pg}, o);
+    for (int s = 0; s < 4; ++s) {
+      Tensor g = randn({33, 65}).to(dt);
+      pc.set_grad(g.clone());
+      pg.set_grad(g.cuda());
+      oc.step();
+      og.step();
+    }
+    EXPECT_TRUE(pg.is_cuda() && og.state()[0].is_cuda());
+    EXPECT_CLOSE(pg.cpu(), pc, tolerance(dt));
+    EXPECT_CLOSE(og.state()[0].cpu(), oc.state()[0], 1e-5);
+  }
+}
+
 }  // namespace
 }  // namespace kiln
