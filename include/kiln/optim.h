@@ -1,6 +1,6 @@
 #pragma once
 // Optimizers and their helpers (torch.optim names): AdamW with one fused kernel per parameter
-// per step, global-norm gradient clipping, and a warmup + cosine learning-rate schedule.
+// per step, SGD with momentum, global-norm gradient clipping, and a warmup + cosine learning-rate schedule.
 #include <cstdint>
 #include <vector>
 
@@ -60,6 +60,48 @@ class AdamW {
  private:
   std::vector<ParamGroup> groups_;
   std::vector<AdamWState> state_;
+};
+
+// PyTorch's torch.optim.SGD defaults (momentum off).
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;  // coupled: g += weight_decay * p
+  bool nesterov = false;      // needs momentum > 0 and dampening == 0
+  bool maximize = false;
+};
+
+struct SGDParamGroup {
+  std::vector<Tensor> params;
+  SGDOptions options;
+};
+
+// SGD with momentum exactly as torch.optim.SGD (single-tensor path):
+//   g = (maximize ? -grad : grad) + wd p;  b = g on the first step, else momentum b + (1 - dampening) g
+//   p -= lr (nesterov ? g + momentum b : b)        (b = g when momentum == 0)
+// The momentum buffer (state) is fp32 for bf16/fp16 parameters, where the update is computed in fp32.
+class SGD {
+ public:
+  explicit SGD(std::vector<Tensor> params, SGDOptions options = {});
+  explicit SGD(std::vector<SGDParamGroup> groups);
+
+  void step();  // parameters without a gradient are skipped
+  void zero_grad(bool set_to_none = true);
+
+  std::vector<SGDParamGroup>& param_groups() { return groups_; }
+  const std::vector<SGDParamGroup>& param_groups() const { return groups_; }
+  void set_lr(double lr);  // every group
+  double lr() const;       // group 0's
+
+  // Momentum buffers by flat parameter index (undefined before the first step with momentum).
+  const std::vector<Tensor>& state() const { return momentum_buffers_; }
+  // Restores buffers (one per parameter, of its shape, or undefined).
+  void load_state(const std::vector<Tensor>& momentum_buffers);
+
+ private:
+  std::vector<SGDParamGroup> groups_;
+  std::vector<Tensor> momentum_buffers_;
 };
 
 // Scales all gradients by min(1, max_norm / (total_norm + 1e-6)) in place, where total_norm is

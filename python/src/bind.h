@@ -50,6 +50,8 @@ void bind_nn(nb::module_& m);
 void bind_flex(nb::module_& m);
 void bind_io(nb::module_& m);
 void bind_dist(nb::module_& m);
+void bind_nn_modules(nb::module_& m);  // nn_modules.cpp
+void bind_optim(nb::module_& m);       // optim.cpp
 
 }  // namespace kiln::py
 

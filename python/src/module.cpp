@@ -166,4 +166,6 @@ NB_MODULE(_C, m) {
   bind_flex(m);
   bind_io(m);
   bind_dist(m);
+  bind_nn_modules(m);
+  bind_optim(m);
 }

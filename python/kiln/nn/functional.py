@@ -64,3 +64,6 @@ def linear_cross_entropy_with_stats(input, linear_weight, target, linear_bias=No
                                 label_smoothing, o["z_loss"], o["logit_softcap"], o["strategy"], o["chunk_tokens"],
                                 o["chunk_vocab"], o["memory_budget"], True)
     return LinearCrossEntropyResult(*r)
+
+from ._functional_extra import layer_norm, mse_loss  # noqa: E402
+__all__ += ["layer_norm", "mse_loss"]
