@@ -5,8 +5,8 @@ tensor into a load in the mod's IR:
   - kiln.Tensor.__getitem__ handles kiln tensors (python/src/index.cpp);
   - torch tensors dispatch to Expr.__torch_function__ (torch consults it for any index holding an
     Expr), which views the tensor as a kiln tensor (DLPack, no copy); torch.where / minimum /
-    maximum / abs / tanh / exp / log / clamp on Exprs map to kiln's IR too, so PyTorch's own
-    score_mod examples trace unchanged;
+    maximum / abs / sign / clamp / exp / log / tanh / sigmoid / floor / remainder / ... on Exprs
+    map to kiln's IR too, so PyTorch's own score_mod examples trace unchanged;
   - NumPy arrays have no such hook: before tracing, prepare() rebinds the arrays a function reads
     from its closure or module globals to zero-copy kiln views. An array reached another way (an
     attribute, a container) fails at its first index with the line named.
