@@ -9,6 +9,9 @@
 #include "kiln/ops.h"
 #include "reference.h"
 #include "support/testing.h"
+#ifdef KILN_WITH_CUDA
+#include "cuda_check.h"
+#endif
 
 namespace kiln::flex {
 namespace {
@@ -147,6 +150,39 @@ TEST(FlexModVocabulary, KindsAndPrinting) {
   EXPECT_THROW(sigmoid(q > kv), Error);
   EXPECT_THROW(floor(q > kv), Error);
 }
+
+#ifdef KILN_WITH_CUDA
+// The generated CUDA mods: a NATTEN-like clamped mask and a score_mod with every new op (on values
+// a float32 and a float64 evaluation agree on, so no step flips between them), bf16, against the
+// float64 reference and the float64 CPU kernels' gradients (q, k, v and the captured bias).
+TEST(FlexModVocabularyCuda, NewOpsMatchReference) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(21);
+  const testing::GpuCase c;
+  const Tensor bias = (randn({c.Hq, 16}, kFloat64) * 0.5).to(kFloat32).detach().requires_grad_();
+  const std::vector<double> bv = bias.to_vector();
+  Captured t = capture(bias);
+  const ScoreMod smod([&](Expr s, Expr, Expr hh, Expr q, Expr kv) {
+    const Expr b = t[hh][clamp(abs(q - kv), Expr(0), Expr(15))];
+    return s * sigmoid(b) + clamp(b, Expr(-0.4), Expr(0.4)) + to_float(sign(q - kv)) * Expr(0.25) +
+           floor(to_float(q - kv) * Expr(0.25)) * Expr(0.01) + ((to_float(kv) + Expr(0.5)) * Expr(0.25)) % Expr(1.0) +
+           to_float(to_int(to_float(kv) * Expr(0.5)) % 3) * Expr(0.1);
+  });
+  const testing::ScoreFn sfn = [&](double s, int64_t, int64_t hh, int64_t q, int64_t kv) {
+    const double b = bv[hh * 16 + std::min<int64_t>(std::abs(q - kv), 15)];
+    return s * ref_sigmoid(b) + std::clamp(b, -0.4, 0.4) + ref_sign(static_cast<double>(q - kv)) * 0.25 +
+           std::floor(static_cast<double>(q - kv) * 0.25) * 0.01 + ref_fmod((kv + 0.5) * 0.25, 1.0) +
+           static_cast<double>((kv / 2) % 3) * 0.1;
+  };
+  const MaskMod mask([](Expr, Expr, Expr q, Expr kv) {
+    return abs(clamp(q % 20, Expr(3), Expr(16)) - kv % 20) <= 3 | (kv < 40);
+  });
+  const MaskFn mfn = [](int64_t, int64_t, int64_t q, int64_t kv) {
+    return std::abs(std::clamp<int64_t>(q % 20, 3, 16) - kv % 20) <= 3 || kv < 40;
+  };
+  testing::check_cuda(c, kBFloat16, &mask, mfn, smod, sfn, {bias});
+}
+#endif
 
 }  // namespace
 }  // namespace kiln::flex
