@@ -175,7 +175,7 @@ TEST(FlexModVocabularyCuda, NewOpsMatchReference) {
            static_cast<double>((kv / 2) % 3) * 0.1;
   };
   const MaskMod mask([](Expr, Expr, Expr q, Expr kv) {
-    return abs(clamp(q % 20, Expr(3), Expr(16)) - kv % 20) <= 3 | (kv < 40);
+    return (abs(clamp(q % 20, Expr(3), Expr(16)) - kv % 20) <= 3) | (kv < 40);
   });
   const MaskFn mfn = [](int64_t, int64_t, int64_t q, int64_t kv) {
     return std::abs(std::clamp<int64_t>(q % 20, 3, 16) - kv % 20) <= 3 || kv < 40;
