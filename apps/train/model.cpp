@@ -164,25 +164,10 @@ Tensor GPT::unsharded_loss(const Tensor& idx, const Tensor& target, const flex::
   Phase ph("lce");
   F::LinearCrossEntropyOptions o;
   o.ignore_index = -100;
-  // Under autocast the fused head runs in bf16 like a linear (its softmax statistics are fp32
-  // inside), so its loss comes back in bf16: 3 significant digits, too coarse for a loss curve.
-  // The returned fp32 loss keeps that loss's gradient but takes its value from the fp32 per-token
-  // logsumexp and target logit (the same bf16 operands, fp32 arithmetic).
+  // Under autocast the fused head runs in bf16 like a linear; its loss comes back in fp32 (the
+  // kernels' own per-token sums), fine enough for a loss curve.
   const Tensor x = autocast::cast_lower(h.reshape({-1, c_.dim})), w = autocast::cast_lower(tok_emb);
-  const Tensor t = target.reshape({-1});
-  const F::LinearCrossEntropyResult r = F::linear_cross_entropy_with_stats(x, w, t, o);
-  if (r.loss.dtype() != kBFloat16 && r.loss.dtype() != kFloat16) return r.loss;
-  const Tensor loss = r.loss.to(kFloat32);
-  Tensor exact;
-  {
-    NoGradGuard ng;
-    const Tensor valid = ne(t, static_cast<double>(o.ignore_index));
-    const Tensor wy = F::embedding(where(valid, t, zeros_like(t)), w.detach());
-    const Tensor s_y = sum(x.detach().to(kFloat32) * wy.to(kFloat32), {-1});
-    const Tensor validf = valid.to(kFloat32);
-    exact = sum((r.lse - s_y) * validf) / sum(validf);
-  }
-  return loss + (exact - loss.detach());
+  return F::linear_cross_entropy(x, w, target.reshape({-1}), o);
 }
 
 Tensor GPT::last_logits(const Tensor& idx) {

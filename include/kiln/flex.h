@@ -11,8 +11,12 @@
 //                              to 3-D; integer tensors load int64, float tensors load float,
 //                              bool tensors load bool. Indices are int expressions.
 // Ops: + - * (int or float; mixing promotes to float), / (float division; int / int is FLOOR
-// division like Python's //), % (floor modulo, int), unary -, comparisons (< <= > >= == !=) giving
-// bool, & | ! on bools, where(c, x, y), min, max, abs, tanh, exp, log.
+// division like Python's //), % (floor modulo like Python's and torch.remainder: ints, or floats as
+// x - floor(x / y) * y), unary -, comparisons (< <= > >= == !=) giving bool, & | ! on bools,
+// where(c, x, y), min, max, clamp, abs, sign, tanh, sigmoid, exp, log, floor, to_int (float -> int,
+// toward zero like torch's .long(); NaN gives 0).
+// Gradients (score_mod): min / max / clamp send a tie to their first operand; sign, floor and the
+// int conversions have zero gradient, as in torch.
 // Kinds are checked when the tree is built (kiln::Error "[flex] ..." on a misuse).
 // Floats evaluate in the attention's compute type (fp32 for f32/bf16/f16, fp64 for f64).
 // A load outside the captured tensor raises "[flex_attention] captured tensor index ... out of
@@ -38,7 +42,7 @@ enum class Kind : uint8_t { Int, Float, Bool };
 enum class Op : uint8_t {
   Score, B, H, QIdx, KvIdx, ConstInt, ConstFloat, ConstBool, Load, ToFloat,
   Add, Sub, Mul, Div, Mod, Neg, Lt, Le, Gt, Ge, Eq, Ne, And, Or, Not, Where, Min, Max, Abs,
-  Tanh, Exp, Log
+  Tanh, Exp, Log, Sign, Sigmoid, Floor, ToInt
 };
 
 struct CapturedTensor;  // a tensor a mod reads (shared by every Expr that loads from it)
@@ -119,6 +123,13 @@ Expr abs(const Expr& a);
 Expr tanh(const Expr& a);
 Expr exp(const Expr& a);
 Expr log(const Expr& a);
+Expr sign(const Expr& a);       // int -> int, float -> float (-1, 0, 1)
+Expr sigmoid(const Expr& a);    // 1 / (1 + exp(-a))
+Expr floor(const Expr& a);      // float -> float; identity on ints
+Expr to_int(const Expr& a);     // float -> int toward zero (NaN -> 0, clamped to +-2^62); bool -> 0/1
+Expr to_float(const Expr& a);   // int or bool -> float
+Expr clamp(const Expr& a, const Expr& lo, const Expr& hi);  // min(max(a, lo), hi), torch.clamp
+Expr remainder(const Expr& a, const Expr& b);               // a % b
 
 // Printable, fully parenthesised C-like form; captured tensors print as buf0, buf1, ... in order
 // of first appearance, e.g. "((q_idx >= kv_idx) & ((q_idx - kv_idx) < 256))".

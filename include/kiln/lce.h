@@ -11,6 +11,15 @@
 //   z_n    = z_loss * lse_n^2 for non-ignored tokens (PaLM's auxiliary loss)
 //   reduction none: loss_n + z_n per token;  sum: sum_n loss_n + sum_n z_n;
 //   mean: sum_n loss_n / sum_n w_{y_n} + sum_n z_n / count   (sums over non-ignored tokens).
+// The loss comes back in fp32 (fp64 for fp64 inputs) whatever the input dtype: the kernels sum in
+// fp32, and a bf16 loss of ~12 would carry only 2-3 digits; loss_in_input_dtype rounds it to the
+// input's dtype instead (as torch's unfused cross_entropy on bf16 logits returns it).
+// use_token_scaling (Liger-Kernel's): each token's loss_n + z_n is multiplied by its detached
+// probability of the target, p_n = exp(s_ny - lse_n), which also scales its gradient.
+// return_predicted_tokens: argmax_v s_nv per token (the first maximum), -1 for ignored tokens;
+// return_token_accuracy: the fraction of non-ignored tokens whose argmax is the target (mean/sum;
+// NaN when every target is ignored), or per token 1/0 (none; 0 for ignored tokens). Both come from
+// the row maxima the logsumexp already finds, without the logits.
 // The z-loss term of `mean` divides by the NUMBER of non-ignored tokens, not by the class-weight
 // sum: it is a per-token regulariser of the normaliser, independent of class weights. With every
 // target ignored, mean gives NaN (0 / 0), as PyTorch does.
@@ -56,19 +65,26 @@ struct LinearCrossEntropyOptions {
   int64_t chunk_vocab = 0;            // 0: chosen (memory strategy's V-tile)
   int64_t memory_budget = 0;          // bytes auto/speed may use for working buffers; 0: 32 MiB
                                       // on the CPU, 768 MiB on CUDA
+  bool loss_in_input_dtype = false;   // loss in the input's dtype instead of fp32 (fp64)
+  bool use_token_scaling = false;     // loss_n, z_n times detached p(target) (Liger's token scaling)
+  bool return_token_accuracy = false;     // fill LinearCrossEntropyResult::token_accuracy
+  bool return_predicted_tokens = false;   // fill LinearCrossEntropyResult::predicted_tokens
 };
 
 struct LinearCrossEntropyResult {
-  Tensor loss;    // [] (mean/sum) or target's shape (none), x's dtype; differentiable
+  Tensor loss;    // [] (mean/sum) or target's shape (none), fp32 (fp64 for fp64 inputs; the input's
+                  // dtype with loss_in_input_dtype); differentiable
   Tensor lse;     // target's shape, fp32 (fp64 for fp64 inputs), detached, every token
   Tensor z_loss;  // the z-loss term included in `loss`, reduced like it; fp32 (fp64), detached
+  Tensor token_accuracy;    // with return_token_accuracy: [] (mean/sum) or target's shape (none), fp32
+  Tensor predicted_tokens;  // with return_predicted_tokens: target's shape int64, -1 where ignored
   LceStrategy strategy = LceStrategy::Memory;  // the strategy that ran
   int64_t chunk_tokens = 0, chunk_vocab = 0;   // its logit tile: tokens x classes (speed: all V)
 };
 
 // input: [N, H] or [B, T, H]; linear_weight: [V, H] (input's dtype and device);
 // target: [N] / [B, T] int64 or int32, values in [0, V) or ignore_index
-//   -> loss: [] for mean/sum, target's shape for none (input's dtype).
+//   -> loss: [] for mean/sum, target's shape for none (fp32; fp64 for fp64 input).
 // Gradients flow to input, linear_weight and options.linear_bias (in their dtypes).
 // On CUDA an out-of-range target is not checked on the host (that would synchronise): it makes
 // the loss NaN instead.

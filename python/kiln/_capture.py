@@ -5,8 +5,8 @@ tensor into a load in the mod's IR:
   - kiln.Tensor.__getitem__ handles kiln tensors (python/src/index.cpp);
   - torch tensors dispatch to Expr.__torch_function__ (torch consults it for any index holding an
     Expr), which views the tensor as a kiln tensor (DLPack, no copy); torch.where / minimum /
-    maximum / abs / tanh / exp / log / clamp on Exprs map to kiln's IR too, so PyTorch's own
-    score_mod examples trace unchanged;
+    maximum / abs / sign / clamp / exp / log / tanh / sigmoid / floor / remainder / ... on Exprs
+    map to kiln's IR too, so PyTorch's own score_mod examples trace unchanged;
   - NumPy arrays have no such hook: before tracing, prepare() rebinds the arrays a function reads
     from its closure or module globals to zero-copy kiln views. An array reached another way (an
     attribute, a container) fails at its first index with the line named.
@@ -229,14 +229,27 @@ def _torch_function(cls, func, types_=(), args=(), kwargs=None):
         return to_capture(args[0])[args[1]]
     if name in _TORCH_FUNCS and not kwargs:
         return _TORCH_FUNCS[name](*args)
-    if name == "clamp":
+    if name in ("clamp", "clip", "clamp_min", "clamp_max"):
         x, lo, hi = (list(args) + [None, None])[:3]
-        lo, hi = kwargs.get("min", lo), kwargs.get("max", hi)
-        if lo is not None:
-            x = _C.maximum(x, lo)
-        return _C.minimum(x, hi) if hi is not None else x
-    _fail(f"torch.{name} cannot be traced into kiln's IR (supported on index expressions: operators, "
-          "indexing captured tensors, where / minimum / maximum / abs / tanh / exp / log / clamp)")
+        if name == "clamp_max":
+            lo, hi = None, lo
+        lo, hi = _scalar(kwargs.get("min", lo)), _scalar(kwargs.get("max", hi))
+        return _C.clamp(x, lo, hi)
+    if name in ("div", "true_divide", "divide") and len(args) == 2:
+        mode = kwargs.get("rounding_mode")
+        a, b = args[0], _scalar(args[1])
+        if mode == "floor":
+            return a // b
+        if mode is None:
+            return a / b
+    if name in ("min", "max") and len(args) == 2 and not kwargs and isinstance(args[1], (_C.Expr,)):
+        return (_C.minimum if name == "min" else _C.maximum)(*args)
+    if name in ("full_like", "zeros_like", "ones_like"):
+        value = {"zeros_like": 0, "ones_like": 1}.get(name, args[1] if len(args) > 1 else kwargs.get("fill_value"))
+        dtype = kwargs.get("dtype")
+        return _constant_like(args[0], _scalar(value), dtype)
+    _fail(f"torch.{name} cannot be traced into kiln's IR (supported on index expressions: operators, indexing "
+          f"captured tensors, {', '.join(sorted(_SUPPORTED))})")
 
 
 def _torch_where(c, x, y):
@@ -254,9 +267,36 @@ def _binary(f):
     return lambda a, b: f(a, _scalar(b)) if isinstance(a, _C.Expr) else f(b, _scalar(a))
 
 
+def _constant_like(like, value, dtype):
+    """torch.full_like(expr, v) and friends: the constant v, of like's kind unless dtype is given."""
+    value = int(value) if isinstance(value, bool) else value
+    e = like.to(int) * 0 + value
+    return e.to(dtype if dtype is not None else {"int": int, "float": float, "bool": bool}[like.kind])
+
+
 _TORCH_FUNCS = {
     "where": _torch_where, "minimum": _binary(_C.minimum), "maximum": _binary(_C.maximum),
-    "abs": _C.abs, "tanh": _C.tanh, "exp": _C.exp, "log": _C.log,
+    "abs": _C.abs, "absolute": _C.abs, "sign": _C.sign, "tanh": _C.tanh, "exp": _C.exp, "log": _C.log,
+    "sigmoid": _C.sigmoid, "floor": _C.floor, "neg": lambda a: -a, "negative": lambda a: -a,
+    "remainder": lambda a, b: a % _scalar(b), "floor_divide": lambda a, b: a // _scalar(b),
+    "add": lambda a, b: a + _scalar(b), "sub": lambda a, b: a - _scalar(b), "subtract": lambda a, b: a - _scalar(b),
+    "mul": lambda a, b: a * _scalar(b), "multiply": lambda a, b: a * _scalar(b),
+    "eq": lambda a, b: a == _scalar(b), "ne": lambda a, b: a != _scalar(b), "lt": lambda a, b: a < _scalar(b),
+    "le": lambda a, b: a <= _scalar(b), "gt": lambda a, b: a > _scalar(b), "ge": lambda a, b: a >= _scalar(b),
+    "logical_and": lambda a, b: a.logical_and(b), "logical_or": lambda a, b: a.logical_or(b),
+    "logical_not": lambda a: a.logical_not(),
 }
+_SUPPORTED = set(_TORCH_FUNCS) | {"clamp", "clip", "clamp_min", "clamp_max", "div", "min", "max", "full_like",
+                                  "zeros_like", "ones_like"}
 
+
+def _missing_attr(self, name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise AttributeError(f"'{name}' cannot be traced into kiln's IR: a score_mod / mask_mod argument is a kiln "
+                         f"Expr, whose methods are {', '.join(sorted(_EXPR_METHODS))} (at {user_location()})")
+
+
+_EXPR_METHODS = {n for n in dir(_C.Expr) if not n.startswith("_") and callable(getattr(_C.Expr, n, None))}
 _C.Expr.__torch_function__ = classmethod(_torch_function)
+_C.Expr.__getattr__ = _missing_attr

@@ -96,12 +96,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
             kt = _kiln_view(target.contiguous())
             kw = _kiln_view(weight.contiguous()) if weight is not None else None
             with _C_grad(any(needs[:3])):
-                loss = F.linear_cross_entropy(x, w, kt, b, kw, **options)
+                r = F.linear_cross_entropy(x, w, kt, b, kw, **options)
+            loss = r.loss if isinstance(r, tuple) else r
             ctx.kiln = (loss, x, w, b)
-            return _torch_view(loss)
+            if not isinstance(r, tuple):
+                return _torch_view(loss)
+            # token_accuracy, predicted_tokens: outputs without gradients (None when not asked for).
+            extras = tuple(_torch_view(t) if t is not None else None for t in (r.token_accuracy, r.predicted_tokens))
+            ctx.mark_non_differentiable(*(t for t in extras if t is not None))
+            return (_torch_view(loss), *extras)
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, *_extras):
         loss, x, w, b = _take(ctx, "linear_cross_entropy")  # kiln's graph is freed by its backward; drop our handles too
         if not loss.requires_grad:
             return None, None, None, None, None, None, None
@@ -137,10 +143,20 @@ def linear_cross_entropy(input, linear_weight, target, linear_bias=None, weight=
                          ignore_index=-100, label_smoothing=0.0, **kiln_options):
     """kiln.nn.functional.linear_cross_entropy on torch tensors, differentiable through torch's
     autograd (gradients to input, linear_weight and linear_bias). input [N, H] or [B, T, H],
-    linear_weight [V, H], target [N] / [B, T] -> loss [] (mean/sum) or target's shape (none).
-    kiln_options: z_loss, logit_softcap, strategy, chunk_tokens, chunk_vocab, memory_budget."""
+    linear_weight [V, H], target [N] / [B, T] -> loss [] (mean/sum) or target's shape (none), float32
+    for bf16 / fp16 inputs (loss_in_input_dtype=True: the input's dtype).
+    kiln_options: z_loss, logit_softcap, strategy, chunk_tokens, chunk_vocab, memory_budget,
+    loss_in_input_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens. With
+    return_token_accuracy / return_predicted_tokens the result is a
+    kiln.nn.functional.LinearCrossEntropyOutput(loss, z_loss, token_accuracy, predicted_tokens)
+    (z_loss None) as Liger-Kernel's CrossEntropyOutput."""
+    from .nn import functional as F
+
     options = dict(reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing, **kiln_options)
-    return _LinearCrossEntropy.apply(torch.is_grad_enabled(), input, linear_weight, linear_bias, target, weight, options)
+    r = _LinearCrossEntropy.apply(torch.is_grad_enabled(), input, linear_weight, linear_bias, target, weight, options)
+    if not isinstance(r, tuple):
+        return r
+    return F.LinearCrossEntropyOutput(r[0], None, r[1], r[2])
 
 
 class _FlexAttention(torch.autograd.Function):

@@ -47,8 +47,9 @@ fx::Expr true_div(const fx::Expr& a, const fx::Expr& b) {
 }
 
 fx::Expr floor_div(const fx::Expr& a, const fx::Expr& b) {
-  KILN_CHECK(a.kind() == fx::Kind::Int && b.kind() == fx::Kind::Int, "flex", "// is supported on int expressions only");
-  return a / b;
+  // Python's //: the IR's int / int floors; floats floor the true quotient.
+  if (a.kind() == fx::Kind::Int && b.kind() == fx::Kind::Int) return a / b;
+  return fx::floor(true_div(a, b));
 }
 
 bool is_leaf(const fx::Expr& e, fx::Op op) { return e.node()->op == op; }
@@ -61,19 +62,114 @@ fx::Expr call_mod(const fx::Expr& expr, const std::vector<fx::Expr>& args, const
   return expr;
 }
 
+// Runs one step of building a traced expression; a kind error (int & int, sign of a bool, ...)
+// names the line of the mod that made it.
+template <typename F>
+auto at_line(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (msg.find(" at ") != std::string::npos) throw;
+    throw Error(msg + " at " + python_location());
+  }
+}
+
 template <typename F>
 void def_bin(nb::class_<fx::Expr>& cls, const char* name, const char* rname, F f) {
   cls.def(name, [f](const fx::Expr& a, nb::handle b) -> nb::object {
     auto e = try_expr(b);
     if (!e) return nb::borrow(Py_NotImplemented);
-    return nb::cast(f(a, *e));
+    return nb::cast(at_line([&] { return f(a, *e); }));
   }, nb::is_operator());
   if (rname)
     cls.def(rname, [f](const fx::Expr& a, nb::handle b) -> nb::object {
       auto e = try_expr(b);
       if (!e) return nb::borrow(Py_NotImplemented);
-      return nb::cast(f(*e, a));
+      return nb::cast(at_line([&] { return f(*e, a); }));
     }, nb::is_operator());
+}
+
+// The Expr type a dtype converts to ("float", "int" or "bool"): kiln dtypes, torch dtypes and the
+// Python types float / int / bool, by name (torch.float32 -> "torch.float32").
+fx::Kind kind_of_dtype(nb::handle dtype) {
+  if (dtype.ptr() == reinterpret_cast<PyObject*>(&PyFloat_Type)) return fx::Kind::Float;
+  if (dtype.ptr() == reinterpret_cast<PyObject*>(&PyLong_Type)) return fx::Kind::Int;
+  if (dtype.ptr() == reinterpret_cast<PyObject*>(&PyBool_Type)) return fx::Kind::Bool;
+  std::string n = nb::str(dtype).c_str();
+  if (const size_t dot = n.rfind('.'); dot != std::string::npos) n = n.substr(dot + 1);
+  if (n == "bool") return fx::Kind::Bool;
+  if (n.find("float") != std::string::npos || n == "half" || n == "double") return fx::Kind::Float;
+  if (n.find("int") != std::string::npos || n == "long" || n == "short") return fx::Kind::Int;
+  KILN_FAIL("flex", "a mod converted an index expression to ", n, " at ", python_location(),
+            "; traced expressions convert to float, int or bool dtypes");
+}
+
+fx::Expr convert(const fx::Expr& a, fx::Kind k) {
+  if (k == fx::Kind::Float) return fx::to_float(a);
+  if (k == fx::Kind::Int) return fx::to_int(a);
+  return a.kind() == fx::Kind::Bool ? a : a != fx::Expr(0);
+}
+
+// torch.clamp(x, min, max): either bound may be None.
+fx::Expr clamp_expr(const fx::Expr& x, nb::handle lo, nb::handle hi) {
+  fx::Expr r = x;
+  if (!lo.is_none()) r = fx::max(r, to_expr(lo, "clamp's min"));
+  if (!hi.is_none()) r = fx::min(r, to_expr(hi, "clamp's max"));
+  return r;
+}
+
+// The tensor methods of torch that a score_mod / mask_mod reaches for, on traced expressions.
+void bind_expr_methods(nb::class_<fx::Expr>& ex) {
+  using E = const fx::Expr&;
+  auto unary = [&ex](const char* name, fx::Expr (*f)(E)) {
+    ex.def(name, [f](E a) { return at_line([&] { return f(a); }); });
+  };
+  unary("abs", &fx::abs);
+  unary("sign", &fx::sign);
+  unary("exp", &fx::exp);
+  unary("log", &fx::log);
+  unary("tanh", &fx::tanh);
+  unary("sigmoid", &fx::sigmoid);
+  unary("floor", &fx::floor);
+  unary("float", &fx::to_float);
+  unary("long", &fx::to_int);
+  unary("int", &fx::to_int);
+  ex.def("neg", [](E a) { return at_line([&] { return -a; }); })
+      .def("bool", [](E a) { return at_line([&] { return convert(a, fx::Kind::Bool); }); })
+      .def("logical_not", [](E a) { return at_line([&] { return !convert(a, fx::Kind::Bool); }); })
+      .def("to", [](E a, nb::handle dtype) { return at_line([&] { return convert(a, kind_of_dtype(dtype)); }); },
+           "dtype"_a)
+      .def("type", [](E a, nb::handle dtype) { return at_line([&] { return convert(a, kind_of_dtype(dtype)); }); },
+           "dtype"_a)
+      .def("clamp", [](E a, nb::handle lo, nb::handle hi) { return at_line([&] { return clamp_expr(a, lo, hi); }); },
+           "min"_a = nb::none(), "max"_a = nb::none())
+      .def("clamp_min", [](E a, nb::handle lo) { return at_line([&] { return clamp_expr(a, lo, nb::none()); }); }, "min"_a)
+      .def("clamp_max", [](E a, nb::handle hi) { return at_line([&] { return clamp_expr(a, nb::none(), hi); }); }, "max"_a)
+      .def("where", [](E a, E cond, nb::handle other) {  // torch: self where cond, else other
+        return at_line([&] { return fx::where(cond, a, to_expr(other, "where's other")); });
+      }, "condition"_a, "other"_a);
+  auto binary = [&ex](const char* name, fx::Expr (*f)(E, E)) {
+    ex.def(name, [f](E a, nb::handle b) { return at_line([&] { return f(a, to_expr(b, "the other operand")); }); },
+           "other"_a);
+  };
+  binary("minimum", [](E a, E b) { return fx::min(a, b); });
+  binary("maximum", [](E a, E b) { return fx::max(a, b); });
+  binary("remainder", [](E a, E b) { return a % b; });
+  binary("floor_divide", [](E a, E b) { return floor_div(a, b); });
+  binary("div", &true_div);
+  binary("true_divide", &true_div);
+  binary("add", [](E a, E b) { return a + b; });
+  binary("sub", [](E a, E b) { return a - b; });
+  binary("mul", [](E a, E b) { return a * b; });
+  binary("eq", [](E a, E b) { return a == b; });
+  binary("ne", [](E a, E b) { return a != b; });
+  binary("lt", [](E a, E b) { return a < b; });
+  binary("le", [](E a, E b) { return a <= b; });
+  binary("gt", [](E a, E b) { return a > b; });
+  binary("ge", [](E a, E b) { return a >= b; });
+  binary("logical_and", [](E a, E b) { return convert(a, fx::Kind::Bool) & convert(b, fx::Kind::Bool); });
+  binary("logical_or", [](E a, E b) { return convert(a, fx::Kind::Bool) | convert(b, fx::Kind::Bool); });
 }
 
 // Calls a mod with symbolic arguments through kiln/_capture.py (NumPy captures rebound, errors
@@ -157,11 +253,11 @@ void bind_flex(nb::module_& m) {
   def_bin(ex, "__ne__", nullptr, [](const fx::Expr& a, const fx::Expr& b) { return a != b; });
   def_bin(ex, "__and__", "__rand__", [](const fx::Expr& a, const fx::Expr& b) { return a & b; });
   def_bin(ex, "__or__", "__ror__", [](const fx::Expr& a, const fx::Expr& b) { return a | b; });
-  ex.def("__neg__", [](const fx::Expr& a) { return -a; })
+  ex.def("__neg__", [](const fx::Expr& a) { return at_line([&] { return -a; }); })
       .def("__pos__", [](const fx::Expr& a) { return a; })
-      .def("__invert__", [](const fx::Expr& a) { return !a; })
-      .def("__abs__", [](const fx::Expr& a) { return fx::abs(a); })
-      .def("__getitem__", [](const fx::Expr& a, nb::handle i) { return a[to_expr(i, "an index")]; })
+      .def("__invert__", [](const fx::Expr& a) { return at_line([&] { return !a; }); })
+      .def("__abs__", [](const fx::Expr& a) { return at_line([&] { return fx::abs(a); }); })
+      .def("__getitem__", [](const fx::Expr& a, nb::handle i) { return at_line([&] { return a[to_expr(i, "an index")]; }); })
       .def("__bool__", [](const fx::Expr&) -> bool { not_traceable("a Python bool (if / and / or / not / a < b < c)"); })
       .def("__index__", [](const fx::Expr&) -> int64_t {
         KILN_FAIL("flex", "a mod used an index expression as a concrete int at ", python_location(),
@@ -181,17 +277,27 @@ void bind_flex(nb::module_& m) {
       .def_prop_ro("reads_tensors", &fx::Expr::reads_tensors)
       .def_prop_ro("captured_tensors", [](const fx::Expr& a) { return fx::captured_tensors(a); },
                    "the tensors the expression loads from (each once)");
+  bind_expr_methods(ex);
 
   // Function forms on expressions (overloads next to the tensor ops of the same names).
   m.def("where", [](const fx::Expr& c, nb::handle x, nb::handle y) {
-    return fx::where(c, to_expr(x, "where's x"), to_expr(y, "where's y"));
+    return at_line([&] { return fx::where(c, to_expr(x, "where's x"), to_expr(y, "where's y")); });
   }, "condition"_a, "input"_a, "other"_a);
-  m.def("minimum", [](const fx::Expr& a, nb::handle b) { return fx::min(a, to_expr(b, "minimum's other")); }, "input"_a, "other"_a);
-  m.def("maximum", [](const fx::Expr& a, nb::handle b) { return fx::max(a, to_expr(b, "maximum's other")); }, "input"_a, "other"_a);
-  m.def("abs", [](const fx::Expr& a) { return fx::abs(a); }, "input"_a);
-  m.def("tanh", [](const fx::Expr& a) { return fx::tanh(a); }, "input"_a);
-  m.def("exp", [](const fx::Expr& a) { return fx::exp(a); }, "input"_a);
-  m.def("log", [](const fx::Expr& a) { return fx::log(a); }, "input"_a);
+  m.def("minimum", [](const fx::Expr& a, nb::handle b) {
+    return at_line([&] { return fx::min(a, to_expr(b, "minimum's other")); });
+  }, "input"_a, "other"_a);
+  m.def("maximum", [](const fx::Expr& a, nb::handle b) {
+    return at_line([&] { return fx::max(a, to_expr(b, "maximum's other")); });
+  }, "input"_a, "other"_a);
+  m.def("clamp", [](const fx::Expr& a, nb::handle lo, nb::handle hi) { return at_line([&] { return clamp_expr(a, lo, hi); }); },
+        "input"_a, "min"_a = nb::none(), "max"_a = nb::none());
+  m.def("remainder", [](const fx::Expr& a, nb::handle b) {
+    return at_line([&] { return a % to_expr(b, "remainder's other"); });
+  }, "input"_a, "other"_a);
+  for (auto [name, f] : {std::pair{"abs", &fx::abs}, std::pair{"sign", &fx::sign}, std::pair{"tanh", &fx::tanh},
+                         std::pair{"exp", &fx::exp}, std::pair{"log", &fx::log}, std::pair{"sigmoid", &fx::sigmoid},
+                         std::pair{"floor", &fx::floor}})
+    m.def(name, [f](const fx::Expr& a) { return at_line([&] { return f(a); }); }, "input"_a);
 
   nb::class_<fx::MaskMod>(m, "MaskMod", "mask_mod(b, h, q_idx, kv_idx) -> bool, as kiln IR")
       .def("__init__", [](fx::MaskMod* self, nb::handle f) { new (self) fx::MaskMod(as_mask_mod(f)); }, "fn"_a)

@@ -35,7 +35,8 @@ const char* strategy_name(F::LceStrategy s) {
 F::LinearCrossEntropyOptions lce_options(std::optional<Tensor> linear_bias, std::optional<Tensor> weight,
                                          const std::string& reduction, int64_t ignore_index, double label_smoothing,
                                          double z_loss, double logit_softcap, const std::string& strategy,
-                                         int64_t chunk_tokens, int64_t chunk_vocab, int64_t memory_budget) {
+                                         int64_t chunk_tokens, int64_t chunk_vocab, int64_t memory_budget,
+                                         const nb::dict& extras) {
   F::LinearCrossEntropyOptions o;
   if (linear_bias) o.linear_bias = *linear_bias;
   if (weight) o.weight = *weight;
@@ -48,6 +49,12 @@ F::LinearCrossEntropyOptions lce_options(std::optional<Tensor> linear_bias, std:
   o.chunk_tokens = chunk_tokens;
   o.chunk_vocab = chunk_vocab;
   o.memory_budget = memory_budget;
+  // The flags of kiln/nn/functional.py's keyword-only options (it validates their names).
+  auto flag = [&](const char* name) { return extras.contains(name) && nb::cast<bool>(extras[name]); };
+  o.loss_in_input_dtype = flag("loss_in_input_dtype");
+  o.use_token_scaling = flag("use_token_scaling");
+  o.return_token_accuracy = flag("return_token_accuracy");
+  o.return_predicted_tokens = flag("return_predicted_tokens");
   return o;
 }
 
@@ -80,9 +87,9 @@ void bind_nn(nb::module_& m) {
         [](const Tensor& input, const Tensor& linear_weight, const Tensor& target, std::optional<Tensor> linear_bias,
            std::optional<Tensor> weight, const std::string& reduction, int64_t ignore_index, double label_smoothing,
            double z_loss, double logit_softcap, const std::string& strategy, int64_t chunk_tokens, int64_t chunk_vocab,
-           int64_t memory_budget, bool return_stats) -> nb::object {
+           int64_t memory_budget, bool return_stats, nb::dict extras) -> nb::object {
           auto o = lce_options(linear_bias, weight, reduction, ignore_index, label_smoothing, z_loss, logit_softcap,
-                               strategy, chunk_tokens, chunk_vocab, memory_budget);
+                               strategy, chunk_tokens, chunk_vocab, memory_budget, extras);
           if (!return_stats) {
             Tensor loss;
             {
@@ -96,15 +103,19 @@ void bind_nn(nb::module_& m) {
             nb::gil_scoped_release release;
             r = F::linear_cross_entropy_with_stats(input, linear_weight, target, o);
           }
-          return nb::make_tuple(r.loss, r.lse, r.z_loss, strategy_name(r.strategy));
+          auto opt = [](const Tensor& t) { return t.defined() ? nb::cast(t) : nb::none(); };
+          return nb::make_tuple(r.loss, r.lse, r.z_loss, strategy_name(r.strategy), opt(r.token_accuracy),
+                                opt(r.predicted_tokens));
         },
         "input"_a, "linear_weight"_a, "target"_a, "linear_bias"_a = nb::none(), "weight"_a = nb::none(),
         "reduction"_a = "mean", "ignore_index"_a = -100, "label_smoothing"_a = 0.0, "z_loss"_a = 0.0,
         "logit_softcap"_a = 0.0, "strategy"_a = "auto", "chunk_tokens"_a = 0, "chunk_vocab"_a = 0,
-        "memory_budget"_a = 0, "return_stats"_a = false,
+        "memory_budget"_a = 0, "return_stats"_a = false, "extras"_a = nb::dict(),
         "Fused cross_entropy(input @ linear_weight.T + linear_bias, target) that never materialises the logits.\n"
         "input [N, H] or [B, T, H]; linear_weight [V, H]; target [N] / [B, T] int -> loss [] (mean/sum) or "
-        "target's shape (none). return_stats=True gives (loss, lse, z_loss, strategy).");
+        "target's shape (none), fp32 for 16-bit inputs. return_stats=True gives (loss, lse, z_loss, strategy, "
+        "token_accuracy, predicted_tokens). extras: loss_in_input_dtype, use_token_scaling, "
+        "return_token_accuracy, return_predicted_tokens (bools).");
 }
 
 }  // namespace kiln::py

@@ -34,6 +34,8 @@ inline int64_t floor_div(int64_t x, int64_t y) {
   return q;
 }
 inline int64_t floor_mod(int64_t x, int64_t y) { return y == 0 ? 0 : x - floor_div(x, y) * y; }
+template <typename F>
+inline F sign_of(F x) { return x > F(0) ? F(1) : x < F(0) ? F(-1) : x; }  // keeps NaN
 
 }  // namespace
 
@@ -150,6 +152,12 @@ void RowEval<F>::run(int64_t bi, int64_t hi, int64_t qi, int64_t kv0, int64_t n,
       case Op::Tanh: KILN_LOOP(Fv[j] = std::tanh(fa[j])); break;
       case Op::Exp: KILN_LOOP(Fv[j] = std::exp(fa[j])); break;
       case Op::Log: KILN_LOOP(Fv[j] = std::log(fa[j])); break;
+      case Op::Sign:
+        if (in.kind == Kind::Int) KILN_LOOP(I[j] = (ia[j] > 0) - (ia[j] < 0)); else KILN_LOOP(Fv[j] = sign_of(fa[j]));
+        break;
+      case Op::Sigmoid: KILN_LOOP(Fv[j] = F(1) / (F(1) + std::exp(-fa[j]))); break;
+      case Op::Floor: KILN_LOOP(Fv[j] = std::floor(fa[j])); break;
+      case Op::ToInt: KILN_LOOP(I[j] = float_to_int(fa[j])); break;
     }
 #undef KILN_LOOP
   }
@@ -238,7 +246,10 @@ void RowEval<F>::backward(const F* dresult, F* dscore, std::vector<std::vector<d
       case Op::Log:
         if (da) for (int64_t j = 0; j < n; ++j) da[j] += g[j] / fa[j];
         break;
-      default: break;  // constants, ToFloat: no float inputs
+      case Op::Sigmoid:
+        if (da) for (int64_t j = 0; j < n; ++j) da[j] += g[j] * y[j] * (F(1) - y[j]);
+        break;
+      default: break;  // sign, floor: flat  // constants, ToFloat: no float inputs
     }
   }
 }

@@ -347,6 +347,24 @@ void eval_box(const Program& p, const Box& box, bool data, std::vector<Interval>
         r.fhi = std::log(std::max(A->fhi, 0.0));
         fix_float(r);
         break;
+      case Op::Sign:  // monotone
+        if (is_int) { r.ilo = (A->ilo > 0) - (A->ilo < 0); r.ihi = (A->ihi > 0) - (A->ihi < 0); }
+        else { r.flo = A->flo > 0 ? 1.0 : A->flo < 0 ? -1.0 : 0.0; r.fhi = A->fhi > 0 ? 1.0 : A->fhi < 0 ? -1.0 : 0.0; r.nan = A->nan; }
+        break;
+      case Op::Sigmoid:
+        r.flo = 1.0 / (1.0 + std::exp(-A->flo));
+        r.fhi = 1.0 / (1.0 + std::exp(-A->fhi));
+        r.nan = A->nan;
+        fix_float(r);
+        break;
+      case Op::Floor: r.flo = std::floor(A->flo); r.fhi = std::floor(A->fhi); r.nan = A->nan; break;
+      case Op::ToInt:  // monotone; NaN converts to 0
+        r.ilo = float_to_int(A->flo);
+        r.ihi = float_to_int(A->fhi);
+        if (A->nan) { r.ilo = std::min<int64_t>(r.ilo, 0); r.ihi = std::max<int64_t>(r.ihi, 0); }
+        r.ilo = sat(r.ilo);
+        r.ihi = sat(r.ihi);
+        break;
     }
     regs[k] = r;
   }

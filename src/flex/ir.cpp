@@ -40,7 +40,7 @@ void check_complete(const Expr& e, const char* what) {
 
 const char* kind_name(Kind k) { return k == Kind::Int ? "int" : k == Kind::Float ? "float" : "bool"; }
 
-Expr to_float(const Expr& e) {
+Expr promote(const Expr& e) {
   if (e.kind() == Kind::Float) return e;
   KILN_CHECK(e.kind() == Kind::Int, "flex", "expected a number, got a bool expression");
   return make(Op::ToFloat, Kind::Float, {e.node()});
@@ -53,8 +53,11 @@ Expr arith(Op op, const Expr& x, const Expr& y, const char* sym) {
   KILN_CHECK(x.kind() != Kind::Bool && y.kind() != Kind::Bool, "flex", "operator ", sym,
              " needs numbers, got ", kind_name(x.kind()), " and ", kind_name(y.kind()));
   if (x.kind() == Kind::Int && y.kind() == Kind::Int) return make(op, Kind::Int, {x.node(), y.node()});
-  KILN_CHECK(op != Op::Mod, "flex", "operator % needs ints");
-  return make(op, Kind::Float, {to_float(x).node(), to_float(y).node()});
+  if (op == Op::Mod) {  // Python's and torch.remainder's float modulo: the sign of the divisor
+    const Expr fx = promote(x), fy = promote(y);
+    return fx - floor(fx / fy) * fy;
+  }
+  return make(op, Kind::Float, {promote(x).node(), promote(y).node()});
 }
 
 Expr compare(Op op, const Expr& x, const Expr& y, const char* sym) {
@@ -66,7 +69,7 @@ Expr compare(Op op, const Expr& x, const Expr& y, const char* sym) {
     return make(op, Kind::Bool, {x.node(), y.node()});
   }
   if (x.kind() == Kind::Int && y.kind() == Kind::Int) return make(op, Kind::Bool, {x.node(), y.node()});
-  return make(op, Kind::Bool, {to_float(x).node(), to_float(y).node()});
+  return make(op, Kind::Bool, {promote(x).node(), promote(y).node()});
 }
 
 Expr logical(Op op, const Expr& x, const Expr& y, const char* sym) {
@@ -79,7 +82,7 @@ Expr logical(Op op, const Expr& x, const Expr& y, const char* sym) {
 
 Expr unary_float(Op op, const Expr& x, const char* name) {
   check_complete(x, name);
-  return make(op, Kind::Float, {to_float(x).node()});
+  return make(op, Kind::Float, {promote(x).node()});
 }
 
 bool any_node(const NodePtr& n, const std::function<bool(const ExprNode&)>& pred) {
@@ -208,7 +211,7 @@ Expr where(const Expr& c, const Expr& x, const Expr& y) {
   check_complete(y, "where");
   KILN_CHECK(c.kind() == Kind::Bool, "flex", "where needs a bool condition, got ", kind_name(c.kind()));
   if (x.kind() == y.kind()) return make(Op::Where, x.kind(), {c.node(), x.node(), y.node()});
-  return make(Op::Where, Kind::Float, {c.node(), to_float(x).node(), to_float(y).node()});
+  return make(Op::Where, Kind::Float, {c.node(), promote(x).node(), promote(y).node()});
 }
 Expr min(const Expr& x, const Expr& y) { return arith(Op::Min, x, y, "min"); }
 Expr max(const Expr& x, const Expr& y) { return arith(Op::Max, x, y, "max"); }
@@ -220,6 +223,30 @@ Expr abs(const Expr& x) {
 Expr tanh(const Expr& x) { return unary_float(Op::Tanh, x, "tanh"); }
 Expr exp(const Expr& x) { return unary_float(Op::Exp, x, "exp"); }
 Expr log(const Expr& x) { return unary_float(Op::Log, x, "log"); }
+Expr sigmoid(const Expr& x) { return unary_float(Op::Sigmoid, x, "sigmoid"); }
+Expr sign(const Expr& x) {
+  check_complete(x, "sign");
+  KILN_CHECK(x.kind() != Kind::Bool, "flex", "sign needs a number, got bool");
+  return make(Op::Sign, x.kind(), {x.node()});
+}
+Expr floor(const Expr& x) {
+  check_complete(x, "floor");
+  KILN_CHECK(x.kind() != Kind::Bool, "flex", "floor needs a number, got bool");
+  return x.kind() == Kind::Int ? x : make(Op::Floor, Kind::Float, {x.node()});
+}
+Expr to_int(const Expr& x) {
+  check_complete(x, "to_int");
+  if (x.kind() == Kind::Int) return x;
+  if (x.kind() == Kind::Bool) return where(x, Expr(int64_t{1}), Expr(int64_t{0}));
+  return make(Op::ToInt, Kind::Int, {x.node()});
+}
+Expr to_float(const Expr& x) {
+  check_complete(x, "to_float");
+  if (x.kind() == Kind::Bool) return where(x, Expr(1.0), Expr(0.0));
+  return promote(x);
+}
+Expr clamp(const Expr& x, const Expr& lo, const Expr& hi) { return min(max(x, lo), hi); }
+Expr remainder(const Expr& x, const Expr& y) { return x % y; }
 
 namespace {
 
@@ -282,6 +309,10 @@ void print(const ExprNode& n, std::ostream& os, std::unordered_map<const Capture
     case Op::Tanh: os << "tanh("; arg(0); os << ")"; return;
     case Op::Exp: os << "exp("; arg(0); os << ")"; return;
     case Op::Log: os << "log("; arg(0); os << ")"; return;
+    case Op::Sign: os << "sign("; arg(0); os << ")"; return;
+    case Op::Sigmoid: os << "sigmoid("; arg(0); os << ")"; return;
+    case Op::Floor: os << "floor("; arg(0); os << ")"; return;
+    case Op::ToInt: os << "int("; arg(0); os << ")"; return;
     default: {
       os << "(";
       arg(0);
@@ -322,7 +353,7 @@ ScoreMod::ScoreMod() : expr(score()) {}
 ScoreMod::ScoreMod(Expr e) : expr(std::move(e)) {
   check_complete(expr, "score_mod");
   KILN_CHECK(expr.kind() != Kind::Bool, "score_mod", "a score_mod must be a number expression, got bool");
-  if (expr.kind() == Kind::Int) expr = to_float(expr);
+  if (expr.kind() == Kind::Int) expr = promote(expr);
 }
 bool ScoreMod::is_identity() const { return expr.node()->op == Op::Score; }
 
@@ -380,7 +411,8 @@ Program compile(const Expr& e) {
     if (n.op == Op::Score) p.uses_score = true;
     // An adjoint is needed where a float value depends on score or on a grad-requiring load.
     bool adj = n.op == Op::Score || (n.op == Op::Load && p.buffers[in.buf].needs_grad);
-    if (n.kind == Kind::Float && n.op != Op::ToFloat)
+    // floor and sign are flat (zero gradient): nothing flows through them.
+    if (n.kind == Kind::Float && n.op != Op::ToFloat && n.op != Op::Floor && n.op != Op::Sign)
       for (int32_t o : operands)
         if (o >= 0 && p.code[o].needs_adj) adj = true;
     in.needs_adj = adj && n.kind == Kind::Float;

@@ -60,6 +60,14 @@ struct Program {
   uint64_t id = 0;        // unique per compile() in this process (a cache key that is never reused)
 };
 
+// ToInt: toward zero, NaN -> 0, clamped to +-2^62 (the CUDA codegen's kiln_f2i does the same).
+template <typename F>
+inline int64_t float_to_int(F x) {
+  constexpr F kLim = F(4611686018427387904.0);  // 2^62, exact in float and double
+  if (!(x == x)) return 0;
+  return static_cast<int64_t>(x < -kLim ? -kLim : x > kLim ? kLim : x);
+}
+
 // Compiles `e`; the tensors it reads are copied once (contiguous) into buffers.
 Program compile(const Expr& e);
 

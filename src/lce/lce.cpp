@@ -165,6 +165,17 @@ Tensor scale_by(const Tensor& src, const Tensor& g, bool in_place) {
   return out;
 }
 
+// From the per-token argmax (-1 where ignored) and the [N] int64 targets: per token 1 / 0 (fp32;
+// 0 where ignored) for reduction none, else the fraction of non-ignored tokens predicted right
+// (NaN when every target is ignored). Small [N] ops on the tokens' device, no host sync.
+Tensor token_accuracy(const Tensor& predicted, const Tensor& target, const LinearCrossEntropyOptions& o) {
+  NoGradGuard ng;
+  const Tensor valid = ne(target, static_cast<double>(o.ignore_index)).to(kFloat32);
+  const Tensor hit = mul(eq(predicted, target).to(kFloat32), valid);
+  if (o.reduction == Reduction::None) return hit;
+  return div(sum(hit), sum(valid));
+}
+
 }  // namespace
 
 LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, const Tensor& weight,
@@ -196,6 +207,8 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
   prob->k.z_coef = o.z_loss;
   prob->k.softcap = o.logit_softcap;
   prob->k.red = to_red(o.reduction);
+  prob->k.argmax = o.return_token_accuracy || o.return_predicted_tokens;
+  prob->k.token_scaling = o.use_token_scaling;
   prob->plan = pl;
 
   const bool speed = pl.strategy == LceStrategy::Speed;
@@ -214,6 +227,9 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
   r.loss = o.reduction == Reduction::None ? f.loss.reshape(tshape) : f.loss;
   r.lse = f.lse.reshape(tshape);
   r.z_loss = o.reduction == Reduction::None ? f.zterm.reshape(tshape) : f.zterm;
+  if (o.return_predicted_tokens) r.predicted_tokens = f.predicted.reshape(tshape);
+  if (o.return_token_accuracy) r.token_accuracy = token_accuracy(f.predicted, prob->target, o).reshape(
+      o.reduction == Reduction::None ? tshape : Shape{});
 
   if (nd.any()) {
     const Shape xshape = input.sizes();
@@ -236,9 +252,9 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
                                                     scale_by(dw, gs, last_use), scale_by(db, gs, last_use)};
                        });
     } else {
-      const Tensor lse = f.lse;
+      const Tensor lse = f.lse, tscale = f.tscale;
       autograd::record("linear_cross_entropy", {r.loss}, {input, weight, bias},
-                       [prob, lse, nd, xshape, acc, sx, sw, sb](const std::vector<Tensor>& g) {
+                       [prob, lse, tscale, nd, xshape, acc, sx, sw, sb](const std::vector<Tensor>& g) {
                          sx.unpack(kOp), sw.unpack(kOp), sb.unpack(kOp);
                          Tensor gs;
                          {
@@ -247,14 +263,16 @@ LinearCrossEntropyResult linear_cross_entropy_with_stats(const Tensor& input, co
                          }
                          lce::Grads gr;
                          if (gs.is_cuda()) {
-                           KILN_CUDA_ONLY(kOp, gr = cuda::lce_backward_memory(*prob, lse, gs, nd));
+                           KILN_CUDA_ONLY(kOp, gr = cuda::lce_backward_memory(*prob, lse, tscale, gs, nd));
                          } else {
-                           gr = cpu::lce_backward_memory(*prob, lse, gs, nd);
+                           gr = cpu::lce_backward_memory(*prob, lse, tscale, gs, nd);
                          }
                          return std::vector<Tensor>{gr.dx.defined() ? gr.dx.reshape(xshape) : gr.dx, gr.dw, gr.db};
                        });
     }
   }
+  // The kernels' fp32 (fp64) loss, rounded to the input's dtype only on request (differentiably).
+  if (o.loss_in_input_dtype && r.loss.dtype() != input.dtype()) r.loss = r.loss.to(input.dtype());
   return r;
 }
 

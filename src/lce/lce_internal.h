@@ -51,9 +51,11 @@ inline int64_t tile_stride(int64_t cols, DType tile) {
 }
 
 struct Forward {
-  Tensor loss;   // [] (mean/sum) or [N] (none), T
+  Tensor loss;   // [] (mean/sum) or [N] (none), acc dtype
   Tensor lse;    // [N] acc dtype
   Tensor zterm;  // reduced like loss, acc dtype
+  Tensor predicted;  // [N] int64 argmax per token, -1 where ignored (k.argmax only)
+  Tensor tscale;     // [N] acc: each token's detached p(target), 0 where ignored (k.token_scaling only)
   Tensor dx, dw, db;  // speed strategy: gradients for an upstream gradient of 1 (T)
 };
 
@@ -66,14 +68,16 @@ struct Grads {
 namespace kiln::cpu {
 lce::Forward lce_forward_memory(const lce::Problem& p);
 lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& needs);
-// grad: [] (mean/sum) or [N] (none) in the acc dtype, contiguous.
-lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& grad, const lce::Needs& needs);
+// grad: [] (mean/sum) or [N] (none) in the acc dtype, contiguous; tscale: Forward::tscale or undefined.
+lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& tscale, const Tensor& grad,
+                               const lce::Needs& needs);
 }  // namespace kiln::cpu
 
 namespace kiln::cuda {
 lce::Forward lce_forward_memory(const lce::Problem& p);
 lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& needs);
-lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& grad, const lce::Needs& needs);
+lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& tscale, const Tensor& grad,
+                               const lce::Needs& needs);
 // out = src * (*scale) (in_place: out is src), elementwise, for the speed strategy's backward (scale: a 1-element acc tensor).
 Tensor lce_scale(const Tensor& src, const Tensor& scale, bool in_place);
 }  // namespace kiln::cuda

@@ -28,6 +28,8 @@ struct Consts {
   double z_coef = 0.0;    // z-loss lambda
   double softcap = 0.0;   // 0: off
   Red red = Red::Mean;
+  bool argmax = false;         // record each token's argmax (predicted tokens, accuracy)
+  bool token_scaling = false;  // loss_n, z_n and the row's gradient times detached p(target)
 };
 
 // Token totals the reductions need: the class-weight sum of the targets, the number of

@@ -115,6 +115,27 @@ TEST(FlexCudaCodegen, ModFunctionsCompileWithNvrtc) {
   }
 }
 
+// sign, sigmoid, floor, float -> int, clamp and float modulo (forward and score_grad), with 64-bit
+// and narrow int locals.
+TEST(FlexCudaCodegen, ModVocabularyCompilesWithNvrtc) {
+  const Tensor bias = randn({4, 63}).requires_grad_();
+  Captured t = capture(bias);
+  const ScoreMod score([&](Expr s, Expr, Expr hh, Expr q, Expr kv) {
+    const Expr b = t[hh][clamp(q - kv + 31, Expr(0), Expr(62))];
+    return sigmoid(s) * b + sign(s) + floor(s * Expr(2.0)) + (s % Expr(0.75)) + to_float(to_int(s * b)) +
+           to_float(sign(q - kv)) + clamp(b, Expr(-1.0), Expr(1.0));
+  });
+  const MaskMod mask([](Expr, Expr, Expr q, Expr kv) {
+    return (abs(clamp(q % 8, Expr(1), Expr(6)) - kv % 8) <= 1) | (to_int(to_float(kv) * Expr(0.5)) < 3);
+  });
+  const detail::Program sp = detail::compile(score.expr), mp = detail::compile(mask.expr);
+  for (bool narrow : {false, true}) {
+    const std::string src = cuda::generate_mod_check_source(&sp, &mp, narrow);
+    for (const char* piece : {"kiln_f2i(", "floorf(", "expf(-", "> 0.f ? 1.f"}) EXPECT_NE(src.find(piece), std::string::npos) << piece;
+    EXPECT_NO_THROW(cuda::compile_cubin(src, "sm_90a"));
+  }
+}
+
 TEST(FlexCudaCodegen, BadTilesAreRejected) {
   try {
     source_for(nullptr, nullptr, true, 64, false, 40, 64);

@@ -1,7 +1,8 @@
 #pragma once
 // Float64 plain-loop reference of the fused linear cross-entropy: logits, soft-cap, log-softmax,
-// label smoothing, class weights, ignore_index, z-loss, reductions, and the gradients of
-// sum(cot * loss) with respect to x, W and b from the closed-form formula.
+// label smoothing, class weights, ignore_index, z-loss, token scaling, reductions, the predicted
+// tokens (first maximum; -1 where ignored), and the gradients of sum(cot * loss) with respect to
+// x, W and b from the closed-form formula.
 #include <cmath>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct RefOut {
   std::vector<double> lse;   // n
   double zterm_reduced = 0;
   std::vector<double> dx, dw, db;
+  std::vector<int64_t> predicted;  // n
 };
 
 inline RefOut reference(const RefIn& in, const std::vector<double>& cot) {
@@ -53,7 +55,8 @@ inline RefOut reference(const RefIn& in, const std::vector<double>& cot) {
   r.dx.assign(N * H, 0);
   r.dw.assign(V * H, 0);
   r.db.assign(V, 0);
-  std::vector<double> loss_tok(N, 0), z_tok(N, 0), s(V), zraw(V);
+  std::vector<double> loss_tok(N, 0), z_tok(N, 0), scale(N, 1.0), s(V), zraw(V);
+  r.predicted.assign(N, -1);
   std::vector<std::vector<double>> srows(N, std::vector<double>(V));
   for (int64_t i = 0; i < N; ++i) {
     double m = -INFINITY;
@@ -70,10 +73,20 @@ inline RefOut reference(const RefIn& in, const std::vector<double>& cot) {
     r.lse[i] = lse;
     const int64_t y = in.y[i];
     if (y == o.ignore_index) continue;
+    for (int64_t j = 0; j < V; ++j)
+      if (srows[i][j] == m) {
+        r.predicted[i] = j;
+        break;
+      }
     double smooth = 0;
     for (int64_t j = 0; j < V; ++j) smooth += wv(j) * (lse - srows[i][j]);
     loss_tok[i] = (1 - eps) * wv(y) * (lse - srows[i][y]) + eps / V * smooth;
     z_tok[i] = lam * lse * lse;
+    if (o.use_token_scaling) {  // a detached factor: it scales the gradient, is not differentiated
+      scale[i] = std::exp(srows[i][y] - lse);
+      loss_tok[i] *= scale[i];
+      z_tok[i] *= scale[i];
+    }
   }
   const bool none = o.reduction == Reduction::None, mean = o.reduction == Reduction::Mean;
   if (none) {
@@ -96,7 +109,7 @@ inline RefOut reference(const RefIn& in, const std::vector<double>& cot) {
   for (int64_t i = 0; i < N; ++i) {
     const int64_t y = in.y[i];
     if (y == o.ignore_index) continue;
-    const double gup = none ? cot[i] : cot[0];
+    const double gup = (none ? cot[i] : cot[0]) * scale[i];
     const double g = mean ? gup / wsum : gup, gz = mean ? gup / cnt : gup;
     std::vector<double> dz(V);
     for (int64_t j = 0; j < V; ++j) {

@@ -12,7 +12,15 @@ __all__ = ["linear", "relu", "gelu", "silu", "softmax", "log_softmax", "embeddin
 _EPS = {"float32": 1.1920928955078125e-07, "float64": 2.220446049250313e-16, "bfloat16": 0.0078125,
         "float16": 0.0009765625}
 
-LinearCrossEntropyResult = namedtuple("LinearCrossEntropyResult", ["loss", "lse", "z_loss", "strategy"])
+LinearCrossEntropyResult = namedtuple("LinearCrossEntropyResult",
+                                      ["loss", "lse", "z_loss", "strategy", "token_accuracy", "predicted_tokens"],
+                                      defaults=(None, None))
+# linear_cross_entropy's result when token accuracy or predicted tokens are asked for (Liger-Kernel's
+# CrossEntropyOutput fields).
+LinearCrossEntropyOutput = namedtuple("LinearCrossEntropyOutput", ["loss", "z_loss", "token_accuracy",
+                                                                   "predicted_tokens"])
+_LCE_KILN = dict(z_loss=0.0, logit_softcap=0.0, strategy="auto", chunk_tokens=0, chunk_vocab=0, memory_budget=0)
+_LCE_FLAGS = ("loss_in_input_dtype", "use_token_scaling", "return_token_accuracy", "return_predicted_tokens")
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
@@ -38,31 +46,46 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 
 def linear_cross_entropy(input, linear_weight, target, linear_bias=None, weight=None, reduction="mean",
                          ignore_index=-100, label_smoothing=0.0, *, z_loss=0.0, logit_softcap=0.0,
-                         strategy="auto", chunk_tokens=0, chunk_vocab=0, memory_budget=0):
+                         strategy="auto", chunk_tokens=0, chunk_vocab=0, memory_budget=0, use_token_scaling=False,
+                         return_token_accuracy=False, return_predicted_tokens=False, loss_in_input_dtype=False):
     """cross_entropy(input @ linear_weight.T + linear_bias, target) fused: the [tokens, vocab]
     logits are never materialised.
 
     input [N, H] or [B, T, H]; linear_weight [V, H]; target [N] / [B, T] int64/int32 in [0, V) or
     ignore_index; linear_bias [V]; weight [V] class weights -> loss [] (mean/sum) or target's shape
-    (none). kiln extras: z_loss (coefficient of lse^2), logit_softcap (c * tanh(z / c)),
-    strategy "auto" / "memory" / "speed", chunk sizes and a working-memory budget in bytes."""
-    return _C.linear_cross_entropy(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-                                   label_smoothing, z_loss, logit_softcap, strategy, chunk_tokens, chunk_vocab,
-                                   memory_budget, False)
+    (none), in float32 for bf16 / fp16 / fp32 inputs (float64 for float64); loss_in_input_dtype=True
+    rounds it to the input's dtype. kiln extras: z_loss (coefficient of lse^2), logit_softcap
+    (c * tanh(z / c)), strategy "auto" / "memory" / "speed", chunk sizes and a working-memory budget
+    in bytes. Liger-Kernel's options: use_token_scaling (each token's loss times its detached
+    probability of the target); return_token_accuracy / return_predicted_tokens make the result a
+    LinearCrossEntropyOutput(loss, z_loss, token_accuracy, predicted_tokens): token_accuracy [] is
+    the fraction of non-ignored tokens whose argmax is the target (per token 1/0 with reduction
+    "none"), predicted_tokens the argmax per token (target's shape, int64, -1 where ignored)."""
+    flags = dict(use_token_scaling=use_token_scaling, return_token_accuracy=return_token_accuracy,
+                 return_predicted_tokens=return_predicted_tokens, loss_in_input_dtype=loss_in_input_dtype)
+    extras = return_token_accuracy or return_predicted_tokens
+    r = _C.linear_cross_entropy(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+                                label_smoothing, z_loss, logit_softcap, strategy, chunk_tokens, chunk_vocab,
+                                memory_budget, extras, flags)
+    if not extras:
+        return r
+    return LinearCrossEntropyOutput(r[0], r[2], r[4], r[5])
 
 
 def linear_cross_entropy_with_stats(input, linear_weight, target, linear_bias=None, weight=None, reduction="mean",
                                     ignore_index=-100, label_smoothing=0.0, **kiln_options):
     """linear_cross_entropy plus, for logging, the per-token lse (fp32, detached), the z-loss term
-    and the strategy that ran -> LinearCrossEntropyResult(loss, lse, z_loss, strategy)."""
-    o = dict(z_loss=0.0, logit_softcap=0.0, strategy="auto", chunk_tokens=0, chunk_vocab=0, memory_budget=0)
-    unknown = set(kiln_options) - set(o)
+    and the strategy that ran -> LinearCrossEntropyResult(loss, lse, z_loss, strategy,
+    token_accuracy, predicted_tokens) (the last two None unless asked for)."""
+    o = dict(_LCE_KILN)
+    unknown = set(kiln_options) - set(o) - set(_LCE_FLAGS)
     if unknown:
-        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+        raise TypeError(f"linear_cross_entropy_with_stats() got unexpected keyword arguments {sorted(unknown)}")
     o.update(kiln_options)
+    flags = {name: o.pop(name) for name in _LCE_FLAGS if name in o}
     r = _C.linear_cross_entropy(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
                                 label_smoothing, o["z_loss"], o["logit_softcap"], o["strategy"], o["chunk_tokens"],
-                                o["chunk_vocab"], o["memory_budget"], True)
+                                o["chunk_vocab"], o["memory_budget"], True, flags)
     return LinearCrossEntropyResult(*r)
 
 from ._functional_extra import layer_norm, mse_loss  # noqa: E402

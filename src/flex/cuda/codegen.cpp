@@ -177,6 +177,13 @@ void emit_forward(const Locals& lc, const char* bp, std::ostream& os) {
       case Op::Tanh: os << (lc.fast ? "kiln_tanh(" : "tanhf(") << A() << ")"; break;
       case Op::Exp: os << "expf(" << A() << ")"; break;
       case Op::Log: os << "logf(" << A() << ")"; break;
+      case Op::Sign:  // RowEval's selection (NaN and -0 kept)
+        if (is_int) os << "((" << A() << " > 0) - (" << A() << " < 0))";
+        else os << "(" << A() << " > 0.f ? 1.f : (" << A() << " < 0.f ? -1.f : " << A() << "))";
+        break;
+      case Op::Sigmoid: os << "(1.f / (1.f + expf(-" << A() << ")))"; break;
+      case Op::Floor: os << "floorf(" << A() << ")"; break;
+      case Op::ToInt: os << "kiln_f2i(" << A() << ")"; break;
     }
     os << ";\n";
   }
@@ -282,7 +289,10 @@ void emit_score(const Program* score, bool fast_mods, std::ostream& os) {
         case Op::Log:
           if (has(in.a)) os << "  " << adj(in.a) << " += " << g << " / " << val(in.a) << ";\n";
           break;
-        default: break;
+        case Op::Sigmoid:
+          if (has(in.a)) os << "  " << adj(in.a) << " += " << g << " * " << y << " * (1.f - " << y << ");\n";
+          break;
+        default: break;  // sign, floor: flat
       }
     }
   }

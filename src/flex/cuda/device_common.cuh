@@ -34,6 +34,12 @@ __device__ __forceinline__ int kiln_floormod(int x, int y) {
   const int r = x % y;
   return r != 0 && ((r < 0) != (y < 0)) ? r + y : r;
 }
+// float -> int toward zero, NaN -> 0, clamped to +-2^62: the CPU's float_to_int (flex/ir.h).
+__device__ __forceinline__ long long kiln_f2i(float x) {
+  if (x != x) return 0;
+  const float lim = 4611686018427387904.0f;
+  return (long long)(x < -lim ? -lim : (x > lim ? lim : x));
+}
 // tanh on the SFU (sm_75+): max relative error ~2^-11, under bf16 / fp16 resolution; tanhf is a
 // polynomial or an exp and a reciprocal, with a branch between them.
 __device__ __forceinline__ float kiln_tanh(float x) {

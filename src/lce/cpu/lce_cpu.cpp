@@ -81,18 +81,18 @@ Tensor buffer(const Shape& shape, bool needed) {
   return needed ? empty(shape, dtype_of<A>::value) : Tensor();
 }
 
-// Final loss / z-loss outputs from per-token terms (fixed sequential order, double sums).
-template <typename T, typename A>
+// Final loss / z-loss outputs (acc dtype) from per-token terms (fixed sequential order, double sums).
+template <typename A>
 void reduce_outputs(const lce::Problem& p, const Totals<A>& tot, const A* loss_tok, const A* z_tok, lce::Forward& f) {
   const Consts& k = p.k;
   const DType acc = dtype_of<A>::value;
   if (k.red == lce::Red::None) {
-    f.loss = empty({k.n}, p.x.options());
+    f.loss = empty({k.n}, acc);
     f.zterm = empty({k.n}, acc);
-    T* l = f.loss.data_ptr<T>();
+    A* l = f.loss.data_ptr<A>();
     A* z = f.zterm.data_ptr<A>();
     for (int64_t i = 0; i < k.n; ++i) {
-      l[i] = cast_value<T>(loss_tok[i] + z_tok[i]);
+      l[i] = loss_tok[i] + z_tok[i];
       z[i] = z_tok[i];
     }
     return;
@@ -107,10 +107,39 @@ void reduce_outputs(const lce::Problem& p, const Totals<A>& tot, const A* loss_t
     zs /= static_cast<double>(tot.count);
   }
   const double loss = ls + (k.z_coef != 0.0 ? zs : 0.0);
-  f.loss = empty({}, p.x.options());
-  f.loss.data_ptr<T>()[0] = cast_value<T>(loss);
+  f.loss = empty({}, acc);
+  f.loss.data_ptr<A>()[0] = static_cast<A>(loss);
   f.zterm = empty({}, acc);
   f.zterm.data_ptr<A>()[0] = static_cast<A>(k.z_coef != 0.0 ? zs : 0.0);
+}
+
+// The first column of a prepared row z[0..n) holding its maximum m (0 when none does: NaN logits).
+template <typename A>
+int64_t first_max(const A* z, int64_t n, A m) {
+  for (int64_t j = 0; j < n; ++j)
+    if (z[j] == m) return j;
+  return 0;
+}
+
+// The per-token outputs beside the loss: the predicted token and, under token scaling, the
+// detached p(target) that multiplies the token's terms (and later its gradient).
+template <typename A>
+void finish_extras(const lce::Problem& p, lce::Forward& f, int64_t i, int64_t argmax, A lse, A s_y, A* loss_tok,
+                   A* z_tok) {
+  const bool ignored = lce::is_ignored(p.target.data_ptr<int64_t>()[i], p.k);
+  if (p.k.argmax) f.predicted.data_ptr<int64_t>()[i] = ignored ? -1 : argmax;
+  if (p.k.token_scaling) {
+    const A sc = ignored ? A(0) : std::exp(s_y - lse);
+    f.tscale.data_ptr<A>()[i] = sc;
+    loss_tok[i] *= sc;
+    z_tok[i] *= sc;
+  }
+}
+
+template <typename A>
+void alloc_extras(const lce::Problem& p, lce::Forward& f) {
+  if (p.k.argmax) f.predicted = empty({p.k.n}, kInt64);
+  if (p.k.token_scaling) f.tscale = empty({p.k.n}, dtype_of<A>::value);
 }
 
 template <typename A>
@@ -136,8 +165,10 @@ lce::Forward forward_memory(const lce::Problem& p) {
   Tensor bbuf = buffer<A>({Vc}, bias != nullptr && kConvert);
   Tensor state = empty({4, Nc}, dtype_of<A>::value);  // running max, sum, target logit, weighted sum
   Tensor terms = empty({2, std::max<int64_t>(N, 1)}, dtype_of<A>::value);  // loss_n, z_n
+  std::vector<int64_t> amax(static_cast<size_t>(k.argmax ? Nc : 0));     // running argmax per row
   lce::Forward f;
   f.lse = empty({N}, dtype_of<A>::value);
+  alloc_extras<A>(p, f);
   A* lse = f.lse.data_ptr<A>();
   A *m = state.data_ptr<A>(), *s = m + Nc, *sy = s + Nc, *ws = sy + Nc;
   A *loss_tok = terms.data_ptr<A>(), *z_tok = loss_tok + std::max<int64_t>(N, 1);
@@ -161,6 +192,7 @@ lce::Forward forward_memory(const lce::Problem& p) {
         A* z = t + r * cols;
         A wsr = 0;
         const A mt = lce::rows::prep_max(z, cols, bp, cap, cwt, k.eps != 0.0 ? &wsr : nullptr);
+        if (k.argmax && (v0 == 0 || mt > m[r])) amax[r] = v0 + first_max(z, cols, mt);  // ties: the earlier tile
         const A st = lce::rows::sum_exp(z, cols, mt);
         lce::lse_merge(m[r], s[r], mt, st, [](A e) { return std::exp(e); });
         const int64_t yy = y[n0 + r];
@@ -174,14 +206,15 @@ lce::Forward forward_memory(const lce::Problem& p) {
       lse[i] = l;
       if (lce::is_ignored(y[i], k)) {
         loss_tok[i] = z_tok[i] = 0;
-        continue;
+      } else {
+        const A wy = cw ? cw[y[i]] : A(1);
+        loss_tok[i] = lce::token_loss<A>(l, sy[r], wy, ws[r], tot.class_sum, k);
+        z_tok[i] = static_cast<A>(k.z_coef) * l * l;
       }
-      const A wy = cw ? cw[y[i]] : A(1);
-      loss_tok[i] = lce::token_loss<A>(l, sy[r], wy, ws[r], tot.class_sum, k);
-      z_tok[i] = static_cast<A>(k.z_coef) * l * l;
+      finish_extras<A>(p, f, i, k.argmax ? amax[r] : 0, l, sy[r], loss_tok, z_tok);
     }
   }
-  reduce_outputs<T, A>(p, tot, loss_tok, z_tok, f);
+  reduce_outputs<A>(p, tot, loss_tok, z_tok, f);
   return f;
 }
 
@@ -221,7 +254,8 @@ void add_column_sums(const A* t, int64_t rows, int64_t cols, A* acc) {
 }
 
 template <typename T, typename A>
-lce::Grads backward_memory(const lce::Problem& p, const Tensor& lse_t, const Tensor& grad_t, const lce::Needs& nd) {
+lce::Grads backward_memory(const lce::Problem& p, const Tensor& lse_t, const Tensor& tscale_t, const Tensor& grad_t,
+                           const lce::Needs& nd) {
   const Consts& k = p.k;
   const int64_t N = k.n, H = k.h, V = k.v, Nc = p.plan.chunk_n, Vc = p.plan.chunk_v;
   constexpr bool kConvert = !std::is_same_v<T, A>;
@@ -233,6 +267,7 @@ lce::Grads backward_memory(const lce::Problem& p, const Tensor& lse_t, const Ten
   const int64_t* y = p.target.data_ptr<int64_t>();
   const A* lse = lse_t.data_ptr<A>();
   const A* gup = grad_t.data_ptr<A>();
+  const A* tscale = tscale_t.defined() ? tscale_t.data_ptr<A>() : nullptr;
   const bool per_token = k.red == lce::Red::None;
   const A cap = static_cast<A>(k.softcap);
   const DType acc = dtype_of<A>::value;
@@ -251,7 +286,8 @@ lce::Grads backward_memory(const lce::Problem& p, const Tensor& lse_t, const Ten
   Tensor coef = empty({N, 3}, acc);
   A* cf = coef.data_ptr<A>();
   for (int64_t i = 0; i < N; ++i) {
-    const lce::CoefT<A> c = coef_of<A>(p, tot, cw, y[i], gup[per_token ? i : 0], lse[i]);
+    const A g_up = gup[per_token ? i : 0] * (tscale ? tscale[i] : A(1));
+    const lce::CoefT<A> c = coef_of<A>(p, tot, cw, y[i], g_up, lse[i]);
     cf[3 * i] = c.a;
     cf[3 * i + 1] = c.b;
     cf[3 * i + 2] = c.c;
@@ -314,6 +350,7 @@ lce::Forward forward_speed(const lce::Problem& p, const lce::Needs& nd) {
 
   lce::Forward f;
   f.lse = empty({N}, acc);
+  alloc_extras<A>(p, f);
   if (nd.dx) f.dx = empty({N, H}, p.x.options());
   if (nd.dw) f.dw = zeros({V, H}, p.w.options());
   if (nd.db) f.db = zeros({V}, p.w.options());
@@ -346,17 +383,21 @@ lce::Forward forward_speed(const lce::Problem& p, const lce::Needs& nd) {
       A* z = zt + r * V;
       A ws = 0;
       const A mx = lce::rows::prep_max(z, V, bp, cap, cw, k.eps != 0.0 ? &ws : nullptr);
+      const int64_t am = k.argmax ? first_max(z, V, mx) : 0;
       const A l = mx + std::log(lce::rows::sum_exp(z, V, mx));
       lse[i] = l;
       if (lce::is_ignored(yy, k)) {
         loss_tok[i] = z_tok[i] = 0;
+        finish_extras<A>(p, f, i, am, l, A(0), loss_tok, z_tok);
         std::fill(z, z + V, A(0));
         continue;
       }
       const A wy = cw ? cw[yy] : A(1);
       loss_tok[i] = lce::token_loss<A>(l, z[yy], wy, ws, tot.class_sum, k);
       z_tok[i] = static_cast<A>(k.z_coef) * l * l;
-      grad_row<A>(z, V, 0, yy, bp, cap, /*raw=*/false, l, coef_of<A>(p, tot, cw, yy, A(1), l), cw);
+      finish_extras<A>(p, f, i, am, l, z[yy], loss_tok, z_tok);
+      const A g_up = k.token_scaling ? f.tscale.data_ptr<A>()[i] : A(1);
+      grad_row<A>(z, V, 0, yy, bp, cap, /*raw=*/false, l, coef_of<A>(p, tot, cw, yy, g_up, l), cw);
     }
     for (int64_t v0 = 0; v0 < V; v0 += Vt) {  // dx_c = dz W (over V tiles), dW += dz^T x_c
       const int64_t cols = std::min(Vt, V - v0);
@@ -373,7 +414,7 @@ lce::Forward forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   if (nd.dw && kConvert) store<T, A>(dw_acc.data_ptr<A>(), f.dw.data_ptr<T>(), V * H);
   if (nd.db) store<T, A>(db_acc.data_ptr<A>(), f.db.data_ptr<T>(), V);
   if (nd.dx && N == 0) f.dx.zero_();
-  reduce_outputs<T, A>(p, tot, loss_tok, z_tok, f);
+  reduce_outputs<A>(p, tot, loss_tok, z_tok, f);
   return f;
 }
 
@@ -402,10 +443,11 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& needs) {
   });
 }
 
-lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& grad, const lce::Needs& needs) {
+lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& tscale, const Tensor& grad,
+                               const lce::Needs& needs) {
   NoGradGuard ng;
   return dispatch(p.x.dtype(), [&](auto t, auto a) {
-    return backward_memory<typename decltype(t)::type, typename decltype(a)::type>(p, lse, grad, needs);
+    return backward_memory<typename decltype(t)::type, typename decltype(a)::type>(p, lse, tscale, grad, needs);
   });
 }
 

@@ -84,10 +84,22 @@ Tensor make_totals(const Ctx& c) {
   return tot;
 }
 
+// The per-token extras' buffers: predicted tokens [N] int64 and the row argmax state [Nc] (argmax),
+// the token scaling factors [N] (token scaling).
+Tensor alloc_extras(const Ctx& c, int64_t nc, lce::Forward& f) {
+  if (c.p.k.token_scaling) f.tscale = c.buf({c.p.k.n}, c.acc);
+  if (!c.p.k.argmax) return Tensor();
+  f.predicted = c.buf({c.p.k.n}, kInt64);
+  return c.buf({nc}, kInt64);
+}
+
+int64_t* ptr_or_null(const Tensor& t) { return t.defined() ? static_cast<int64_t*>(t.data_ptr()) : nullptr; }
+void* vptr_or_null(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
 void outputs(const Ctx& c, const Tensor& terms, const Tensor& tot, lce::Forward& f) {
   const lce::Consts& k = c.p.k;
   const bool none = k.red == lce::Red::None;
-  f.loss = none ? c.buf({k.n}, c.t) : c.buf({}, c.t);
+  f.loss = none ? c.buf({k.n}, c.acc) : c.buf({}, c.acc);
   f.zterm = none ? c.buf({k.n}, c.acc) : c.buf({}, c.acc);
   lce_k::reduce(c.t, terms.data_ptr(), k.n, tot.data_ptr(), k, f.loss.data_ptr(), f.zterm.data_ptr(), c.stream);
 }
@@ -105,22 +117,24 @@ lce::Forward lce_forward_memory(const lce::Problem& p) {
   Tensor tile = c.buf({Nc, ld}, c.t), state = c.buf({4, Nc}, c.acc), terms = c.buf({2, N}, c.acc);
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
+  const Tensor amax = alloc_extras(c, Nc, f);
   for (int64_t n0 = 0; n0 < N; n0 += Nc) {
     const int64_t rows = std::min(Nc, N - n0);
     for (int64_t v0 = 0; v0 < V; v0 += Vc) {
       const int64_t cols = std::min(Vc, V - v0);
       c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.t, 0.0);
       lce_k::stats(c.t, tile.data_ptr(), rows, cols, ld, v0, c.bias(), c.cw(), c.target() + n0, k, v0 == 0,
-                   state.data_ptr(), Nc, c.stream);
+                   state.data_ptr(), Nc, ptr_or_null(amax), c.stream);
     }
     lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
-                    terms.data_ptr(), N, c.stream);
+                    terms.data_ptr(), N, ptr_or_null(amax), ptr_or_null(f.predicted), vptr_or_null(f.tscale), c.stream);
   }
   outputs(c, terms, tot, f);
   return f;
 }
 
-lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& grad, const lce::Needs& nd) {
+lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const Tensor& tscale, const Tensor& grad,
+                               const lce::Needs& nd) {
   NoGradGuard ng;
   DeviceGuard dg(p.x.device().index);
   const Ctx c(p);
@@ -161,7 +175,7 @@ lce::Grads lce_backward_memory(const lce::Problem& p, const Tensor& lse, const T
       const int64_t rows = std::min(Nc, N - n0);
       c.mm(false, true, rows, cols, H, c.xp(n0), H, c.wp(v0), H, c.t, tile.data_ptr(), ld, c.t, 0.0);
       lce_k::grad(c.t, tile.data_ptr(), rows, cols, ld, v0, n0, c.bias(), c.cw(), c.target(), lse.data_ptr(),
-                  grad.data_ptr(), per_token, tot.data_ptr(), k, dz, ld, c.stream);
+                  grad.data_ptr(), per_token, vptr_or_null(tscale), tot.data_ptr(), k, dz, ld, c.stream);
       if (nd.dx)
         c.mm(false, false, rows, H, cols, dz, ld, c.wp(v0), H, c.t,
              static_cast<char*>(dx_acc.data_ptr()) + n0 * H * c.asize(), H, c.acc, 1.0);
@@ -194,6 +208,7 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
   void* dz = logits.data_ptr();  // dz overwrites the logits in place
   lce::Forward f;
   f.lse = c.buf({N}, c.acc);
+  const Tensor amax = alloc_extras(c, Nc, f);
   if (nd.dx) f.dx = c.buf({N, H}, c.t);
   if (nd.dw) f.dw = c.buf({V, H}, c.t);
   if (nd.db) f.db = c.buf({V}, c.t);
@@ -211,12 +226,12 @@ lce::Forward lce_forward_speed(const lce::Problem& p, const lce::Needs& nd) {
     if (side) side->join();  // the chunk's logits overwrite the dz the last dW GEMM read
     c.mm(false, true, rows, V, H, c.xp(n0), H, c.wp(0), H, c.t, logits.data_ptr(), ld, c.t, 0.0);
     lce_k::stats(c.t, logits.data_ptr(), rows, V, ld, 0, c.bias(), c.cw(), c.target() + n0, k, true,
-                 state.data_ptr(), Nc, c.stream);
+                 state.data_ptr(), Nc, ptr_or_null(amax), c.stream);
     lce_k::finalize(c.t, rows, n0, state.data_ptr(), Nc, c.target(), c.cw(), tot.data_ptr(), k, f.lse.data_ptr(),
-                    terms.data_ptr(), N, c.stream);
+                    terms.data_ptr(), N, ptr_or_null(amax), ptr_or_null(f.predicted), vptr_or_null(f.tscale), c.stream);
     if (!nd.any()) continue;
     lce_k::grad(c.t, logits.data_ptr(), rows, V, ld, 0, n0, c.bias(), c.cw(), c.target(), f.lse.data_ptr(), nullptr,
-                false, tot.data_ptr(), k, dz, ld, c.stream);
+                false, vptr_or_null(f.tscale), tot.data_ptr(), k, dz, ld, c.stream);
     if (nd.dw) {  // on the side stream when there is one: its tiles fill the dx GEMM's last wave
       if (side) side->follow();
       c.mm(true, false, V, H, rows, dz, ld, c.xp(n0), H, c.t, f.dw.data_ptr(), H, c.t, n0 == 0 ? 0.0 : 1.0,

@@ -93,6 +93,26 @@ __device__ __forceinline__ void block_merge_stats(A m, A s, A ws, A* sm, A* ss, 
   }
 }
 
+// Each thread's (max, argmax column) reduced over the block in a fixed tree: the largest maximum,
+// the lowest column among equal ones. The result lands in sm[0], si[0] (shared arrays of blockDim.x).
+template <typename A>
+__device__ __forceinline__ void block_argmax(A m, int64_t am, A* sm, int64_t* si) {
+  sm[threadIdx.x] = m;
+  si[threadIdx.x] = am;
+  __syncthreads();
+  for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+    if (threadIdx.x < h) {
+      const A m2 = sm[threadIdx.x + h];
+      const int64_t a2 = si[threadIdx.x + h];
+      if (m2 > sm[threadIdx.x] || (m2 == sm[threadIdx.x] && a2 < si[threadIdx.x])) {
+        sm[threadIdx.x] = m2;
+        si[threadIdx.x] = a2;
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // Row i's logsumexp from its (max, sum exp) into lse[i], and its loss and z-loss terms into
 // terms[i], terms[n_total + i] (an out-of-range target gives a NaN loss instead of a host check
 // that would synchronise). Returns the lse.

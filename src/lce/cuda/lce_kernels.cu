@@ -15,6 +15,7 @@
 //   prepare/reduce: single-block reductions in a fixed order (double accumulation).
 // 256 threads per block: enough warps to hide latency on a row of a few thousand columns.
 #include <cfloat>
+#include <cstdint>
 #include <cmath>
 #include <type_traits>
 
@@ -81,14 +82,16 @@ __global__ void prepare_kernel(const int64_t* target, const A* cw, lce::Consts k
 // (~70 instructions an element: 1.9-2.7 TB/s on the H200).
 template <typename T, typename A, int VW, bool kPlain>
 __global__ void stats_kernel(const T* tile, int64_t cols, int64_t ld, int64_t v0, const T* bias, const A* cw,
-                             const int64_t* target, lce::Consts k, bool first, A* state, int64_t st) {
+                             const int64_t* target, lce::Consts k, bool first, A* state, int64_t st, int64_t* amax) {
   __shared__ A sm[kThreads], ss[kThreads], sw[kThreads];
+  __shared__ int64_t si[kThreads];  // argmax: each thread's first column holding its maximum
   const int64_t r = blockIdx.x;
   const T* z = tile + r * ld;
   const A cap = static_cast<A>(k.softcap);
   const int64_t y = target[r] - v0;
   const bool smooth = k.eps != 0.0;
   A m = -INFINITY, s = 0, ws = 0, m_log2e = -INFINITY;
+  int64_t am = INT64_MAX;  // this thread's argmax column (ties: the lower column wins the merge)
   // Column j's logit: bias and soft-cap applied.
   auto logit = [&](T raw, int64_t j) {
     A v = convert<A>(raw);
@@ -102,6 +105,11 @@ __global__ void stats_kernel(const T* tile, int64_t cols, int64_t ld, int64_t v0
 #pragma unroll
     for (int e = 1; e < VW; ++e)
       if (e < n) mv = fmax(mv, v[e]);
+    if (amax && mv > m) {  // a new maximum: its first column in this vector (rare after the start)
+#pragma unroll
+      for (int e = VW - 1; e >= 0; --e)
+        if (e < n && v[e] == mv) am = v0 + j + e;
+    }
     if constexpr (kPlain) {
       if (mv > m) {
         s *= fast_ex2((m - mv) * kLog2e);
@@ -135,9 +143,18 @@ __global__ void stats_kernel(const T* tile, int64_t cols, int64_t ld, int64_t v0
   }
   // The target's logit, when this tile holds it (one tile does: the first one zeroes it otherwise).
   if (threadIdx.x == 0 && y >= 0 && y < cols) state[2 * st + r] = logit(z[y], y);
+  A tile_max = -INFINITY;
+  int64_t tile_arg = INT64_MAX;
+  if (amax) {  // uniform: amax is the same for the whole grid
+    block_argmax(m, am, sm, si);
+    tile_max = sm[0];
+    tile_arg = si[0];
+    __syncthreads();  // sm is reused below
+  }
   block_merge_stats(m, s, ws, sm, ss, sw);
   if (threadIdx.x == 0) {
     A mm = first ? A(-INFINITY) : state[r], sv = first ? A(0) : state[st + r];
+    if (amax && (first || tile_max > mm)) amax[r] = tile_arg == INT64_MAX ? 0 : tile_arg;  // ties: the earlier tile
     merge(mm, sv, sm[0], ss[0]);
     state[r] = mm;
     state[st + r] = sv;
@@ -148,12 +165,21 @@ __global__ void stats_kernel(const T* tile, int64_t cols, int64_t ld, int64_t v0
 
 template <typename A>
 __global__ void finalize_kernel(int64_t rows, int64_t n0, const A* state, int64_t st, const int64_t* target,
-                                const A* cw, const A* totals, lce::Consts k, A* lse, A* terms, int64_t n_total) {
+                                const A* cw, const A* totals, lce::Consts k, A* lse, A* terms, int64_t n_total,
+                                const int64_t* amax, int64_t* pred, A* tscale) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (r >= rows) return;
-  const int64_t i = n0 + r;
-  finish_token<A>(i, target[i], state[r], state[st + r], state[2 * st + r], state[3 * st + r], cw, totals, k, lse,
-                  terms, n_total);
+  const int64_t i = n0 + r, y = target[i];
+  const A l = finish_token<A>(i, y, state[r], state[st + r], state[2 * st + r], state[3 * st + r], cw, totals, k, lse,
+                              terms, n_total);
+  const bool ignored = lce::is_ignored(y, k);
+  if (pred) pred[i] = ignored ? -1 : amax[r];
+  if (tscale) {
+    const A sc = ignored ? A(0) : dexp<A>(state[2 * st + r] - l);
+    tscale[i] = sc;
+    terms[i] *= sc;
+    terms[n_total + i] *= sc;
+  }
 }
 
 // One block per tile row, VW columns per thread per segment of blockDim.x * VW columns; the
@@ -162,12 +188,13 @@ __global__ void finalize_kernel(int64_t rows, int64_t n0, const A* state, int64_
 template <typename T, typename A, int VW, bool kPlain>
 __global__ void grad_kernel(const T* tile, int64_t cols, int64_t ld, int64_t v0, int64_t n0, const T* bias,
                             const A* cw, const int64_t* target, const A* lse_all, const A* g, bool g_per_token,
-                            const A* totals, lce::Consts k, T* dz, int64_t ldz) {
+                            const A* tscale, const A* totals, lce::Consts k, T* dz, int64_t ldz) {
   const int64_t r = blockIdx.x, i = n0 + r;
   const T* z = tile + r * ld;
   T* out = dz + r * ldz;
   const int64_t y = target[i];
-  const RowGrad<A> rg = row_grad<A>(y, lse_all[i], g ? g[g_per_token ? i : 0] : A(1), cw, totals, k);
+  const A g_up = (g ? g[g_per_token ? i : 0] : A(1)) * (tscale ? tscale[i] : A(1));
+  const RowGrad<A> rg = row_grad<A>(y, lse_all[i], g_up, cw, totals, k);
   const bool dead = rg.dead;  // uniform over the block
   const A cap = static_cast<A>(k.softcap);
   const int64_t step = static_cast<int64_t>(blockDim.x) * VW;
@@ -229,8 +256,8 @@ __global__ void colsum_kernel(const T* dz, int64_t rows, int64_t cols, int64_t l
   acc[j] = s;
 }
 
-template <typename T, typename A>
-__global__ void reduce_kernel(const A* terms, int64_t n, const A* totals, lce::Consts k, T* loss, A* zterm) {
+template <typename A>
+__global__ void reduce_kernel(const A* terms, int64_t n, const A* totals, lce::Consts k, A* loss, A* zterm) {
   __shared__ double sh[kReduceThreads];
   double ls = 0, zs = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -246,16 +273,16 @@ __global__ void reduce_kernel(const A* terms, int64_t n, const A* totals, lce::C
     }
     if (k.z_coef == 0.0) zs = 0;
     if (totals[3] != A(0)) ls = NAN;
-    loss[0] = convert<T>(ls + zs);
+    loss[0] = static_cast<A>(ls + zs);
     zterm[0] = static_cast<A>(zs);
   }
 }
 
-template <typename T, typename A>
-__global__ void per_token_kernel(const A* terms, int64_t n, T* loss, A* zterm) {
+template <typename A>
+__global__ void per_token_kernel(const A* terms, int64_t n, A* loss, A* zterm) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  loss[i] = convert<T>(terms[i] + terms[n + i]);
+  loss[i] = terms[i] + terms[n + i];
   zterm[i] = terms[n + i];
 }
 
@@ -315,7 +342,7 @@ void prepare(DType t, const int64_t* target, const void* cw, const lce::Consts& 
 
 void stats(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, const void* bias,
            const void* cw, const int64_t* target, const lce::Consts& k, bool first, void* state, int64_t state_stride,
-           void* stream) {
+           int64_t* amax, void* stream) {
   if (rows == 0) return;
   with_types(t, [&](auto ttag, auto at) {
     using T = typename decltype(ttag)::type;
@@ -324,7 +351,7 @@ void stats(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, in
     auto launch = [&](auto kernel) {
       kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
           static_cast<const T*>(tile), cols, ld, v0, static_cast<const T*>(bias), static_cast<const A*>(cw), target,
-          k, first, static_cast<A*>(state), state_stride);
+          k, first, static_cast<A*>(state), state_stride, amax);
     };
     if (!vector_ok(static_cast<const T*>(tile), ld, 16)) launch(stats_kernel<T, A, 1, false>);
     else if (plain_rows<A, T>(bias, k)) launch(stats_kernel<T, A, VW, is_plain_capable<A, T>()>);
@@ -335,20 +362,21 @@ void stats(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, in
 
 void finalize(DType t, int64_t rows, int64_t n0, const void* state, int64_t state_stride, const int64_t* target,
               const void* cw, const void* totals, const lce::Consts& k, void* lse, void* terms, int64_t n_total,
-              void* stream) {
+              const int64_t* amax, int64_t* pred, void* tscale, void* stream) {
   if (rows == 0) return;
   with_types(t, [&](auto, auto at) {
     using A = typename decltype(at)::type;
     finalize_kernel<A><<<blocks_for(rows, kThreads), kThreads, 0, as_stream(stream)>>>(
         rows, n0, static_cast<const A*>(state), state_stride, target, static_cast<const A*>(cw),
-        static_cast<const A*>(totals), k, static_cast<A*>(lse), static_cast<A*>(terms), n_total);
+        static_cast<const A*>(totals), k, static_cast<A*>(lse), static_cast<A*>(terms), n_total, amax, pred,
+        static_cast<A*>(tscale));
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");
   });
 }
 
 void grad(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int64_t v0, int64_t n0,
           const void* bias, const void* cw, const int64_t* target, const void* lse, const void* g, bool g_per_token,
-          const void* totals, const lce::Consts& k, void* dz, int64_t ldz, void* stream) {
+          const void* tscale, const void* totals, const lce::Consts& k, void* dz, int64_t ldz, void* stream) {
   if (rows == 0 || cols == 0) return;
   with_types(t, [&](auto ttag, auto at) {
     using T = typename decltype(ttag)::type;
@@ -357,8 +385,8 @@ void grad(DType t, const void* tile, int64_t rows, int64_t cols, int64_t ld, int
     auto launch = [&](auto kernel) {
       kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_stream(stream)>>>(
           static_cast<const T*>(tile), cols, ld, v0, n0, static_cast<const T*>(bias), static_cast<const A*>(cw),
-          target, static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token, static_cast<const A*>(totals), k,
-          static_cast<T*>(dz), ldz);
+          target, static_cast<const A*>(lse), static_cast<const A*>(g), g_per_token, static_cast<const A*>(tscale),
+          static_cast<const A*>(totals), k, static_cast<T*>(dz), ldz);
     };
     if (vector_ok(static_cast<const T*>(tile), ld, 32) && vector_ok(static_cast<const T*>(dz), ldz, 32))
       plain_rows<A, T>(bias, k) ? launch(grad_kernel<T, A, VW, is_plain_capable<A, T>()>)
@@ -387,11 +415,11 @@ void reduce(DType t, const void* terms, int64_t n, const void* totals, const lce
     using A = typename decltype(at)::type;
     if (k.red == lce::Red::None) {
       if (n == 0) return;
-      per_token_kernel<T, A><<<blocks_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(
-          static_cast<const A*>(terms), n, static_cast<T*>(loss), static_cast<A*>(zterm));
+      per_token_kernel<A><<<blocks_for(n, kThreads), kThreads, 0, as_stream(stream)>>>(
+          static_cast<const A*>(terms), n, static_cast<A*>(loss), static_cast<A*>(zterm));
     } else {
-      reduce_kernel<T, A><<<1, kReduceThreads, 0, as_stream(stream)>>>(
-          static_cast<const A*>(terms), n, static_cast<const A*>(totals), k, static_cast<T*>(loss),
+      reduce_kernel<A><<<1, kReduceThreads, 0, as_stream(stream)>>>(
+          static_cast<const A*>(terms), n, static_cast<const A*>(totals), k, static_cast<A*>(loss),
           static_cast<A*>(zterm));
     }
     KILN_CUDA_CHECK_LAUNCH("linear_cross_entropy");

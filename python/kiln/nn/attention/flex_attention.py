@@ -1,15 +1,16 @@
 """FlexAttention (torch.nn.attention.flex_attention's names).
 
 score_mod(score, b, h, q_idx, kv_idx) and mask_mod(b, h, q_idx, kv_idx) may be Python functions:
-they are traced once with symbolic arguments into kiln's IR (operators + - * / // %, comparisons,
-& | ~, kiln.where / minimum / maximum / abs / exp / log / tanh, and indexing captured kiln
-tensors, e.g. `bias[h][q_idx - kv_idx]`). Captured tensors may be kiln tensors, torch tensors
-(zero-copy; torch.where / minimum / maximum / abs / tanh / exp / log / clamp trace too, so PyTorch's
-own mods run unchanged) or NumPy arrays read from the function's closure or globals. Python control
-flow on the arguments (if / and / or) cannot be traced and raises a KilnError naming the line.
-Built-in mods (causal_mask,
-sliding_window_mask, document_mask, prefix_lm_mask, chunked_mask, alibi, softcap,
-relative_position_bias) are kiln extras.
+they are traced once with symbolic arguments into kiln's IR: operators + - * / // % (Python's floor
+semantics), comparisons, & | ~, indexing captured tensors by computed indices (`bias[h, q_idx -
+kv_idx]`), and torch's tensor methods and functions abs, sign, clamp / clamp_min / clamp_max,
+minimum / maximum, where, exp, log, tanh, sigmoid, floor, remainder, float / long / int / bool / to,
+eq / ne / lt / le / gt / ge, logical_and / or / not (as Expr methods, kiln.* functions, or torch.*
+functions on the arguments), so PyTorch's own mods run unchanged. Captured tensors may be kiln
+tensors, torch tensors (zero-copy) or NumPy arrays read from the function's closure or globals.
+Python control flow on the arguments (if / and / or), or an operation outside the IR, raises an
+error naming it and the mod's line. Built-in mods (causal_mask, sliding_window_mask, document_mask,
+prefix_lm_mask, chunked_mask, alibi, softcap, relative_position_bias) are kiln extras.
 """
 from ... import _C
 from ..._C import BlockMask, Expr, MaskMod, ScoreMod  # noqa: F401
