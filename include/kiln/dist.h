@@ -288,6 +288,11 @@ class Communicator {
 std::shared_ptr<Communicator> new_comm(const std::string& backend, const Device& device, const std::string& name,
                                        const CommOptions& options = {});
 
+// The NCCL library's version, "2.28.3" (torch.cuda.nccl.version()); loads the library, which kiln
+// does not link but opens at the first NCCL communicator. Raises where kiln has no NCCL or the
+// library cannot be loaded (the message lists the places tried).
+std::string nccl_version();
+
 // Dumps the flight recorder of every live communicator of this process.
 void dump_flight_recorders();
 // After this, `signum` (default SIGUSR1) makes every communicator's watchdog dump its flight

@@ -406,3 +406,18 @@ if __name__ != "__main__":
 
 if __name__ == "__main__":
     CASES[sys.argv[1]](int(sys.argv[2]), sys.argv[3])
+
+
+def test_torch_imports_after_kiln():
+    """kiln opens NCCL at its first NCCL communicator, so `import kiln; import torch` leaves torch's
+    own NCCL to torch (a linked, older libnccl made torch's import fail on a missing symbol)."""
+    try:
+        import importlib.util
+        have_torch = importlib.util.find_spec("torch") is not None
+    except ValueError:
+        have_torch = False
+    if not have_torch:
+        pytest.skip("torch is not installed here: the import order cannot be tried")
+    code = "import kiln, torch; print(torch.__version__)"
+    r = subprocess.run([sys.executable, "-c", code], env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

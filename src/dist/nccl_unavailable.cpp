@@ -7,4 +7,8 @@ std::unique_ptr<Backend> make_nccl_backend(const BackendInit&) {
   KILN_FAIL("new_comm", "the nccl backend needs CUDA: kiln was built without CUDA");
 }
 }  // namespace kiln::dist::detail
+
+namespace kiln::dist {
+std::string nccl_version() { KILN_FAIL("nccl_version", "NCCL needs CUDA: kiln was built without CUDA"); }
+}  // namespace kiln::dist
 #endif

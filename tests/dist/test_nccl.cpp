@@ -1,6 +1,9 @@
 // The NCCL backend on one GPU (one rank): every op against a float64 reference, async works,
 // split and shrink, the input check. Skipped where no CUDA device is present.
 #include <chrono>
+#include <fstream>
+#include <regex>
+#include <string>
 
 #include "dist/harness.h"
 #include "support/testing.h"
@@ -76,6 +79,37 @@ TEST(DistNccl, AsyncSplitShrinkAndChecks) {
   EXPECT_THROW(comm->all_reduce(full({2}, 1, kFloat32)), Error);
   const std::string dump = comm->dump_flight_recorder();
   EXPECT_FALSE(dump.empty());
+}
+
+}  // namespace kiln::dist::testing
+
+namespace kiln::dist::testing {
+
+namespace {
+bool nccl_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("libnccl") != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+// NCCL is opened at first use, not linked: importing kiln must not bring a second NCCL into a
+// process that later loads torch's. Needs no GPU: only the library is loaded.
+TEST(DistNcclLibrary, LoadedOnFirstUseAndReportsItsVersion) {
+  EXPECT_FALSE(nccl_mapped()) << "libkiln brought NCCL in before any NCCL call";
+  std::string version;
+  try {
+    version = nccl_version();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find("built without") != std::string::npos) GTEST_SKIP() << "kiln built without NCCL: " << what;
+    FAIL() << what;
+  }
+  EXPECT_TRUE(std::regex_match(version, std::regex(R"(2\.\d+\.\d+)"))) << version;
+  EXPECT_TRUE(nccl_mapped());
+  EXPECT_EQ(nccl_version(), version);  // loaded once
 }
 
 }  // namespace kiln::dist::testing

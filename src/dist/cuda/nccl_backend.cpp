@@ -4,7 +4,6 @@
 // the deadline; abort() is ncclCommAbort. The input check all-gathers its header through NCCL too.
 #ifdef KILN_WITH_NCCL
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <atomic>
 #include <mutex>
@@ -12,6 +11,7 @@
 
 #include "core/cuda/check.h"
 #include "dist/backend.h"
+#include "dist/cuda/nccl_api.h"
 #include "kiln/cuda.h"
 
 #define KILN_NCCL_CHECK(comm, call)                                                                        \
@@ -19,8 +19,8 @@
     ncclResult_t kiln_nccl_ = (call);                                                                      \
     if (kiln_nccl_ != ncclSuccess && kiln_nccl_ != ncclInProgress)                                         \
       throw ::kiln::dist::CommError(::kiln::detail::str_cat("[nccl] ", #call, " failed: ",                 \
-                                                            ncclGetErrorString(kiln_nccl_), " (",          \
-                                                            (comm) ? ncclGetLastError(comm) : "", ") (", \
+                                                            nccl().GetErrorString(kiln_nccl_), " (",          \
+                                                            (comm) ? nccl().GetLastError(comm) : "", ") (", \
                                                             __FILE__, ":", __LINE__, ")"));                \
   } while (0)
 
@@ -57,10 +57,10 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 void wait_ready(ncclComm_t comm, Clock::time_point deadline, const char* what) {
   for (;;) {
     ncclResult_t state = ncclSuccess;
-    KILN_NCCL_CHECK(comm, ncclCommGetAsyncError(comm, &state));
+    KILN_NCCL_CHECK(comm, nccl().CommGetAsyncError(comm, &state));
     if (state == ncclSuccess) return;
     if (state != ncclInProgress)
-      throw CommError(str_cat("[nccl] ", what, " failed: ", ncclGetErrorString(state), " (", ncclGetLastError(comm), ")"));
+      throw CommError(str_cat("[nccl] ", what, " failed: ", nccl().GetErrorString(state), " (", nccl().GetLastError(comm), ")"));
     if (Clock::now() >= deadline) throw TimeoutError(str_cat("[nccl] ", what, " timed out"));
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
@@ -80,7 +80,7 @@ class NcclBackend final : public Backend {
     if (!comm) {
       ncclUniqueId id;
       if (rank_ == 0) {
-        KILN_NCCL_CHECK(nullptr, ncclGetUniqueId(&id));
+        KILN_NCCL_CHECK(nullptr, nccl().GetUniqueId(&id));
         init.store->set("nccl_id", std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
       } else {
         const std::string v = init.store->get("nccl_id");
@@ -88,11 +88,11 @@ class NcclBackend final : public Backend {
         std::memcpy(&id, v.data(), sizeof(id));
       }
       ncclConfig_t config = nonblocking_config();
-      KILN_NCCL_CHECK(nullptr, ncclCommInitRankConfig(&comm, size_, id, rank_, &config));
+      KILN_NCCL_CHECK(nullptr, nccl().CommInitRankConfig(&comm, size_, id, rank_, &config));
       try {
         wait_ready(comm, Clock::now() + init.timeout, "ncclCommInitRankConfig");
       } catch (...) {
-        ncclCommAbort(comm);
+        nccl().CommAbort(comm);
         throw;
       }
     }
@@ -110,16 +110,16 @@ class NcclBackend final : public Backend {
       // that does not finish in time is aborted instead.
       std::lock_guard<std::mutex> lock(mu_);
       if (comm_) {
-        const ncclResult_t fin = ncclCommFinalize(comm_);
+        const ncclResult_t fin = nccl().CommFinalize(comm_);
         bool clean = fin == ncclSuccess || fin == ncclInProgress;
         const auto until = Clock::now() + std::chrono::seconds(10);
         ncclResult_t state = ncclInProgress;
         while (clean && state == ncclInProgress && Clock::now() < until) {
-          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) clean = false;
+          if (nccl().CommGetAsyncError(comm_, &state) != ncclSuccess) clean = false;
           if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(200));
         }
-        if (clean && state == ncclSuccess) ncclCommDestroy(comm_);
-        else ncclCommAbort(comm_);
+        if (clean && state == ncclSuccess) nccl().CommDestroy(comm_);
+        else nccl().CommAbort(comm_);
       }
       comm_ = nullptr;
     }
@@ -138,46 +138,46 @@ class NcclBackend final : public Backend {
 
   void all_reduce(const Tensor& t, ReduceOp op, const OpContext& c) override {
     run(c, [&](ncclComm_t comm) {
-      return ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.dtype()), nccl_op(op), comm, stream_);
+      return nccl().AllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.dtype()), nccl_op(op), comm, stream_);
     });
   }
   void all_gather(const Tensor& out, const Tensor& in, const OpContext& c) override {
     run(c, [&](ncclComm_t comm) {
-      return ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in.dtype()), comm, stream_);
+      return nccl().AllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in.dtype()), comm, stream_);
     });
   }
   void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, const OpContext& c) override {
     run(c, [&](ncclComm_t comm) {
-      return ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in.dtype()), nccl_op(op), comm,
+      return nccl().ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in.dtype()), nccl_op(op), comm,
                                stream_);
     });
   }
   void all_to_all(const Tensor& out, const Tensor& in, const OpContext& c) override {
     const size_t chunk = in.nbytes() / static_cast<size_t>(size_);
     run(c, [&](ncclComm_t comm) {
-      ncclResult_t r = ncclGroupStart();
+      ncclResult_t r = nccl().GroupStart();
       for (int p = 0; p < size_ && (r == ncclSuccess || r == ncclInProgress); ++p) {
-        r = ncclSend(static_cast<char*>(in.data_ptr()) + p * chunk, chunk, ncclUint8, p, comm, stream_);
+        r = nccl().Send(static_cast<char*>(in.data_ptr()) + p * chunk, chunk, ncclUint8, p, comm, stream_);
         if (r == ncclSuccess || r == ncclInProgress)
-          r = ncclRecv(static_cast<char*>(out.data_ptr()) + p * chunk, chunk, ncclUint8, p, comm, stream_);
+          r = nccl().Recv(static_cast<char*>(out.data_ptr()) + p * chunk, chunk, ncclUint8, p, comm, stream_);
       }
-      const ncclResult_t e = ncclGroupEnd();
+      const ncclResult_t e = nccl().GroupEnd();
       return (r == ncclSuccess || r == ncclInProgress) ? e : r;
     });
   }
   void broadcast(const Tensor& t, int root, const OpContext& c) override {
     run(c, [&](ncclComm_t comm) {
-      return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.dtype()), root, comm, stream_);
+      return nccl().Broadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.dtype()), root, comm, stream_);
     });
   }
   void send(const Tensor& t, int dst, const OpContext& c) override {
-    run(c, [&](ncclComm_t comm) { return ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, dst, comm, stream_); });
+    run(c, [&](ncclComm_t comm) { return nccl().Send(t.data_ptr(), t.nbytes(), ncclUint8, dst, comm, stream_); });
   }
   void recv(const Tensor& t, int src, const OpContext& c) override {
-    run(c, [&](ncclComm_t comm) { return ncclRecv(t.data_ptr(), t.nbytes(), ncclUint8, src, comm, stream_); });
+    run(c, [&](ncclComm_t comm) { return nccl().Recv(t.data_ptr(), t.nbytes(), ncclUint8, src, comm, stream_); });
   }
   void barrier(const OpContext& c) override {
-    run(c, [&](ncclComm_t comm) { return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm, stream_); });
+    run(c, [&](ncclComm_t comm) { return nccl().AllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm, stream_); });
   }
 
   void exchange_header(const std::vector<int64_t>& mine, std::vector<int64_t>& all, const OpContext& c) override {
@@ -187,7 +187,7 @@ class NcclBackend final : public Backend {
     auto* dev = static_cast<int64_t*>(scratch_);
     KILN_CUDA_CHECK(cudaMemcpyAsync(dev + words * rank_, mine.data(), words * 8, cudaMemcpyHostToDevice, stream_));
     run(c, [&](ncclComm_t comm) {
-      return ncclAllGather(dev + words * rank_, dev, words, ncclInt64, comm, stream_);
+      return nccl().AllGather(dev + words * rank_, dev, words, ncclInt64, comm, stream_);
     });
     KILN_CUDA_CHECK(cudaMemcpy(all.data(), dev, all.size() * 8, cudaMemcpyDeviceToHost));
   }
@@ -199,10 +199,10 @@ class NcclBackend final : public Backend {
     auto* dev = static_cast<int64_t*>(scratch_);
     KILN_CUDA_CHECK(cudaMemcpyAsync(dev, mine.data(), words * 8, cudaMemcpyHostToDevice, stream_));
     run(c, [&](ncclComm_t comm) {
-      ncclResult_t r = ncclGroupStart();
-      if (r == ncclSuccess) r = ncclSend(dev, words, ncclInt64, peer, comm, stream_);
-      if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(dev + words, words, ncclInt64, peer, comm, stream_);
-      const ncclResult_t e = ncclGroupEnd();
+      ncclResult_t r = nccl().GroupStart();
+      if (r == ncclSuccess) r = nccl().Send(dev, words, ncclInt64, peer, comm, stream_);
+      if (r == ncclSuccess || r == ncclInProgress) r = nccl().Recv(dev + words, words, ncclInt64, peer, comm, stream_);
+      const ncclResult_t e = nccl().GroupEnd();
       return (r == ncclSuccess || r == ncclInProgress) ? e : r;
     });
     KILN_CUDA_CHECK(cudaMemcpy(theirs.data(), dev + words, words * 8, cudaMemcpyDeviceToHost));
@@ -211,7 +211,7 @@ class NcclBackend final : public Backend {
   void abort() noexcept override {
     aborted_ = true;
     std::lock_guard<std::mutex> lock(mu_);
-    if (comm_) ncclCommAbort(comm_);
+    if (comm_) nccl().CommAbort(comm_);
     comm_ = nullptr;
   }
 
@@ -225,7 +225,7 @@ class NcclBackend final : public Backend {
       KILN_CHECK(comm_ != nullptr, "split", "the NCCL communicator was aborted");
       cuda::DeviceGuard guard(device_);
       ncclConfig_t config = nonblocking_config();
-      KILN_NCCL_CHECK(comm_, ncclCommSplit(comm_, member ? 0 : NCCL_SPLIT_NOCOLOR, rank_, &child, &config));
+      KILN_NCCL_CHECK(comm_, nccl().CommSplit(comm_, member ? 0 : NCCL_SPLIT_NOCOLOR, rank_, &child, &config));
       wait_ready(comm_, Clock::now() + init.timeout, "ncclCommSplit");
     }
     (void)members;
@@ -253,9 +253,9 @@ class NcclBackend final : public Backend {
       std::vector<int> excl = excluded;
       ncclConfig_t config = nonblocking_config();
       if (excl.empty())  // nothing to leave out: a copy of the parent
-        KILN_NCCL_CHECK(comm_, ncclCommSplit(comm_, 0, rank_, &child, &config));
+        KILN_NCCL_CHECK(comm_, nccl().CommSplit(comm_, 0, rank_, &child, &config));
       else
-        KILN_NCCL_CHECK(comm_, ncclCommShrink(comm_, excl.data(), static_cast<int>(excl.size()), &child, &config,
+        KILN_NCCL_CHECK(comm_, nccl().CommShrink(comm_, excl.data(), static_cast<int>(excl.size()), &child, &config,
                                               NCCL_SHRINK_DEFAULT));
     }
     wait_ready(child, Clock::now() + init.timeout, "ncclCommShrink");
@@ -289,9 +289,9 @@ class NcclBackend final : public Backend {
       {
         std::lock_guard<std::mutex> lock(mu_);
         ncclResult_t state = ncclSuccess;
-        if (comm_ && ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
+        if (comm_ && nccl().CommGetAsyncError(comm_, &state) == ncclSuccess && state != ncclSuccess &&
             state != ncclInProgress)
-          throw CommError(str_cat("[nccl] ", ncclGetErrorString(state), " (", ncclGetLastError(comm_), ")"));
+          throw CommError(str_cat("[nccl] ", nccl().GetErrorString(state), " (", nccl().GetLastError(comm_), ")"));
       }
       if (Clock::now() >= c.deadline) throw TimeoutError("[nccl] Timed out waiting for the operation");
       std::this_thread::sleep_for(pause);
@@ -325,5 +325,11 @@ std::unique_ptr<Backend> make_nccl_backend(const BackendInit&) {
   KILN_FAIL("new_comm", "kiln was built without NCCL (nccl.h / libnccl not found at configure time)");
 }
 }  // namespace kiln::dist::detail
+
+namespace kiln::dist {
+std::string nccl_version() {
+  KILN_FAIL("nccl_version", "kiln was built without NCCL (nccl.h / libnccl not found at configure time)");
+}
+}  // namespace kiln::dist
 
 #endif
