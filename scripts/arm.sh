@@ -21,8 +21,10 @@ TRIPLET=aarch64-linux-gnu
 
 HOST_DEBS=(g++-aarch64-linux-gnu qemu-user ccache cmake ninja-build)
 # arm64 builds of kiln's dependencies (scripts/setup.sh's list) and what their libraries load.
+# Gloo (kiln::dist's CPU backend) loads hiredis and ibverbs, and ibverbs libnl.
 ARM_DEBS=(libopenblas0-pthread:arm64 libopenblas-pthread-dev:arm64 libgfortran5:arm64 libhwy1:arm64
-          libhwy-dev:arm64 libgtest-dev:arm64 nlohmann-json3-dev libcli11-dev)
+          libhwy-dev:arm64 libgtest-dev:arm64 nlohmann-json3-dev libcli11-dev libgloo0:arm64 libgloo-dev:arm64
+          libhiredis0.14:arm64 libibverbs1:arm64 libnl-3-200:arm64 libnl-route-3-200:arm64)
 
 # The qemu configurations: name, QEMU_CPU, the Highway target the kernels must dispatch to and,
 # optionally, the test labels to run (default: all). `max` is a CPU with SVE2; sveN=on caps the
@@ -93,6 +95,8 @@ setup_sysroot() {
   find "$SYSROOT" -type l -lname '/*' | while read -r link; do
     ln -sfn "$(realpath -m --relative-to="$(dirname "$link")" "$SYSROOT$(readlink "$link")")" "$link"
   done
+  # Gloo's CMake files name its library by absolute path (/usr/lib, the host's): make it the sysroot's.
+  sed -i 's|"/usr/lib/libgloo|"${_IMPORT_PREFIX}/lib/libgloo|g' "$SYSROOT"/usr/share/cmake/Gloo/GlooTargets-*.cmake
   echo "${ARM_DEBS[*]}" >"$stamp"
 }
 
@@ -132,7 +136,9 @@ run_pass() {
   log "pass $name took $((SECONDS - start)) s"
 }
 
-guest_lib_path() { echo "$SYSROOT/usr/lib/$TRIPLET:$SYSROOT/usr/lib/$TRIPLET/openblas-pthread"; }
+guest_lib_path() {  # as the toolchain file's emulator has it
+  echo "$SYSROOT/usr/lib/$TRIPLET:$SYSROOT/usr/lib/$TRIPLET/openblas-pthread:$SYSROOT/lib/$TRIPLET:$SYSROOT/usr/lib"
+}
 
 run_tests() {  # [pass names...]: all when none given
   local total=$SECONDS

@@ -27,11 +27,15 @@ set(CMAKE_CXX_STANDARD_INCLUDE_DIRECTORIES
     "${KILN_ARM_SYSROOT}/usr/include/aarch64-linux-gnu" "${KILN_ARM_SYSROOT}/usr/include")
 
 # The linker resolves what OpenBLAS itself needs (libgfortran) from the same folders.
-set(_kiln_arm_link "-Wl,-rpath-link,${_kiln_arm_lib}:${_kiln_arm_lib}/openblas-pthread")
+# Every folder of the sysroot that holds libraries: Gloo's package keeps its own in usr/lib, libnl
+# (which ibverbs, and so Gloo, loads) in lib/aarch64-linux-gnu.
+string(JOIN ":" _kiln_arm_lib_path "${_kiln_arm_lib}" "${_kiln_arm_lib}/openblas-pthread"
+       "${KILN_ARM_SYSROOT}/lib/aarch64-linux-gnu" "${KILN_ARM_SYSROOT}/usr/lib")
+set(_kiln_arm_link "-Wl,-rpath-link,${_kiln_arm_lib_path}")
 set(CMAKE_EXE_LINKER_FLAGS_INIT "${_kiln_arm_link}")
 set(CMAKE_SHARED_LINKER_FLAGS_INIT "${_kiln_arm_link}")
 
 # CTest and gtest_discover_tests run the aarch64 binaries through qemu-user.
 find_program(KILN_QEMU_AARCH64 qemu-aarch64 REQUIRED)
 set(CMAKE_CROSSCOMPILING_EMULATOR
-    "${KILN_QEMU_AARCH64};-L;/usr/aarch64-linux-gnu;-E;LD_LIBRARY_PATH=${_kiln_arm_lib}:${_kiln_arm_lib}/openblas-pthread")
+    "${KILN_QEMU_AARCH64};-L;/usr/aarch64-linux-gnu;-E;LD_LIBRARY_PATH=${_kiln_arm_lib_path}")
