@@ -37,10 +37,21 @@ struct GemmTuning {
   std::string pick;
 };
 
+// kiln::jit's compile pool (kiln/jit.h); CompileOptions override both per call.
+struct JitTuning {
+  // KILN_JIT_WORKERS=N: compiles running at once, each in its own worker process (0: the hardware
+  // threads, at most 8).
+  int workers = 0;
+  // KILN_JIT_TIMEOUT=S: seconds one compile may take before its worker is killed (FlexAttention's
+  // largest module compiles in about 10 s on one core).
+  double timeout_s = 300;
+};
+
 struct Tuning {
   FlexTuning flex;
   LceTuning lce;
   GemmTuning gemm;
+  JitTuning jit;
 };
 
 // The process-wide tuning values (a copy: safe to keep while another thread calls set_tuning).
