@@ -42,12 +42,13 @@ constexpr size_t kStderrKeep = 4096;  // the tail of a worker's stderr kept for 
 
 std::atomic<int64_t> g_started{0};
 
-// "/proc/self/fd/N" of the memory file holding the worker; created on first use.
-const std::string& worker_path() {
+// "/proc/self/fd/N" of the memory file holding the worker, created on first use; `recreate`
+// writes a new one (the program closed the old descriptor, as daemons closing every fd do).
+std::string worker_path(bool recreate = false) {
   static std::mutex mu;
   static std::string path;
   std::lock_guard<std::mutex> lock(mu);
-  if (!path.empty()) return path;
+  if (!path.empty() && !recreate) return path;
   const std::string_view elf = kiln::detail::embedded_files_data::kiln_compile_worker_binary.text;
   const int fd = memfd_create("kiln-compile-worker", MFD_CLOEXEC);
   KILN_CHECK(fd >= 0, kOp, "could not create the compile worker's memory file: ", std::strerror(errno));
@@ -110,13 +111,14 @@ Running start(const WorkerJob& job, size_t index, double timeout_s) {
   const std::string fault = job.fault == WorkerFault::crash  ? "--fault=crash"
                             : job.fault == WorkerFault::hang ? "--fault=hang"
                                                              : "";
-  const std::string& path = worker_path();
   std::vector<char*> argv{const_cast<char*>("kiln-compile-worker")};
   if (!fault.empty()) argv.push_back(const_cast<char*>(fault.c_str()));
   argv.push_back(nullptr);
   Running r;
   r.job = index;
-  const int rc = posix_spawn(&r.pid, path.c_str(), &fa, &attr, argv.data(), environ);
+  int rc = posix_spawn(&r.pid, worker_path().c_str(), &fa, &attr, argv.data(), environ);
+  if (rc == ENOENT || rc == EACCES || rc == ENOEXEC)  // the memory file is gone: write it again
+    rc = posix_spawn(&r.pid, worker_path(true).c_str(), &fa, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   close(sv[1]), close(ep[1]);
