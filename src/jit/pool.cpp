@@ -159,10 +159,20 @@ WorkerOutcome finish(Running& r, const WorkerJob& job, double timeout_s) {
   if (r.sock >= 0) close(r.sock);
   if (r.err >= 0) close(r.err);
   if (r.timed_out) kill(r.pid, SIGKILL);
+  // A worker that closed its output exits at once; one that lingers is killed at its deadline.
   int status = 0;
   pid_t got;
-  do got = waitpid(r.pid, &status, 0);
-  while (got < 0 && errno == EINTR);
+  for (;;) {
+    got = waitpid(r.pid, &status, r.timed_out ? 0 : WNOHANG);
+    if (got < 0 && errno == EINTR) continue;
+    if (got != 0) break;
+    if (std::chrono::steady_clock::now() >= r.deadline) {
+      r.timed_out = true;
+      kill(r.pid, SIGKILL);
+      continue;
+    }
+    usleep(1000);
+  }
   const bool known = got == r.pid;  // ECHILD where the program reaps its children itself
   WorkerOutcome o;
   const std::string who = "compiling kernel '" + job.name + "': ";
