@@ -4,6 +4,7 @@
 #include "model.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "kiln/autocast.h"
 #include "kiln/autograd.h"
@@ -94,14 +95,14 @@ Tensor Block::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, con
       o = o.transpose(1, 2).reshape({B, T, c_.dim});
     }
     Phase ph("attn proj");
-    h = x + F::dropout(linear(o, wo), c_.dropout, is_training());
+    a = F::dropout(linear(o, wo), c_.dropout, is_training());
   }
   {
     Phase ph("norms");
-    m = F::rms_norm(h, mlp_norm, c_.norm_eps);
+    std::tie(h, m) = F::add_rms_norm(x, a, mlp_norm, c_.norm_eps);  // the residual add and the norm, one pass
   }
   Phase ph("mlp");
-  return h + F::dropout(linear(silu(linear(m, w_gate)) * linear(m, w_up), w_down), c_.dropout, is_training());
+  return h + F::dropout(linear(F::swiglu(linear(m, w_gate), linear(m, w_up)), w_down), c_.dropout, is_training());
 }
 
 GPT::GPT(const ModelConfig& c)

@@ -37,10 +37,22 @@ struct GemmTuning {
   std::string pick;
 };
 
+// kiln::jit's compile pool (kiln/jit.h); CompileOptions override both per call.
+struct JitTuning {
+  // KILN_JIT_WORKERS=N: compiles running at once, each in its own worker process (0: the hardware
+  // threads, at most 8).
+  int workers = 0;
+  // KILN_JIT_TIMEOUT=S: seconds one compile may take before its worker is killed. FlexAttention's
+  // largest module compiles in about 10 s on a free core and took 70 s on 2 cores shared six ways:
+  // the bound is for a hung compiler, not a slow machine.
+  double timeout_s = 600;
+};
+
 struct Tuning {
   FlexTuning flex;
   LceTuning lce;
   GemmTuning gemm;
+  JitTuning jit;
 };
 
 // The process-wide tuning values (a copy: safe to keep while another thread calls set_tuning).

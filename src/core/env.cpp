@@ -65,6 +65,16 @@ Tuning tuning_from_env() {
     t.flex.bwd_dq_min_blocks = bwd[1];
   }
   if (const char* v = env("KILN_GEMM_PICK")) t.gemm.pick = v;
+  if (const char* v = env("KILN_JIT_WORKERS")) {
+    char tail = 0;
+    KILN_CHECK(std::sscanf(v, "%d%c", &t.jit.workers, &tail) == 1 && t.jit.workers >= 1 && t.jit.workers <= 256, kOp,
+               "KILN_JIT_WORKERS must be a count from 1 to 256, got '", v, "'");
+  }
+  if (const char* v = env("KILN_JIT_TIMEOUT")) {
+    char tail = 0;
+    KILN_CHECK(std::sscanf(v, "%lf%c", &t.jit.timeout_s, &tail) == 1 && t.jit.timeout_s > 0, kOp,
+               "KILN_JIT_TIMEOUT must be a positive number of seconds, got '", v, "'");
+  }
   return t;
 }
 

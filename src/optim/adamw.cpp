@@ -1,6 +1,7 @@
-// AdamW: state management and per-parameter dispatch to the fused kernels
-// (optim/cpu/kernels.cpp, optim/cuda/kernels.cu). Bias corrections are computed on the host in
-// fp64 and folded into two scalars, as torch.optim.AdamW's single-tensor path does.
+// AdamW: state management and dispatch to the fused kernels (optim/cpu/kernels.cpp: every CPU
+// parameter in one multi-tensor pass; optim/cuda/kernels.cu: one kernel per parameter). Bias
+// corrections are computed on the host in fp64 and folded into two scalars, as
+// torch.optim.AdamW's single-tensor path does.
 #include <cmath>
 
 #include "core/dispatch.h"
@@ -45,6 +46,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
 void AdamW::step() {
   NoGradGuard no_grad;
   size_t index = 0;
+  std::vector<cpu::AdamWTensors> on_cpu;  // updated together after the loop (one multi-tensor pass)
   for (const ParamGroup& group : groups_) {
     const AdamWOptions& o = group.options;
     check_options(o);
@@ -67,13 +69,14 @@ void AdamW::step() {
       if (p.is_cuda()) {
         KILN_CUDA_ONLY("adamw", cuda::adamw_step(p, grad, st.exp_avg, st.exp_avg_sq, s));
       } else {
-        cpu::adamw_step(p, grad, st.exp_avg, st.exp_avg_sq, s);
+        on_cpu.push_back({p, grad, st.exp_avg, st.exp_avg_sq, s});
       }
       p.bump_version();
       st.exp_avg.bump_version();
       st.exp_avg_sq.bump_version();
     }
   }
+  if (!on_cpu.empty()) cpu::adamw_step(on_cpu);
 }
 
 void AdamW::zero_grad(bool set_to_none) {

@@ -1,6 +1,8 @@
 // AdamW against a float64 loop transcription of torch.optim.AdamW over several steps (fp32,
 // fp64, bf16 params with fp32 state), state access and reload, param groups, zero_grad;
 // clip_grad_norm_ value, scaling and determinism; the LR schedule; CPU vs CUDA.
+#include <omp.h>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -138,6 +140,46 @@ TEST(AdamW, ParamGroupsUseTheirOwnOptions) {
   opt.set_lr(0.01);
   EXPECT_EQ(opt.lr(), 0.01);
   EXPECT_EQ(opt.param_groups()[1].options.lr, 0.01);
+}
+
+// Every CPU parameter is updated in one multi-tensor pass over fixed chunks: parameters of
+// several sizes (one spanning several chunks, one of one element), dtypes and groups each match
+// the float64 reference, and the result does not depend on the thread count.
+TEST(AdamW, MultiTensorStepMatchesReferenceAcrossChunksAndGroups) {
+  const std::vector<Shape> shapes = {{3}, {16389}, {200, 201}, {1}};
+  const std::vector<DType> dtypes = {kFloat32, kFloat64, kBFloat16, kFloat32};
+  AdamWOptions a, b;
+  a.lr = 3e-3, a.weight_decay = 0.1;
+  b.lr = 1e-2, b.weight_decay = 0.0, b.beta1 = 0.8;
+  auto run = [&](int threads, std::vector<RefState>* refs) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    manual_seed(21);
+    std::vector<Tensor> ps;
+    for (size_t i = 0; i < shapes.size(); ++i) ps.push_back(randn(shapes[i]).to(dtypes[i]).requires_grad_(true));
+    if (refs)
+      for (const Tensor& p : ps) refs->push_back(RefState{p.to_vector(), {}, {}, 0});
+    AdamW opt(std::vector<optim::ParamGroup>{{{ps[0], ps[1]}, a}, {{ps[2], ps[3]}, b}});
+    for (int s = 0; s < 3; ++s) {
+      for (size_t i = 0; i < ps.size(); ++i) {
+        const Tensor g = (randn(shapes[i]) * (s == 1 ? 0.05 : 2.0)).to(dtypes[i]);
+        ps[i].set_grad(g);
+        if (refs) reference_step((*refs)[i], g.to_vector(), i < 2 ? a : b, dtypes[i]);
+      }
+      opt.step();
+    }
+    omp_set_num_threads(saved);
+    return ps;
+  };
+  std::vector<RefState> refs;
+  const std::vector<Tensor> two = run(2, &refs);
+  const std::vector<Tensor> one = run(1, nullptr);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE(i);
+    const double tol = dtypes[i] == kFloat64 ? 1e-12 : tolerance(dtypes[i]);
+    EXPECT_CLOSE(two[i], as_tensor(refs[i].p, shapes[i]), tol);
+    EXPECT_EQ(two[i].to_vector(), one[i].to_vector()) << "the update depends on the thread count";
+  }
 }
 
 TEST(AdamW, StateReloadContinuesIdentically) {

@@ -22,6 +22,14 @@ Tensor embedding(const Tensor& indices, const Tensor& weight);
 // y = x / sqrt(mean(x^2) + eps) * weight. One fused kernel each way; rstd per row is kept in fp32
 // (fp64 for fp64) for backward; the weight gradient is reduced in a fixed order (no atomics).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// The residual add and the norm after it: x, residual: [..., H] -> {h = x + residual,
+// rms_norm(h, weight, eps)}. On the CPU one pass forward and one backward (the gradient of h and
+// the norm's are added in the dx pass); elsewhere (CUDA, mixed dtypes, autocast) the composition.
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                                       double eps = 1e-6);
+// SwiGLU's gate: silu(gate) * up, gate and up of one shape and dtype. One fused pass each way on
+// the CPU; the composition on CUDA.
+Tensor swiglu(const Tensor& gate, const Tensor& up);
 // Rotary position embedding, half-split convention (rotate_half, as in Llama/NeoX):
 // x: [B, T, H, D], cos/sin: [T, D/2] -> [B, T, H, D]
 //   out[..., i] = x_i cos - x_{i+D/2} sin,  out[..., i+D/2] = x_{i+D/2} cos + x_i sin   (i < D/2)

@@ -1,83 +1,56 @@
-// NVRTC compilation, the disk and memory caches, and module loading / launching through driver
-// entry points obtained from the runtime (see nvrtc.h for why not a libcuda link).
+// NVRTC compilation (through kiln::jit: worker processes and its disk cache), the memory cache, and
+// module loading / launching through driver entry points obtained from the runtime (see nvrtc.h for
+// why not a libcuda link).
 #include "flex/cuda/nvrtc.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <nvrtc.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <future>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/tensor_map.h"
-#include "core/embedded.h"
-#include "core/env.h"
+#include "jit/cache.h"
 #include "kiln/error.h"
+#include "kiln/jit.h"
 
 namespace kiln::flex::cuda {
 namespace {
 
 constexpr const char* kOp = "flex_attention";
-constexpr const char* kMagic = "KILNCUBIN1";
 
 std::atomic<int64_t> g_memory_hits{0}, g_disk_hits{0}, g_compiles{0};
 
-uint64_t fnv1a(const std::string& s, uint64_t h) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+// 128 bits of hash naming a module in the memory cache.
+std::string key_of(const std::string& text) { return jit::detail::hash_hex(text); }
+
+// A generated source as a kiln::jit kernel: the embedded kernel sources (cmake/KilnEmbed.cmake) are
+// its headers, #included by their names ("flex/cuda/wgmma.cuh").
+jit::Kernel flex_kernel(const std::string& source, const std::string& arch) {
+  jit::Kernel k;
+  k.name = "kiln_flex.cu";
+  k.source = source;
+  k.arch = arch;
+  k.options = {"-std=c++17", "-w"};
+  k.headers = jit::embedded_headers();
+  return k;
 }
 
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
+// One compile through kiln::jit (a worker process; the disk cache when use_cache).
+jit::CompileResult compile_through_jit(const std::string& source, const std::string& arch, bool use_cache) {
+  jit::CompileOptions o;
+  o.use_cache = use_cache;
+  jit::CompileResult r = std::move(jit::compile_all({flex_kernel(source, arch)}, o).front());
+  if (!r.ok()) KILN_FAIL(kOp, "NVRTC could not compile the generated kernels for ", arch, ": ", r.error);
+  ++(r.from_cache ? g_disk_hits : g_compiles);
+  return r;
 }
-
-// 128 bits from two differently seeded FNV-1a passes: enough to name a handful of kernels.
-std::string key_of(const std::string& text) {
-  return hex64(fnv1a(text, 14695981039346656037ull)) + hex64(fnv1a(text, 0x9e3779b97f4a7c15ull));
-}
-
-// The embedded kernel sources (cmake/KilnEmbed.cmake), offered to every program as headers: the
-// generated source #includes its parts by their names ("flex/cuda/wgmma.cuh").
-struct Headers {
-  std::vector<const char*> text, names;
-  std::string key;  // of every header's name and text: part of the disk cache's key
-};
-const Headers& headers() {
-  static const Headers h = [] {
-    Headers r;
-    std::string all;
-    for (const kiln::detail::EmbeddedFile* f : kiln::detail::embedded_files()) {
-      r.text.push_back(f->text.data());  // NUL-terminated
-      r.names.push_back(f->name);
-      all.append(f->name).append(1, '\0').append(f->text).append(1, '\0');
-    }
-    r.key = key_of(all);
-    return r;
-  }();
-  return h;
-}
-
-#define KILN_NVRTC_CHECK(call)                                                                        \
-  do {                                                                                                \
-    nvrtcResult kiln_r_ = (call);                                                                     \
-    if (kiln_r_ != NVRTC_SUCCESS) KILN_FAIL(kOp, #call, " failed: ", nvrtcGetErrorString(kiln_r_)); \
-  } while (0)
 
 // ---- driver entry points ----
 using PfnLoad = CUresult (*)(CUmodule*, const void*);
@@ -125,39 +98,6 @@ std::string driver_error(CUresult r) {
     if (kiln_r_ != CUDA_SUCCESS) KILN_FAIL(kOp, #call, " failed: ", driver_error(kiln_r_)); \
   } while (0)
 
-bool read_cache_file(const std::string& path, std::string& cubin) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::string magic;
-  size_t size = 0;
-  if (!std::getline(f, magic) || magic != kMagic || !(f >> size) || f.get() != '\n') return false;
-  cubin.resize(size);
-  if (!f.read(cubin.data(), static_cast<std::streamsize>(size))) return false;
-  return f.peek() == std::char_traits<char>::eof();  // a truncated or padded file is not trusted
-}
-
-void write_cache_file(const std::string& path, const std::string& cubin) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(fs::path(path).parent_path(), ec);
-  if (ec) return;
-  static std::atomic<int> counter{0};
-  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return;
-    f << kMagic << '\n' << cubin.size() << '\n';
-    f.write(cubin.data(), static_cast<std::streamsize>(cubin.size()));
-    if (!f) {
-      f.close();
-      fs::remove(tmp, ec);
-      return;
-    }
-  }
-  fs::rename(tmp, path, ec);  // atomic: readers see the old file or the whole new one
-  if (ec) fs::remove(tmp, ec);
-}
-
 struct Loaded {
   CUmodule module[2] = {nullptr, nullptr};  // forward, backward
   FlexKernels k;
@@ -170,11 +110,7 @@ std::map<std::string, std::unique_ptr<Loaded>>& modules() {
 
 }  // namespace
 
-std::string nvrtc_version() {
-  int major = 0, minor = 0;
-  KILN_NVRTC_CHECK(nvrtcVersion(&major, &minor));
-  return std::to_string(major) + "." + std::to_string(minor);
-}
+std::string nvrtc_version() { return jit::nvrtc_version(); }
 
 std::string device_arch(int device) {
   int major = 0, minor = 0;
@@ -188,48 +124,15 @@ std::string device_arch(int device) {
 }
 
 std::string compile_cubin(const std::string& source, const std::string& arch) {
-  nvrtcProgram prog = nullptr;
-  const Headers& h = headers();
-  KILN_NVRTC_CHECK(nvrtcCreateProgram(&prog, source.c_str(), "kiln_flex.cu", static_cast<int>(h.text.size()),
-                                      h.text.data(), h.names.data()));
-  std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(&prog, [](nvrtcProgram* p) { nvrtcDestroyProgram(p); });
-  const std::string arch_opt = "--gpu-architecture=" + arch;
-  const char* opts[] = {arch_opt.c_str(), "-std=c++17", "-w"};
-  const nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
-  if (r != NVRTC_SUCCESS) {
-    size_t n = 0;
-    nvrtcGetProgramLogSize(prog, &n);
-    std::string log(n, '\0');
-    if (n) nvrtcGetProgramLog(prog, log.data());
-    KILN_FAIL(kOp, "NVRTC could not compile the generated kernels for ", arch, ": ", nvrtcGetErrorString(r), "\n",
-              log);
-  }
-  size_t size = 0;
-  KILN_NVRTC_CHECK(nvrtcGetCUBINSize(prog, &size));
-  std::string cubin(size, '\0');
-  KILN_NVRTC_CHECK(nvrtcGetCUBIN(prog, cubin.data()));
-  ++g_compiles;
-  return cubin;
+  return compile_through_jit(source, arch, false).binary;
 }
 
 std::string cache_path(const std::string& source, const std::string& arch) {
-  const std::string dir = kiln::detail::cache_dir();
-  if (dir.empty()) return "";
-  const std::string key =
-      key_of("nvrtc " + nvrtc_version() + "\narch " + arch + "\nheaders " + headers().key + "\n" + source);
-  return dir + "/flex-" + key + ".cubin";
+  return jit::cache_path(flex_kernel(source, arch));
 }
 
 std::string cached_cubin(const std::string& source, const std::string& arch) {
-  const std::string path = cache_path(source, arch);
-  std::string cubin;
-  if (!path.empty() && read_cache_file(path, cubin)) {
-    ++g_disk_hits;
-    return cubin;
-  }
-  cubin = compile_cubin(source, arch);
-  if (!path.empty()) write_cache_file(path, cubin);
-  return cubin;
+  return compile_through_jit(source, arch, true).binary;
 }
 
 CacheStats cache_stats() {
@@ -276,17 +179,18 @@ const FlexKernels& load_kernels(const std::string& fwd_source, const std::string
   // the two, not their sum; each part has its own disk-cache file).
   const std::string parts[2] = {"#define KILN_BUILD_FWD 1\n#define KILN_BUILD_BWD 0\n" + fwd_source,
                                 "#define KILN_BUILD_FWD 0\n#define KILN_BUILD_BWD 1\n" + bwd_source};
-  auto bwd_future = std::async(std::launch::async, [&] { return cached_cubin(parts[1], arch); });
-  std::string cubins[2];
-  cubins[0] = cached_cubin(parts[0], arch);
-  cubins[1] = bwd_future.get();
+  std::vector<jit::CompileResult> compiled = jit::compile_all({flex_kernel(parts[0], arch), flex_kernel(parts[1], arch)});
   auto loaded = std::make_unique<Loaded>();
   for (int i = 0; i < 2; ++i) {
-    if (d.load(&loaded->module[i], cubins[i].data()) != CUDA_SUCCESS) {
-      cubins[i] = compile_cubin(parts[i], arch);  // a stale or foreign cache file: compile afresh
-      KILN_CU_CHECK(d.load(&loaded->module[i], cubins[i].data()));
-      const std::string path = cache_path(parts[i], arch);
-      if (!path.empty()) write_cache_file(path, cubins[i]);
+    const jit::CompileResult& r = compiled[i];
+    if (!r.ok()) KILN_FAIL(kOp, "NVRTC could not compile the generated kernels for ", arch, ": ", r.error);
+    ++(r.from_cache ? g_disk_hits : g_compiles);
+    if (d.load(&loaded->module[i], r.binary.data()) != CUDA_SUCCESS) {
+      // A cache file the driver rejects (written by another driver): compile afresh, replacing it.
+      std::error_code ec;
+      std::filesystem::remove(cache_path(parts[i], arch), ec);
+      const std::string cubin = cached_cubin(parts[i], arch);
+      KILN_CU_CHECK(d.load(&loaded->module[i], cubin.data()));
     }
   }
   auto get = [&](int part, const char* name, int64_t smem) {

@@ -1,8 +1,8 @@
 #pragma once
-// Run-time compilation of the generated FlexAttention source: NVRTC -> cubin, cached in memory
-// (source + device -> loaded module) and on disk ($KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
-// ~/.cache/kiln; one file per hash of source + embedded headers + arch + NVRTC version, written
-// atomically), so a second process loads the cubin without compiling. Modules load through the
+// Run-time compilation of the generated FlexAttention source: NVRTC -> cubin through kiln::jit (a
+// worker process per compile, and its disk cache in kiln's cache folder keyed by source + embedded
+// headers + arch + NVRTC version), cached in memory as loaded modules (source + device), so a second
+// process loads the cubin without compiling. Modules load through the
 // driver API reached via cudaGetDriverEntryPointByVersion (no link-time libcuda dependency: the
 // library still loads on machines without a driver). No CUDA headers here.
 #include <cstdint>

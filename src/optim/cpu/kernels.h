@@ -14,9 +14,16 @@ struct AdamWScalars {
   double bias_correction2_sqrt; // sqrt(1 - beta2^t)
 };
 
-// param, grad: same dtype; exp_avg, exp_avg_sq: fp32 for 16-bit params, else param's dtype.
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamWScalars& s);
+// One parameter's AdamW update. param, grad: same dtype; exp_avg, exp_avg_sq: fp32 for 16-bit
+// params, else param's dtype.
+struct AdamWTensors {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  AdamWScalars s;
+};
+// Every parameter's update in one parallel loop over fixed chunks of all of them (multi-tensor: a
+// model of many small parameters keeps every thread busy, where a loop per parameter ran each
+// small one on one thread).
+void adamw_step(const std::vector<AdamWTensors>& params);
 // sum(grad^2) in fp64, chunked in a fixed order.
 double grad_sumsq(const Tensor& grad);
 void scale_(const Tensor& grad, double factor);
