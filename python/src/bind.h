@@ -17,6 +17,7 @@
 #include "kiln/device.h"
 #include "kiln/dtype.h"
 #include "kiln/tensor.h"
+#include "scalar_caster.h"
 
 namespace nb = nanobind;
 
@@ -50,6 +51,10 @@ void bind_nn(nb::module_& m);
 void bind_flex(nb::module_& m);
 void bind_io(nb::module_& m);
 void bind_dist(nb::module_& m);
+void bind_parallel(nb::module_& m);
+void bind_errors(nb::module_& m);  // registered last
+// A C++ message with Python's spellings (kiln::NoGradGuard -> `with kiln.no_grad():`, true -> True).
+std::string python_wording(std::string message);
 
 }  // namespace kiln::py
 

@@ -166,4 +166,6 @@ NB_MODULE(_C, m) {
   bind_flex(m);
   bind_io(m);
   bind_dist(m);
+  bind_parallel(m);
+  bind_errors(m);
 }
