@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 
@@ -29,7 +30,8 @@ void rms_norm_forward(const Tensor& x, const Tensor& weight, double eps, const T
     const T* wp = weight.defined() ? weight.data_ptr<T>() : nullptr;
     T* yp = y.data_ptr<T>();
     A* rp = rstd.data_ptr<A>();
-#pragma omp parallel for schedule(static) if (rows * H > 32768)
+    const int nt = threads_for(rows * H, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t r = 0; r < rows; ++r) {
       const T* xr = xp + r * H;
       T* yr = yp + r * H;
@@ -66,7 +68,8 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
     const int64_t nchunks = (rows + per - 1) / per;
     std::vector<A> partial(want_dw ? static_cast<size_t>(nchunks * H) : 0, A(0));
     const A inv_h = static_cast<A>(1) / static_cast<A>(H);
-#pragma omp parallel for schedule(static) if (rows * H > 32768)
+    const int nt = threads_for(rows * H, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t c = 0; c < nchunks; ++c) {
       A* pw = want_dw ? partial.data() + c * H : nullptr;
       for (int64_t r = c * per; r < std::min(rows, (c + 1) * per); ++r) {
@@ -92,7 +95,8 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
     }
     if (want_dw) {
       T* dwp = dweight.data_ptr<T>();
-#pragma omp parallel for schedule(static) if (nchunks * H > 32768)
+      const int nt_w = threads_for(nchunks * H, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt_w) if (nt_w > 1)
       for (int64_t j = 0; j < H; ++j) {
         A s = 0;
         for (int64_t c = 0; c < nchunks; ++c) s += partial[c * H + j];
