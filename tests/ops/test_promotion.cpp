@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/cpu/parallel.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -156,6 +157,18 @@ TEST(Threads, SetAndGetNumThreads) {
   EXPECT_EQ(values(exp(a)), values(e1));
   EXPECT_EQ(values(sum(a, {1})), values(s1));
   EXPECT_THROW(set_num_threads(0), Error);
+  set_num_threads(saved);
+}
+
+TEST(Threads, SmallWorkStaysOnOneThreadLargeWorkUsesEvery) {
+  const int saved = get_num_threads();
+  set_num_threads(4);
+  const CpuTuning g = tuning().cpu;
+  EXPECT_EQ(cpu::threads_for(512 * 64, g.elementwise_grain), 1);  // a [512, 64] op
+  EXPECT_EQ(cpu::threads_for(512 * 64 * 64, g.gemm_grain), 1);     // linear [512, 64] x [64, 64]
+  EXPECT_EQ(cpu::threads_for(2 * g.elementwise_grain, g.elementwise_grain), 2);  // one thread per grain
+  EXPECT_EQ(cpu::threads_for(2048 * 2048, g.elementwise_grain), 4);
+  EXPECT_EQ(cpu::threads_for(int64_t{2048} * 2048 * 1024, g.gemm_grain), 4);
   set_num_threads(saved);
 }
 
