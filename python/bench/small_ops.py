@@ -6,8 +6,9 @@ then a few large ones to show they still spread over every core.
     PYTHONPATH=build/python python3 python/bench/small_ops.py --no-torch      # kiln alone
 
 Times: the best of --repeats batches of calls (each batch long enough to time), in microseconds per
-call; the best batch is the least disturbed by neighbours on a shared machine. Ratios:
-kiln-default / kiln-1-thread (the grain sizes should keep it near 1) and kiln-default / torch.
+call; the best batch is the least disturbed by neighbours on a shared machine (kiln's default and
+one-thread batches alternate). Ratios of the best times: kiln-default / kiln-1-thread (the grain
+sizes should keep it near 1) and kiln-default / torch.
 """
 import argparse
 import os
@@ -25,24 +26,43 @@ import kiln  # noqa: E402
 import kiln.nn.functional as KF  # noqa: E402
 
 
-def best_us(fn, repeats, min_batch_s=0.02):
+def batch_size(fn, min_batch_s=0.01):
     fn()
     n = 1
     while True:  # a batch size that lasts at least min_batch_s
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        dt = time.perf_counter() - t0
-        if dt >= min_batch_s or n >= 1 << 16:
-            break
+        if time.perf_counter() - t0 >= min_batch_s or n >= 1 << 16:
+            return n
         n *= 2
-    best = dt / n
-    for _ in range(repeats - 1):
+
+
+def best_us(fn, repeats):
+    """Best microseconds per call of fn over `repeats` batches."""
+    n = batch_size(fn)
+    best = float("inf")
+    for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
         best = min(best, (time.perf_counter() - t0) / n)
     return best * 1e6
+
+
+def paired_us(fn, repeats, setup_a, setup_b):
+    """(best us under setup_a, best us under setup_b): the batches alternate A B A B ..., so that a
+    neighbour's burst of load hits both alike."""
+    n = batch_size(fn)
+    times = ([], [])
+    for _ in range(repeats):
+        for i, setup in enumerate((setup_a, setup_b)):
+            setup()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[i].append((time.perf_counter() - t0) / n)
+    return min(times[0]) * 1e6, min(times[1]) * 1e6
 
 
 def small_ops(lib, F, x, y, w, cond):
@@ -81,15 +101,14 @@ def main():
         kops = small_ops(kiln, KF, *kx)
         tops = small_ops(torch, TF, *(torch.from_dlpack(a) for a in kx)) if torch else [None] * len(kops)
         for (name, kf), top in zip(kops, tops):
+            k_def, k_one = paired_us(kf, args.repeats, lambda: kiln.set_num_threads(default_threads),
+                                            lambda: kiln.set_num_threads(1))
             kiln.set_num_threads(default_threads)
-            k_def = best_us(kf, args.repeats)
-            kiln.set_num_threads(1)
-            k_one = best_us(kf, args.repeats)
-            kiln.set_num_threads(default_threads)
+            ratio = k_def / k_one
             t_us = best_us(top[1], args.repeats) if torch else float("nan")
-            worst_thr, worst_torch = max(worst_thr, k_def / k_one), max(worst_torch, k_def / t_us if torch else 0)
+            worst_thr, worst_torch = max(worst_thr, ratio), max(worst_torch, k_def / t_us if torch else 0)
             print(f"{'x'.join(map(str, shape)):<9} {name:<12} {k_def:8.1f} {k_one:8.1f} {t_us:8.1f} "
-                  f"{k_def / k_one:9.2f} {k_def / t_us:10.2f}")
+                  f"{ratio:9.2f} {k_def / t_us:10.2f}")
     print(f"worst kiln/1-thread {worst_thr:.2f} (bound 1.5), worst kiln/torch {worst_torch:.2f} (bound 2)")
 
     # Large ops: the default spreads them over every thread. cores busy = process CPU time / wall time
