@@ -12,7 +12,7 @@
 
 namespace kiln {
 namespace {
-std::atomic<int> g_threads{0};  // 0: OpenMP's default, read on first use
+std::atomic<int> g_threads{0};  // 0: not set by set_num_threads
 }  // namespace
 
 void set_num_threads(int n) {
@@ -23,9 +23,8 @@ void set_num_threads(int n) {
 
 int get_num_threads() {
   const int n = g_threads.load(std::memory_order_relaxed);
-  if (n > 0) return n;
-  static const int kDefault = std::max(1, omp_get_max_threads());
-  return kDefault;
+  // Never set: OpenMP's count for the calling thread (which also honours an omp_set_num_threads).
+  return n > 0 ? n : std::max(1, omp_get_max_threads());
 }
 
 namespace cpu {
