@@ -13,5 +13,7 @@
 #include "kiln/nn.h"
 #include "kiln/ops.h"
 #include "kiln/optim.h"
+#include "kiln/parallel.h"
+#include "kiln/scalar.h"
 #include "kiln/tensor.h"
 #include "kiln/tuning.h"

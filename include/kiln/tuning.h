@@ -48,7 +48,21 @@ struct JitTuning {
   double timeout_s = 600;
 };
 
+// CPU threads: an op family splits its work over threads (kiln::set_num_threads, default OpenMP's
+// count) only at or above its grain, as at::parallel_for does, and then uses at most one thread per
+// grain of work; below it the op runs on the calling thread. A fork-join costs a few microseconds on
+// an idle machine and milliseconds on a loaded one (a waiting thread is descheduled), more than a
+// [512, 64] op itself (4-100 us on one thread), so the defaults keep such ops on one thread.
+// KILN_CPU_GRAIN="elementwise=N,reduce=N,rows=N,gemm=N" overrides any of them (positive counts).
+struct CpuTuning {
+  int64_t elementwise_grain = int64_t{1} << 16;  // elements: binary/unary/compare/where, copies, fills
+  int64_t reduce_grain = int64_t{1} << 16;       // input elements: sum, mean, amax, argmax, logsumexp
+  int64_t rows_grain = int64_t{1} << 16;         // elements: softmax, norms, losses, rope, dropout, indexing
+  int64_t gemm_grain = int64_t{1} << 22;         // multiply-adds of a CPU GEMM (fixed tiles, OpenBLAS per tile)
+};
+
 struct Tuning {
+  CpuTuning cpu;
   FlexTuning flex;
   LceTuning lce;
   GemmTuning gemm;

@@ -31,9 +31,10 @@ from ._C import (  # noqa: E402
     div, empty, empty_like, eq, erf, exp, full, full_like, gather, ge, gelu, get_float32_matmul_precision,
     gt, index_select, is_grad_enabled, le, log, log_softmax, logsumexp, lt, manual_seed, matmul, max,
     maximum, mean, minimum, mm, mul, ne, neg, ones, ones_like, pow, rand, rand_like, randint, randn,
-    randn_like, relu, rsqrt, scatter_add, set_float32_matmul_precision, sigmoid, silu, softmax, sqrt,
+    randn_like, relu, result_type, rsqrt, scatter_add, set_float32_matmul_precision, sigmoid, silu, softmax, sqrt,
     stack, sub, sum, tanh, use_deterministic_algorithms, where, zeros, zeros_like,
 )
+from ._C import get_num_threads, set_num_threads  # noqa: E402
 from ._dlpack import from_dlpack, from_numpy  # noqa: E402
 from . import _capture  # noqa: E402,F401  (torch / NumPy tensors captured by traced mods)
 from ._grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled  # noqa: E402
@@ -41,6 +42,8 @@ from ._tensor import tensor  # noqa: E402
 from ._io import RawTensor, load, save  # noqa: E402
 from . import autograd, cpu, cuda, nn  # noqa: E402
 from . import optim  # noqa: E402
+
+true_divide = div  # torch.true_divide: div is true division
 
 __version__ = "0.1.0"
 

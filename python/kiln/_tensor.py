@@ -1,4 +1,4 @@
-"""Pure-Python parts of kiln.Tensor (numpy(), tolist(), __array__) and kiln.tensor()."""
+"""Pure-Python parts of kiln.Tensor (numpy(), tolist(), __array__, __iter__) and kiln.tensor()."""
 import builtins
 
 from . import _C
@@ -47,6 +47,14 @@ def _tolist(self):
     return t._numpy_view().tolist()
 
 
+def _iter(self):
+    """Iterates dim 0 (views), as PyTorch does: for row in t, list(t), a, b = t."""
+    if self.ndim == 0:
+        raise TypeError("iteration over a 0-d tensor")
+    return (self[i] for i in range(self.shape[0]))
+
+
+_C.Tensor.__iter__ = _iter
 _C.Tensor.numpy = _numpy
 _C.Tensor.__array__ = _array
 _C.Tensor.tolist = _tolist

@@ -17,6 +17,7 @@
 #include "kiln/device.h"
 #include "kiln/dtype.h"
 #include "kiln/tensor.h"
+#include "scalar_caster.h"
 
 namespace nb = nanobind;
 
@@ -52,6 +53,10 @@ void bind_io(nb::module_& m);
 void bind_dist(nb::module_& m);
 void bind_nn_modules(nb::module_& m);  // nn_modules.cpp
 void bind_optim(nb::module_& m);       // optim.cpp
+void bind_parallel(nb::module_& m);
+void bind_errors(nb::module_& m);  // registered last
+// A C++ message with Python's spellings (kiln::NoGradGuard -> `with kiln.no_grad():`, true -> True).
+std::string python_wording(std::string message);
 
 }  // namespace kiln::py
 

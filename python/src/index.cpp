@@ -85,7 +85,9 @@ Tensor basic_index(const Tensor& t, const std::vector<nb::handle>& items) {
     } else if (PyLong_Check(h.ptr()) || PyIndex_Check(h.ptr())) {
       const int64_t i = nb::cast<int64_t>(nb::int_(h));
       const int64_t n = out.size(dim);
-      KILN_CHECK(i >= -n && i < n, kOp, "index ", i, " is out of bounds for dim ", dim, " of size ", n);
+      if (i < -n || i >= n)  // IndexError, so that iteration by __getitem__ stops as in Python
+        throw nb::index_error(("index " + std::to_string(i) + " is out of bounds for dimension " + std::to_string(dim) +
+                               " with size " + std::to_string(n)).c_str());
       out = out.select(dim, i < 0 ? i + n : i);
     } else {
       KILN_FAIL(kOp, "unsupported index of type ", Py_TYPE(h.ptr())->tp_name,

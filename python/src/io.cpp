@@ -42,6 +42,25 @@ io::TensorDict to_dict(nb::dict tensors, const char* op) {
   return d;
 }
 
+// (tensors, metadata, format name, raw) for kiln/_io.py. Raw tensors (dtypes kiln has no type for)
+// come with their file dtype and logical shape.
+nb::tuple checkpoint_tuple(const io::Checkpoint& ck) {
+  nb::dict tensors, raw;
+  for (const auto& e : ck.tensors) {
+    tensors[e.name.c_str()] = e.tensor;
+    if (e.raw()) raw[e.name.c_str()] = nb::make_tuple(io::file_dtype_name(e.dtype), nb::cast(e.shape));
+  }
+  return nb::make_tuple(tensors, ck.metadata, io::format_name(ck.format), raw);
+}
+
+// true: safetensors; false: torch (which stores no metadata).
+bool check_format(const std::string& format, const io::Metadata& metadata) {
+  if (format == "safetensors") return true;
+  KILN_CHECK(format == "torch", "save", "format must be 'safetensors' or 'torch', got '", format, "'");
+  KILN_CHECK(metadata.empty(), "save", "metadata is only stored in safetensors files");
+  return false;
+}
+
 Device cuda_device(std::optional<Device> d) {
   if (!d) return Device(DeviceType::CUDA, cuda::current_device());
   return *d;
@@ -60,27 +79,42 @@ void bind_io(nb::module_& m) {
       nb::gil_scoped_release release;
       ck = io::load(path, o);
     }
-    // Raw tensors (dtypes kiln has no type for) come with their file dtype and logical shape.
-    nb::dict tensors, raw;
-    for (const auto& e : ck.tensors) {
-      tensors[e.name.c_str()] = e.tensor;
-      if (e.raw()) raw[e.name.c_str()] = nb::make_tuple(io::file_dtype_name(e.dtype), nb::cast(e.shape));
-    }
-    return nb::make_tuple(tensors, ck.metadata, io::format_name(ck.format), raw);
+    return checkpoint_tuple(ck);
   }, "path"_a, "device"_a, "mmap"_a, "names"_a);
+  // The same from a file's bytes (kiln.load of a file object): CPU tensors owning copies.
+  m.def("_load_bytes", [](nb::bytes data, std::vector<std::string> names) {
+    io::LoadOptions o;
+    o.names = std::move(names);
+    io::Checkpoint ck;
+    {
+      nb::gil_scoped_release release;
+      ck = io::load_bytes(data.c_str(), data.size(), o);
+    }
+    return checkpoint_tuple(ck);
+  }, "data"_a, "names"_a);
   m.def("_save", [](nb::dict tensors, const std::string& path, const std::string& format, nb::dict meta, bool checksums) {
     io::TensorDict d = to_dict(tensors, "save");
     io::Metadata metadata;
     for (auto [k, v] : meta) metadata[utf8(k, "save", "metadata key")] = utf8(v, "save", "metadata value");
     nb::gil_scoped_release release;
-    if (format == "safetensors") {
+    if (check_format(format, metadata)) {
       io::save(path, d, metadata, checksums);
     } else {
-      KILN_CHECK(format == "torch", "save", "format must be 'safetensors' or 'torch', got '", format, "'");
-      KILN_CHECK(metadata.empty(), "save", "metadata is only stored in safetensors files");
       io::save_torch(path, d);
     }
   }, "tensors"_a, "path"_a, "format"_a, "metadata"_a, "checksums"_a);
+  // The same into bytes (kiln.save to a file object).
+  m.def("_save_bytes", [](nb::dict tensors, const std::string& format, nb::dict meta, bool checksums) {
+    io::TensorDict d = to_dict(tensors, "save");
+    io::Metadata metadata;
+    for (auto [k, v] : meta) metadata[utf8(k, "save", "metadata key")] = utf8(v, "save", "metadata value");
+    std::vector<uint8_t> out;
+    {
+      nb::gil_scoped_release release;
+      out = check_format(format, metadata) ? io::save_bytes(d, metadata, checksums) : io::save_torch_bytes(d);
+    }
+    return nb::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+  }, "tensors"_a, "format"_a, "metadata"_a, "checksums"_a);
   m.def("_detect_format", [](const std::string& path) { return io::format_name(io::detect_format(path)); }, "path"_a);
 
   auto c = m.def_submodule("_cuda", "CUDA devices, streams and memory statistics");

@@ -168,4 +168,6 @@ NB_MODULE(_C, m) {
   bind_dist(m);
   bind_nn_modules(m);
   bind_optim(m);
+  bind_parallel(m);
+  bind_errors(m);
 }

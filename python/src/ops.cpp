@@ -8,7 +8,7 @@ namespace kiln::py {
 namespace {
 
 using BinT = Tensor (*)(const Tensor&, const Tensor&);
-using BinS = Tensor (*)(const Tensor&, double);
+using BinS = Tensor (*)(const Tensor&, Scalar);
 using Unary = Tensor (*)(const Tensor&);
 
 TensorOptions opts(std::optional<DType> dtype, std::optional<Device> device, bool requires_grad,
@@ -35,6 +35,14 @@ void def_like(nb::module_& m, const char* name, F f) {
   m.def(name, [f](const Tensor& t, std::optional<DType> dtype, std::optional<Device> device, bool requires_grad) {
     return f(t.sizes(), opts(dtype.value_or(t.dtype()), device.value_or(t.device()), requires_grad));
   }, "input"_a, "dtype"_a = nb::none(), "device"_a = nb::none(), "requires_grad"_a = false);
+}
+
+// b * alpha for torch.add(t, b, alpha=...), an integer while both are.
+Scalar scaled(Scalar b, double alpha) {
+  if (alpha == 1.0) return b;
+  const double v = b.to_double() * alpha;
+  if (b.is_floating_point() || alpha != static_cast<double>(static_cast<int64_t>(alpha))) return Scalar(v);
+  return Scalar(static_cast<int64_t>(v));
 }
 
 }  // namespace
@@ -81,10 +89,10 @@ void bind_ops(nb::module_& m) {
 
   // ---- elementwise ----
   m.def("add", [](const Tensor& a, const Tensor& b, double alpha) { return add(a, b, alpha); }, "input"_a, "other"_a, "alpha"_a = 1.0)
-      .def("add", [](const Tensor& a, double b, double alpha) { return add(a, alpha * b); }, "input"_a, "other"_a, "alpha"_a = 1.0)
+      .def("add", [](const Tensor& a, Scalar b, double alpha) { return add(a, scaled(b, alpha)); }, "input"_a, "other"_a, "alpha"_a = 1.0)
       .def("sub", [](const Tensor& a, const Tensor& b, double alpha) { return sub(a, b, alpha); }, "input"_a, "other"_a, "alpha"_a = 1.0)
-      .def("sub", [](const Tensor& a, double b, double alpha) { return sub(a, alpha * b); }, "input"_a, "other"_a, "alpha"_a = 1.0)
-      .def("sub", [](double a, const Tensor& b) { return a - b; }, "input"_a, "other"_a);
+      .def("sub", [](const Tensor& a, Scalar b, double alpha) { return sub(a, scaled(b, alpha)); }, "input"_a, "other"_a, "alpha"_a = 1.0)
+      .def("sub", [](Scalar a, const Tensor& b) { return sub(a, b); }, "input"_a, "other"_a);
   for (auto [name, ft, fs] : {std::tuple{"mul", static_cast<BinT>(&mul), static_cast<BinS>(&mul)},
                               std::tuple{"div", static_cast<BinT>(&div), static_cast<BinS>(&div)},
                               std::tuple{"pow", static_cast<BinT>(&pow), static_cast<BinS>(&pow)},
@@ -96,7 +104,13 @@ void bind_ops(nb::module_& m) {
                               std::tuple{"ge", static_cast<BinT>(&ge), static_cast<BinS>(&ge)}}) {
     m.def(name, ft, "input"_a, "other"_a).def(name, fs, "input"_a, "other"_a);
   }
-  m.def("mul", [](double a, const Tensor& b) { return mul(b, a); }, "input"_a, "other"_a);
+  m.def("mul", [](Scalar a, const Tensor& b) { return mul(b, a); }, "input"_a, "other"_a)
+      .def("div", [](Scalar a, const Tensor& b) { return div(a, b); }, "input"_a, "other"_a)
+      .def("pow", [](Scalar self, const Tensor& e) { return pow(self, e); }, "input"_a, "exponent"_a)
+      .def("result_type", [](const Tensor& a, const Tensor& b) { return result_type(a, b); }, "tensor1"_a, "tensor2"_a)
+      .def("result_type", [](const Tensor& a, Scalar b) { return result_type(a, b); }, "tensor1"_a, "tensor2"_a)
+      .def("result_type", [](Scalar a, const Tensor& b) { return result_type(b, a); }, "tensor1"_a, "tensor2"_a,
+           "the dtype a binary op on these operands computes in (PyTorch's type promotion)");
   m.def("maximum", &maximum, "input"_a, "other"_a).def("minimum", &minimum, "input"_a, "other"_a);
   for (auto [name, f] : {std::pair{"neg", static_cast<Unary>(&neg)}, std::pair{"exp", static_cast<Unary>(&exp)},
                          std::pair{"log", static_cast<Unary>(&log)}, std::pair{"erf", static_cast<Unary>(&erf)},
@@ -111,9 +125,9 @@ void bind_ops(nb::module_& m) {
   m.def("clamp", [](const Tensor& x, std::optional<double> lo, std::optional<double> hi) { return clamp(x, lo, hi); },
         "input"_a, "min"_a = nb::none(), "max"_a = nb::none());
   m.def("where", [](const Tensor& c, const Tensor& a, const Tensor& b) { return where(c, a, b); }, "condition"_a, "input"_a, "other"_a)
-      .def("where", [](const Tensor& c, const Tensor& a, double b) { return where(c, a, scalar_tensor(b, a.dtype())); },
+      .def("where", [](const Tensor& c, const Tensor& a, Scalar b) { return where(c, a, b); },
            "condition"_a, "input"_a, "other"_a)
-      .def("where", [](const Tensor& c, double a, const Tensor& b) { return where(c, scalar_tensor(a, b.dtype()), b); },
+      .def("where", [](const Tensor& c, Scalar a, const Tensor& b) { return where(c, a, b); },
            "condition"_a, "input"_a, "other"_a);
 
   // ---- reductions ----

@@ -1,5 +1,6 @@
 // kiln.Tensor operators (+ - * / ** @, comparisons, in-place forms) and the method forms of ops
-// (t.sum(), t.exp(), t.softmax(dim) ...). A Python number operand is a scalar of the tensor's dtype.
+// (t.sum(), t.exp(), t.softmax(dim) ...). A Python number operand is a kiln::Scalar: its kind
+// (bool / int / float) takes part in type promotion as in PyTorch.
 #include "bind.h"
 #include "kiln/ops.h"
 
@@ -7,7 +8,7 @@ namespace kiln::py {
 namespace {
 
 using BinT = Tensor (*)(const Tensor&, const Tensor&);
-using BinS = Tensor (*)(const Tensor&, double);
+using BinS = Tensor (*)(const Tensor&, Scalar);
 
 template <typename F>
 nb::object inplace(nb::handle self, F&& f) {
@@ -17,8 +18,8 @@ nb::object inplace(nb::handle self, F&& f) {
 
 Tensor add_tt(const Tensor& a, const Tensor& b) { return add(a, b); }
 Tensor sub_tt(const Tensor& a, const Tensor& b) { return sub(a, b); }
-Tensor add_ts(const Tensor& a, double b) { return add(a, b); }
-Tensor sub_ts(const Tensor& a, double b) { return sub(a, b); }
+Tensor add_ts(const Tensor& a, Scalar b) { return add(a, b); }
+Tensor sub_ts(const Tensor& a, Scalar b) { return sub(a, b); }
 
 nb::object reduce_max(const Tensor& t, std::optional<int64_t> dim, bool keepdim) {
   if (!dim) return nb::cast(max(t));
@@ -31,14 +32,15 @@ nb::object reduce_max(const Tensor& t, std::optional<int64_t> dim, bool keepdim)
 void bind_tensor_math(nb::class_<Tensor>& cls) {
   const auto op = nb::is_operator();
   cls.def("__add__", &add_tt, op).def("__add__", &add_ts, op)
-      .def("__radd__", [](const Tensor& a, double b) { return add(a, b); }, op)
+      .def("__radd__", [](const Tensor& a, Scalar b) { return add(a, b); }, op)
       .def("__sub__", &sub_tt, op).def("__sub__", &sub_ts, op)
-      .def("__rsub__", [](const Tensor& a, double b) { return b - a; }, op)
+      .def("__rsub__", [](const Tensor& a, Scalar b) { return sub(b, a); }, op)
       .def("__mul__", static_cast<BinT>(&mul), op).def("__mul__", static_cast<BinS>(&mul), op)
-      .def("__rmul__", [](const Tensor& a, double b) { return mul(a, b); }, op)
+      .def("__rmul__", [](const Tensor& a, Scalar b) { return mul(a, b); }, op)
       .def("__truediv__", static_cast<BinT>(&div), op).def("__truediv__", static_cast<BinS>(&div), op)
-      .def("__rtruediv__", [](const Tensor& a, double b) { return b / a; }, op)
+      .def("__rtruediv__", [](const Tensor& a, Scalar b) { return div(b, a); }, op)
       .def("__pow__", static_cast<BinT>(&pow), op).def("__pow__", static_cast<BinS>(&pow), op)
+      .def("__rpow__", [](const Tensor& e, Scalar base) { return pow(base, e); }, op)
       .def("__matmul__", &matmul, op)
       .def("__neg__", [](const Tensor& a) { return neg(a); }, op)
       .def("__abs__", [](const Tensor& a) { return abs(a); }, op)
@@ -63,24 +65,25 @@ void bind_tensor_math(nb::class_<Tensor>& cls) {
            })
       // In place: the same Python object comes back (a += b keeps identity, as in PyTorch).
       .def("__iadd__", [](nb::handle s, const Tensor& o) { return inplace(s, [&](Tensor& t) { add_(t, o); }); }, op)
-      .def("__iadd__", [](nb::handle s, double o) { return inplace(s, [&](Tensor& t) { add_(t, o); }); }, op)
+      .def("__iadd__", [](nb::handle s, Scalar o) { return inplace(s, [&](Tensor& t) { add_(t, o); }); }, op)
       .def("__isub__", [](nb::handle s, const Tensor& o) { return inplace(s, [&](Tensor& t) { sub_(t, o); }); }, op)
-      .def("__isub__", [](nb::handle s, double o) { return inplace(s, [&](Tensor& t) { add_(t, -o); }); }, op)
+      .def("__isub__", [](nb::handle s, Scalar o) { return inplace(s, [&](Tensor& t) { sub_(t, o); }); }, op)
       .def("__imul__", [](nb::handle s, const Tensor& o) { return inplace(s, [&](Tensor& t) { mul_(t, o); }); }, op)
-      .def("__imul__", [](nb::handle s, double o) { return inplace(s, [&](Tensor& t) { mul_(t, o); }); }, op)
+      .def("__imul__", [](nb::handle s, Scalar o) { return inplace(s, [&](Tensor& t) { mul_(t, o); }); }, op)
       .def("__itruediv__", [](nb::handle s, const Tensor& o) { return inplace(s, [&](Tensor& t) { div_(t, o); }); }, op)
-      .def("__itruediv__", [](nb::handle s, double o) { return inplace(s, [&](Tensor& t) { div_(t, o); }); }, op)
+      .def("__itruediv__", [](nb::handle s, Scalar o) { return inplace(s, [&](Tensor& t) { div_(t, o); }); }, op)
       .def("add_", [](nb::handle s, const Tensor& o, double alpha) {
              return inplace(s, [&](Tensor& t) { add_(t, o, alpha); });
            }, "other"_a, "alpha"_a = 1.0)
-      .def("add_", [](nb::handle s, double o) { return inplace(s, [&](Tensor& t) { add_(t, o); }); }, "other"_a)
+      .def("add_", [](nb::handle s, Scalar o) { return inplace(s, [&](Tensor& t) { add_(t, o); }); }, "other"_a)
       .def("sub_", [](nb::handle s, const Tensor& o, double alpha) {
              return inplace(s, [&](Tensor& t) { sub_(t, o, alpha); });
            }, "other"_a, "alpha"_a = 1.0)
+      .def("sub_", [](nb::handle s, Scalar o) { return inplace(s, [&](Tensor& t) { sub_(t, o); }); }, "other"_a)
       .def("mul_", [](nb::handle s, const Tensor& o) { return inplace(s, [&](Tensor& t) { mul_(t, o); }); }, "other"_a)
-      .def("mul_", [](nb::handle s, double o) { return inplace(s, [&](Tensor& t) { mul_(t, o); }); }, "other"_a)
+      .def("mul_", [](nb::handle s, Scalar o) { return inplace(s, [&](Tensor& t) { mul_(t, o); }); }, "other"_a)
       .def("div_", [](nb::handle s, const Tensor& o) { return inplace(s, [&](Tensor& t) { div_(t, o); }); }, "other"_a)
-      .def("div_", [](nb::handle s, double o) { return inplace(s, [&](Tensor& t) { div_(t, o); }); }, "other"_a);
+      .def("div_", [](nb::handle s, Scalar o) { return inplace(s, [&](Tensor& t) { div_(t, o); }); }, "other"_a);
 
   // Method forms of ops.
   cls.def("add", [](const Tensor& a, const Tensor& b, double alpha) { return add(a, b, alpha); }, "other"_a, "alpha"_a = 1.0)

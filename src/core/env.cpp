@@ -1,6 +1,7 @@
 // The only file of kiln that reads the process environment (core/env.h, kiln/tuning.h).
 #include "core/env.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -74,6 +75,27 @@ Tuning tuning_from_env() {
     char tail = 0;
     KILN_CHECK(std::sscanf(v, "%lf%c", &t.jit.timeout_s, &tail) == 1 && t.jit.timeout_s > 0, kOp,
                "KILN_JIT_TIMEOUT must be a positive number of seconds, got '", v, "'");
+  }
+  if (const char* v = env("KILN_CPU_GRAIN")) {  // elementwise=N,reduce=N,rows=N,gemm=N (any subset)
+    const std::string spec = v;
+    size_t pos = 0;
+    while (pos < spec.size()) {
+      const size_t end = std::min(spec.find(',', pos), spec.size());
+      const std::string item = spec.substr(pos, end - pos);
+      const size_t eq = item.find('=');
+      char* tail = nullptr;
+      const long long n = eq == std::string::npos ? 0 : std::strtoll(item.c_str() + eq + 1, &tail, 10);
+      const std::string key = item.substr(0, eq);
+      int64_t* field = key == "elementwise" ? &t.cpu.elementwise_grain
+                       : key == "reduce"    ? &t.cpu.reduce_grain
+                       : key == "rows"      ? &t.cpu.rows_grain
+                       : key == "gemm"      ? &t.cpu.gemm_grain
+                                            : nullptr;
+      KILN_CHECK(field && n > 0 && tail && *tail == 0, kOp,
+                 "KILN_CPU_GRAIN must read elementwise=N,reduce=N,rows=N,gemm=N with positive counts, got '", v, "'");
+      *field = n;
+      pos = end + 1;
+    }
   }
   return t;
 }

@@ -26,15 +26,18 @@ Tensor compare(CompareOp op, const Tensor& a, const Tensor& b, const char* name)
   return out;
 }
 
-Tensor compare(CompareOp op, const Tensor& a, double b, const char* name) {
+// Compared in result_type(a, b): int64 [N] < 2.5 compares 2 < 2.5, not 2 < 2.
+Tensor compare(CompareOp op, const Tensor& a, Scalar b, const char* name) {
   ew::check_defined(a, name);
   Tensor out = make_tensor(a.sizes(), kBool, a.device());
   if (out.numel() == 0) return out;
-  const Tensor ax = a.detach();
+  NoGradGuard no_grad;
+  const DType dt = result_type(a, b);
+  const Tensor ax = dt == a.dtype() ? a.detach() : a.detach().to(dt);
   if (a.is_cuda()) {
-    KILN_CUDA_ONLY(name, cuda::compare_scalar(op, out, ax, b));
+    KILN_CUDA_ONLY(name, cuda::compare_scalar(op, out, ax, b.to_double()));
   } else {
-    cpu::compare_scalar(op, out, ax, b);
+    cpu::compare_scalar(op, out, ax, b.to_double());
   }
   return out;
 }
@@ -47,12 +50,12 @@ Tensor lt(const Tensor& a, const Tensor& b) { return compare(CompareOp::Lt, a, b
 Tensor le(const Tensor& a, const Tensor& b) { return compare(CompareOp::Le, a, b, "le"); }
 Tensor gt(const Tensor& a, const Tensor& b) { return compare(CompareOp::Gt, a, b, "gt"); }
 Tensor ge(const Tensor& a, const Tensor& b) { return compare(CompareOp::Ge, a, b, "ge"); }
-Tensor eq(const Tensor& a, double b) { return compare(CompareOp::Eq, a, b, "eq"); }
-Tensor ne(const Tensor& a, double b) { return compare(CompareOp::Ne, a, b, "ne"); }
-Tensor lt(const Tensor& a, double b) { return compare(CompareOp::Lt, a, b, "lt"); }
-Tensor le(const Tensor& a, double b) { return compare(CompareOp::Le, a, b, "le"); }
-Tensor gt(const Tensor& a, double b) { return compare(CompareOp::Gt, a, b, "gt"); }
-Tensor ge(const Tensor& a, double b) { return compare(CompareOp::Ge, a, b, "ge"); }
+Tensor eq(const Tensor& a, Scalar b) { return compare(CompareOp::Eq, a, b, "eq"); }
+Tensor ne(const Tensor& a, Scalar b) { return compare(CompareOp::Ne, a, b, "ne"); }
+Tensor lt(const Tensor& a, Scalar b) { return compare(CompareOp::Lt, a, b, "lt"); }
+Tensor le(const Tensor& a, Scalar b) { return compare(CompareOp::Le, a, b, "le"); }
+Tensor gt(const Tensor& a, Scalar b) { return compare(CompareOp::Gt, a, b, "gt"); }
+Tensor ge(const Tensor& a, Scalar b) { return compare(CompareOp::Ge, a, b, "ge"); }
 
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   ew::check_defined(condition, "where");
@@ -86,6 +89,15 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
     });
   }
   return out;
+}
+
+Tensor where(const Tensor& condition, const Tensor& a, Scalar b) {
+  ew::check_defined(a, "where");
+  return where(condition, a, ew::scalar_operand(a, b));
+}
+Tensor where(const Tensor& condition, Scalar a, const Tensor& b) {
+  ew::check_defined(b, "where");
+  return where(condition, ew::scalar_operand(b, a), b);
 }
 
 }  // namespace kiln

@@ -15,18 +15,32 @@ namespace {
 using ew::InputMeta;
 using ew::reduce_grad;
 
-// Checks both operands and returns the dtype the op computes in (never bool).
-DType binary_dtype(const Tensor& a, const Tensor& b, const char* op) {
+// Checks both operands and returns the dtype the op computes in (bool only where allowed).
+DType binary_dtype(const Tensor& a, const Tensor& b, const char* op, bool bool_ok = false) {
   ew::check_defined(a, op);
   ew::check_defined(b, op);
   const DType t = ew::result_type(a, b);
-  ew::check_not_bool(t, op);
+  if (!bool_ok) ew::check_not_bool(t, op);
   return t;
 }
 
+// An op whose operands are both bool: computed in uint8, the result read as nonzero (add and
+// maximum act as or, mul and minimum as and), as PyTorch gives bools. Not differentiable.
+Tensor bool_binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  return ne(ew::run_binary(op, a, b, kUInt8, {}, name), 0);
+}
+
 Tensor add_impl(const Tensor& a, const Tensor& b, double alpha, const char* op) {
-  const DType dt = binary_dtype(a, b, op);
-  Tensor out = ew::run_binary(BinaryOp::Add, a, b, dt, EwParams{alpha}, op);
+  const bool is_sub = op[0] == 's';
+  KILN_CHECK(!is_sub || (a.dtype() != kBool && b.dtype() != kBool), op,
+             "subtraction with a bool operand is not supported; to invert a mask use logical_not, or "
+             "convert the bools with .to() first");
+  const DType dt = binary_dtype(a, b, op, /*bool_ok=*/true);
+  if (dt == kBool) {
+    KILN_CHECK(alpha == 1.0, op, "alpha must be 1 for bool tensors");
+    return bool_binary(BinaryOp::Add, a, b, op);
+  }
+  Tensor out = ew::run_binary(BinaryOp::Add, a, b, dt, EwParams{ew::wrap_integer(dt, alpha)}, op);
   if (autograd::needs_grad({a, b})) {
     const InputMeta ma(a), mb(b);
     autograd::record(op, {out}, {a, b}, [ma, mb, alpha](const std::vector<Tensor>& g) {
@@ -44,7 +58,8 @@ Tensor grad_if(bool needed, F&& f) {
 
 // out = a op b for maximum/minimum; the gradient goes to the winner, split evenly on ties.
 Tensor extremum(const Tensor& a, const Tensor& b, bool is_max, const char* op) {
-  const DType dt = binary_dtype(a, b, op);
+  const DType dt = binary_dtype(a, b, op, /*bool_ok=*/true);
+  if (dt == kBool) return bool_binary(is_max ? BinaryOp::Maximum : BinaryOp::Minimum, a, b, op);
   Tensor out = ew::run_binary(is_max ? BinaryOp::Maximum : BinaryOp::Minimum, a, b, dt, {}, op);
   if (autograd::needs_grad({a, b})) {
     const InputMeta ma(a), mb(b);
@@ -93,8 +108,9 @@ Tensor& inplace_binary(Tensor& self, const Tensor& other, BinaryOp op, double al
   check_inplace(self, &other, name);
   NoGradGuard no_grad;
   const DType dt = ew::result_type(self, other);
-  KILN_CHECK(is_floating_point(self.dtype()) || !is_floating_point(dt), name, "result type ", dtype_name(dt),
+  KILN_CHECK(ew::category(dt) <= ew::category(self.dtype()), name, "result type ", dtype_name(dt),
              " cannot be written into a ", dtype_name(self.dtype()), " tensor");
+  alpha = ew::wrap_integer(dt, alpha);
   if (dt != self.dtype()) {
     self.copy_(ew::run_binary(op, self, other, dt, EwParams{alpha}, name));
     return self;
@@ -120,7 +136,8 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) { return add_impl(a, 
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) { return add_impl(a, b, -alpha, "sub"); }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  const DType dt = binary_dtype(a, b, "mul");
+  const DType dt = binary_dtype(a, b, "mul", /*bool_ok=*/true);
+  if (dt == kBool) return bool_binary(BinaryOp::Mul, a, b, "mul");
   Tensor out = ew::run_binary(BinaryOp::Mul, a, b, dt, {}, "mul");
   if (autograd::needs_grad({a, b})) {
     const InputMeta ma(a), mb(b);
@@ -135,8 +152,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
-  DType dt = binary_dtype(a, b, "div");
-  if (!is_floating_point(dt)) dt = kFloat32;  // true division, as in PyTorch
+  DType dt = binary_dtype(a, b, "div", /*bool_ok=*/true);
+  if (!is_floating_point(dt)) dt = kFloat32;  // true division, as in PyTorch (bools too)
   Tensor out = ew::run_binary(BinaryOp::Div, a, b, dt, {}, "div");
   if (autograd::needs_grad({a, b})) {
     const InputMeta ma(a), mb(b);
@@ -154,6 +171,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& exponent) {
+  KILN_CHECK(a.dtype() != kBool || exponent.dtype() != kBool, "pow", "pow of two bool tensors is not supported");
   const DType dt = binary_dtype(a, exponent, "pow");
   Tensor out = ew::run_binary(BinaryOp::Pow, a, exponent, dt, {}, "pow");
   if (autograd::needs_grad({a, exponent})) {
@@ -178,45 +196,76 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
 Tensor maximum(const Tensor& a, const Tensor& b) { return extremum(a, b, true, "maximum"); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return extremum(a, b, false, "minimum"); }
 
-// ---- scalar operand: a double in the tensor's dtype ----
+// ---- a number operand: the tensor is converted to result_type(a, s) first ----
 
-Tensor add(const Tensor& a, double b) {
+namespace {
+
+// a in the dtype it meets s in (int64 [N] * 0.5 runs in f32). Only a non-float a ever converts,
+// so no autograd is lost.
+Tensor promoted(const Tensor& a, Scalar s, const char* op) {
+  ew::check_defined(a, op);
+  const DType dt = result_type(a, s);
+  return dt == a.dtype() ? a : a.to(dt);
+}
+
+void check_no_bool_sub(DType a, bool b_is_bool, const char* op) {
+  KILN_CHECK(a != kBool && !b_is_bool, op, "subtraction with a bool operand is not supported; "
+             "to invert a mask use logical_not, or convert the bools with .to() first");
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, Scalar b) {
   ew::check_defined(a, "add");
-  ew::check_not_bool(a.dtype(), "add");
-  Tensor out = ew::run_binary_scalar(BinaryOp::Add, a, b, {}, "add");
-  if (autograd::needs_grad({a}))
-    autograd::record("add", {out}, {a}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  if (result_type(a, b) == kBool) return bool_binary(BinaryOp::Add, a, ew::scalar_operand(a, b), "add");
+  const Tensor x = promoted(a, b, "add");
+  Tensor out = ew::run_binary_scalar(BinaryOp::Add, x, ew::wrap_integer(x.dtype(), b.to_double()), {}, "add");
+  if (autograd::needs_grad({x}))
+    autograd::record("add", {out}, {x}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
   return out;
 }
 
-Tensor sub(const Tensor& a, double b) { return add(a, -b); }
+Tensor sub(const Tensor& a, Scalar b) {
+  ew::check_defined(a, "sub");
+  check_no_bool_sub(a.dtype(), b.is_bool(), "sub");
+  const Tensor x = promoted(a, b, "sub");
+  Tensor out = ew::run_binary_scalar(BinaryOp::Add, x, ew::wrap_integer(x.dtype(), -b.to_double()), {}, "sub");
+  if (autograd::needs_grad({x}))
+    autograd::record("sub", {out}, {x}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
+  return out;
+}
 
-Tensor mul(const Tensor& a, double b) {
+Tensor mul(const Tensor& a, Scalar b) {
   ew::check_defined(a, "mul");
-  ew::check_not_bool(a.dtype(), "mul");
-  Tensor out = ew::run_binary_scalar(BinaryOp::Mul, a, b, {}, "mul");
-  if (autograd::needs_grad({a}))
-    autograd::record("mul", {out}, {a}, [b](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], b)}; });
+  if (result_type(a, b) == kBool) return bool_binary(BinaryOp::Mul, a, ew::scalar_operand(a, b), "mul");
+  const Tensor x = promoted(a, b, "mul");
+  Tensor out = ew::run_binary_scalar(BinaryOp::Mul, x, ew::wrap_integer(x.dtype(), b.to_double()), {}, "mul");
+  if (autograd::needs_grad({x}))
+    autograd::record("mul", {out}, {x}, [b](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul(g[0], b)}; });
   return out;
 }
 
-Tensor div(const Tensor& a, double b) {
+Tensor div(const Tensor& a, Scalar b) {
   ew::check_defined(a, "div");
-  ew::check_not_bool(a.dtype(), "div");
-  if (!is_floating_point(a.dtype())) return div(a.to(kFloat32), b);
-  Tensor out = ew::run_binary_scalar(BinaryOp::Div, a, b, {}, "div");
-  if (autograd::needs_grad({a}))
-    autograd::record("div", {out}, {a}, [b](const std::vector<Tensor>& g) { return std::vector<Tensor>{div(g[0], b)}; });
+  const DType dt = result_type(a, b);
+  if (!is_floating_point(dt)) return div(a.to(kFloat32), b);  // true division
+  const Tensor x = promoted(a, b, "div");
+  Tensor out = ew::run_binary_scalar(BinaryOp::Div, x, b.to_double(), {}, "div");
+  if (autograd::needs_grad({x}))
+    autograd::record("div", {out}, {x}, [b](const std::vector<Tensor>& g) { return std::vector<Tensor>{div(g[0], b)}; });
   return out;
 }
 
-Tensor pow(const Tensor& a, double exponent) {
+Tensor pow(const Tensor& a, Scalar exponent_scalar) {
   ew::check_defined(a, "pow");
-  ew::check_not_bool(a.dtype(), "pow");
-  Tensor out = ew::run_binary_scalar(BinaryOp::Pow, a, exponent, {}, "pow");
-  if (autograd::needs_grad({a})) {
-    const SavedTensor sa(a);
-    autograd::record("pow", {out}, {a}, [sa, exponent](const std::vector<Tensor>& g) {
+  if (result_type(a, exponent_scalar) == kBool)
+    return bool_binary(BinaryOp::Pow, a, ew::scalar_operand(a, exponent_scalar), "pow");
+  const Tensor x0 = promoted(a, exponent_scalar, "pow");
+  const double exponent = exponent_scalar.to_double();
+  Tensor out = ew::run_binary_scalar(BinaryOp::Pow, x0, exponent, {}, "pow");
+  if (autograd::needs_grad({x0})) {
+    const SavedTensor sa(x0);
+    autograd::record("pow", {out}, {x0}, [sa, exponent](const std::vector<Tensor>& g) {
       const Tensor x = sa.unpack("pow");
       if (exponent == 0.0) return std::vector<Tensor>{zeros_like(x)};
       if (is_grad_enabled())  // create_graph: stay differentiable
@@ -226,6 +275,20 @@ Tensor pow(const Tensor& a, double exponent) {
     });
   }
   return out;
+}
+
+Tensor sub(Scalar a, const Tensor& b) {
+  ew::check_defined(b, "sub");
+  check_no_bool_sub(b.dtype(), a.is_bool(), "sub");
+  return sub(ew::scalar_operand(b, a), b);
+}
+Tensor div(Scalar a, const Tensor& b) {
+  ew::check_defined(b, "div");
+  return div(ew::scalar_operand(b, a), b);
+}
+Tensor pow(Scalar self, const Tensor& exponent) {
+  ew::check_defined(exponent, "pow");
+  return pow(ew::scalar_operand(exponent, self), exponent);
 }
 
 // ---- in place ----
@@ -244,10 +307,14 @@ Tensor& div_(Tensor& self, const Tensor& other) {
 }
 
 namespace {
-Tensor& inplace_scalar(Tensor& self, BinaryOp op, double value, const char* name) {
+Tensor& inplace_scalar(Tensor& self, BinaryOp op, Scalar scalar, double value, const char* name) {
   check_inplace(self, nullptr, name);
+  const DType dt = result_type(self, scalar);
+  KILN_CHECK(dt == self.dtype(), name, "result type ", dtype_name(dt), " cannot be written into a ",
+             dtype_name(self.dtype()), " tensor");
   if (self.numel() == 0) return self;
   NoGradGuard no_grad;
+  if (op != BinaryOp::Div) value = ew::wrap_integer(self.dtype(), value);
   if (self.is_cuda()) {
     KILN_CUDA_ONLY(name, cuda::binary_scalar(op, self, self, value, {}));
   } else {
@@ -258,12 +325,13 @@ Tensor& inplace_scalar(Tensor& self, BinaryOp op, double value, const char* name
 }
 }  // namespace
 
-Tensor& add_(Tensor& self, double value) { return inplace_scalar(self, BinaryOp::Add, value, "add_"); }
-Tensor& mul_(Tensor& self, double value) { return inplace_scalar(self, BinaryOp::Mul, value, "mul_"); }
-Tensor& div_(Tensor& self, double value) {
+Tensor& add_(Tensor& self, Scalar v) { return inplace_scalar(self, BinaryOp::Add, v, v.to_double(), "add_"); }
+Tensor& sub_(Tensor& self, Scalar v) { return inplace_scalar(self, BinaryOp::Add, v, -v.to_double(), "sub_"); }
+Tensor& mul_(Tensor& self, Scalar v) { return inplace_scalar(self, BinaryOp::Mul, v, v.to_double(), "mul_"); }
+Tensor& div_(Tensor& self, Scalar v) {
   KILN_CHECK(!self.defined() || is_floating_point(self.dtype()), "div_", "true division cannot write into a ",
              dtype_name(self.dtype()), " tensor");
-  return inplace_scalar(self, BinaryOp::Div, value, "div_");
+  return inplace_scalar(self, BinaryOp::Div, v, v.to_double(), "div_");
 }
 
 // ---- operators ----
@@ -273,13 +341,13 @@ Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
 Tensor operator-(const Tensor& x) { return neg(x); }
-Tensor operator+(const Tensor& a, double b) { return add(a, b); }
-Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, double b) { return div(a, b); }
-Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
-Tensor operator+(double a, const Tensor& b) { return add(b, a); }
-Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
-Tensor operator/(double a, const Tensor& b) { return mul(pow(b, -1.0), a); }
+Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
+Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
+Tensor operator*(Scalar a, const Tensor& b) { return mul(b, a); }
+Tensor operator+(Scalar a, const Tensor& b) { return add(b, a); }
+Tensor operator-(Scalar a, const Tensor& b) { return sub(a, b); }
+Tensor operator/(Scalar a, const Tensor& b) { return div(a, b); }
 
 }  // namespace kiln

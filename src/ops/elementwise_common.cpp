@@ -20,9 +20,39 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   return out;
 }
 
+DType result_type(const Tensor& a, const Tensor& b) {
+  const bool a0 = a.dim() == 0, b0 = b.dim() == 0;
+  if (a0 == b0) return promote_types(a.dtype(), b.dtype());
+  const DType dimmed = a0 ? b.dtype() : a.dtype(), zero_dim = a0 ? a.dtype() : b.dtype();
+  return ew::category(zero_dim) > ew::category(dimmed) ? promote_types(zero_dim, dimmed) : dimmed;
+}
+
+DType result_type(const Tensor& a, Scalar b) {
+  const DType s = b.default_dtype();
+  return ew::category(s) > ew::category(a.dtype()) ? s : a.dtype();
+}
+
 namespace ew {
-namespace {
+
 int category(DType t) { return t == kBool ? 0 : (is_floating_point(t) ? 2 : 1); }
+
+double wrap_integer(DType dtype, double v) {
+  if (is_floating_point(dtype) || dtype == kBool || v != v) return v;
+  if (v <= -9.2233720368547758e18 || v >= 9.2233720368547758e18) return v;  // beyond int64: saturate
+  const auto w = static_cast<int64_t>(v);
+  switch (dtype) {
+    case kUInt8: return static_cast<uint8_t>(w);
+    case kInt8: return static_cast<int8_t>(w);
+    case kInt32: return static_cast<int32_t>(w);
+    default: return static_cast<double>(w);
+  }
+}
+
+Tensor scalar_operand(const Tensor& like, Scalar s) {
+  return full({}, s.to_double(), TensorOptions().dtype(result_type(like, s)));  // a CPU 0-d joins any device
+}
+
+namespace {
 
 // Converts (no autograd) and places an operand for a kernel running on `device`.
 Tensor prepare(const Tensor& t, DType dtype, Device device, const Shape& shape) {
@@ -32,14 +62,6 @@ Tensor prepare(const Tensor& t, DType dtype, Device device, const Shape& shape) 
   return r.sizes() == shape ? r : r.expand(shape);
 }
 }  // namespace
-
-DType result_type(const Tensor& a, const Tensor& b) {
-  const bool a0 = a.dim() == 0, b0 = b.dim() == 0;
-  if (a0 == b0) return promote_types(a.dtype(), b.dtype());
-  const DType dimmed = a0 ? b.dtype() : a.dtype(), scalar = a0 ? a.dtype() : b.dtype();
-  if (category(scalar) <= category(dimmed)) return dimmed;
-  return category(scalar) == 2 ? kFloat32 : promote_types(scalar, dimmed);
-}
 
 void check_defined(const Tensor& t, const char* op) { KILN_CHECK(t.defined(), op, "got an undefined tensor"); }
 

@@ -6,9 +6,19 @@
 
 namespace kiln::ew {
 
-// PyTorch's result type: tensor-tensor promote_types, except that a 0-d tensor does not widen a
-// dimensioned tensor of the same category (bool < integer < floating): bf16 [N] + f32 [] -> bf16.
-DType result_type(const Tensor& a, const Tensor& b);
+// kiln::result_type (PyTorch's promotion; see kiln/ops/elementwise.h).
+inline DType result_type(const Tensor& a, const Tensor& b) { return kiln::result_type(a, b); }
+
+// 0 bool, 1 integer, 2 floating.
+int category(DType t);
+
+// v as an integer dtype holds it, wrapped (uint8: -1 -> 255), so that integer add/sub/mul wrap
+// as in PyTorch instead of the kernels' saturating conversion; floating dtypes keep v.
+double wrap_integer(DType dtype, double v);
+
+// The operand a Scalar becomes beside `like`: a 0-d CPU tensor of result_type(like, s)
+// (it then widens `like` exactly as the Scalar would).
+Tensor scalar_operand(const Tensor& like, Scalar s);
 
 // Raises "[op] ... undefined tensor" / "[op] arithmetic on bool tensors is not supported".
 void check_defined(const Tensor& t, const char* op);

@@ -1,4 +1,5 @@
 // CPU copies with dtype conversion, fills, arange and Philox random fills.
+#include "core/cpu/parallel.h"
 #include <cstring>
 
 #include "core/cpu/loop.h"
@@ -59,7 +60,8 @@ void arange(const Tensor& dst, double start, double step) {
     using T = typename decltype(tag)::type;
     T* d = dst.data_ptr<T>();
     const int64_t n = dst.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
+    const int nt = threads_for(n, grains().elementwise_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t i = 0; i < n; ++i) d[i] = cast_value<T>(start + static_cast<double>(i) * step);
   });
 }
@@ -70,7 +72,8 @@ void random(const Tensor& dst, philox::Distribution dist, uint64_t seed, uint64_
     using T = typename decltype(tag)::type;
     T* d = dst.data_ptr<T>();
     const int64_t n = dst.numel();
-#pragma omp parallel for schedule(static) if (n > 16384)
+    const int nt = threads_for(n, grains().elementwise_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t i = 0; i < n; ++i)
       d[i] = cast_value<T>(philox::sample(seed, offset, static_cast<uint64_t>(i), dist, low, high));
   });

@@ -2,9 +2,11 @@
 // Strided N-operand loops for CPU kernels over a coalesced Geometry: fn gets one innermost
 // row at a time (pointers, length, byte strides), rows split over OpenMP threads. Elementwise
 // work is independent per element, so results do not depend on the thread count.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
+#include "core/cpu/parallel.h"
 #include "core/geometry.h"
 #include "core/tensor_impl.h"
 
@@ -28,16 +30,18 @@ struct StridedOperands {
   // True when operand i's innermost run is dense (stride of one element).
   bool inner_contiguous(int i) const { return geom.strides[i].back() == 1; }
 
-  // fn(const std::array<char*, N>& ptrs, int64_t n, const std::array<int64_t, N>& byte_strides)
+  // fn(const std::array<char*, N>& ptrs, int64_t n, const std::array<int64_t, N>& byte_strides);
+  // rows split over threads at or above grain_elements (default: the elementwise grain).
   template <typename F>
-  void for_each_row(F&& fn, int64_t grain_elements = 32768) const {
+  void for_each_row(F&& fn, int64_t grain_elements = 0) const {
     const auto& shape = geom.shape;
     const int64_t inner = shape.back();
     const int64_t nrows = geom.numel() / inner;
     std::array<int64_t, N> inner_strides;
     for (int i = 0; i < N; ++i) inner_strides[i] = geom.strides[i].back() * elem_bytes[i];
-    const bool parallel = nrows > 1 && geom.numel() >= grain_elements;
-#pragma omp parallel for schedule(static) if (parallel)
+    const int64_t grain = grain_elements > 0 ? grain_elements : grains().elementwise_grain;
+    const int nt = nrows > 1 ? static_cast<int>(std::min<int64_t>(threads_for(geom.numel(), grain), nrows)) : 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t r = 0; r < nrows; ++r) {
       std::array<char*, N> ptrs = base;
       int64_t rem = r;

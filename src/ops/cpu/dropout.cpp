@@ -3,6 +3,7 @@
 // The mask is never stored: backward regenerates it from the saved (seed, offset).
 #include "ops/cpu/dropout.h"
 
+#include "core/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "core/philox.h"
 #include "core/tensor_impl.h"
@@ -20,7 +21,8 @@ void dropout_apply(const Tensor& x, double p, uint64_t seed, uint64_t offset, co
     const A scale = p < 1.0 ? static_cast<A>(1.0 / (1.0 - p)) : A(0);
     const T* xp = x.data_ptr<T>();
     T* op = out.data_ptr<T>();
-#pragma omp parallel for schedule(static) if (n > 16384)
+    const int nt = threads_for(n, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t b = 0; b < nblocks; ++b) {
       const philox::Block r = philox::generate(seed, offset + static_cast<uint64_t>(b));
       for (int k = 0; k < 4; ++k) {

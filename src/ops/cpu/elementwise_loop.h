@@ -20,11 +20,12 @@ namespace kiln::cpu {
 // to spread a few MiB over every core.
 constexpr int64_t kElementwiseChunk = 16384;
 
-// fn(begin, end) over [0, n) in fixed chunks (parallel when n spans more than one chunk).
+// fn(begin, end) over [0, n) in fixed chunks, over threads at or above the elementwise grain.
 template <typename F>
 void parallel_chunks(int64_t n, F&& fn) {
   const int64_t chunks = (n + kElementwiseChunk - 1) / kElementwiseChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
+  const int nt = chunks > 1 ? threads_for(n, grains().elementwise_grain) : 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = c * kElementwiseChunk;
     fn(begin, std::min(n, begin + kElementwiseChunk));

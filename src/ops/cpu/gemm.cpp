@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "core/cpu/parallel.h"
 #include "kiln/error.h"
 
 namespace kiln::cpu {
@@ -21,8 +22,6 @@ namespace {
 // few percent of the flops and still give 32+ tasks for a 2048^3 product.
 constexpr int64_t kTileM = 256;
 constexpr int64_t kTileN = 512;
-// Below this much work (multiply-adds) a single call beats waking the thread team.
-constexpr int64_t kParallelWork = int64_t{1} << 18;
 
 // Checked on every call (a cheap read) because anything else in the process may raise it again.
 void single_threaded_blas() {
@@ -90,8 +89,8 @@ void gemm_batched_impl(bool trans_a, bool trans_b, int64_t batch, int64_t m, int
   }
   single_threaded_blas();
   const int64_t tm = (m + kTileM - 1) / kTileM, tn = (n + kTileN - 1) / kTileN, tasks = batch * tm * tn;
-  const bool parallel = tasks > 1 && batch * m * n * k >= kParallelWork;
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  const int nt = tasks > 1 ? static_cast<int>(std::min<int64_t>(threads_for(batch * m * n * k, grains().gemm_grain), tasks)) : 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t p = t / (tm * tn), i0 = (t % (tm * tn)) / tn * kTileM, j0 = t % tn * kTileN;
     const auto mi = static_cast<blasint>(std::min(kTileM, m - i0)), nj = static_cast<blasint>(std::min(kTileN, n - j0));

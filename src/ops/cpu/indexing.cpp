@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu/parallel.h"
 #include "core/cpu/loop.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
@@ -74,7 +75,8 @@ void index_select_rows(const Tensor& out, const Tensor& x, const Tensor& index, 
     using I = typename decltype(tag)::type;
     const I* idx = index.data_ptr<I>();
     const int64_t rows = outer * k;
-#pragma omp parallel for schedule(static) if (rows * inner >= 32768)
+    const int nt = threads_for(rows * inner, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t o = r / k, i = r % k;
       const int64_t t = static_cast<int64_t>(idx[i]);
@@ -116,7 +118,8 @@ void index_add_rows(const Tensor& grad_x, const Tensor& g, const Tensor& index, 
     const T* src = g.data_ptr<T>();
     T* dst = grad_x.data_ptr<T>();
     const int64_t rows = outer * n;
-#pragma omp parallel if (rows * inner >= 32768)
+    const int nt = threads_for(rows * inner, grains().rows_grain);
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
       std::vector<A> acc(std::is_same_v<A, T> ? 0 : static_cast<size_t>(inner));
 #pragma omp for schedule(static)
@@ -159,7 +162,8 @@ void scatter_add_lines(const Tensor& out_l, const Tensor& index_l, const Tensor&
       A* out = out_l.data_ptr<A>();
       const I* idx = index_l.data_ptr<I>();
       const S* src = src_l.data_ptr<S>();
-#pragma omp parallel for schedule(static) if (lines * m >= 32768 && lines > 1)
+      const int nt = lines > 1 ? threads_for(lines * m, grains().rows_grain) : 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
       for (int64_t l = 0; l < lines; ++l) {
         int64_t rem = l, oo = 0, io = 0, so = 0;
         for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {

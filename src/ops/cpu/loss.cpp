@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 
@@ -34,7 +35,8 @@ void cross_entropy_rows(const Tensor& logits, const Tensor& target, const Tensor
       A* rl = row_loss.data_ptr<A>();
       A* rw = row_weight.data_ptr<A>();
       const A eps = static_cast<A>(smoothing);
-#pragma omp parallel for schedule(static) if (N * C > 32768)
+      const int nt = threads_for(N * C, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
       for (int64_t i = 0; i < N; ++i) {
         const T* x = xp + i * C;
         A m = -std::numeric_limits<A>::infinity();
@@ -115,7 +117,8 @@ void cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tens
         W = 0;
         for (int64_t c = 0; c < C; ++c) W += wp[c];
       }
-#pragma omp parallel for schedule(static) if (N * C > 32768)
+      const int nt = threads_for(N * C, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
       for (int64_t i = 0; i < N; ++i) {
         T* d = dp + i * C;
         const int64_t t = static_cast<int64_t>(tp[i]);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 
@@ -59,7 +60,8 @@ void norm_rows(const Tensor& x, const Tensor& residual, const Tensor& weight, do
     const T* wp = weight.defined() ? weight.data_ptr<T>() : nullptr;
     T* yp = y.data_ptr<T>();
     A* sp = rstd.data_ptr<A>();
-#pragma omp parallel for schedule(static) if (rows * H > 32768)
+    const int nt = threads_for(rows * H, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t r = 0; r < rows; ++r)
       sp[r] = norm_row<T, A>(xp + r * H, rp ? rp + r * H : nullptr, hp ? hp + r * H : nullptr, wp, yp + r * H, H,
                              eps);
@@ -94,7 +96,8 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
     const int64_t nchunks = (rows + per - 1) / per;
     std::vector<A> partial(want_dw ? static_cast<size_t>(nchunks * H) : 0, A(0));
     const A inv_h = static_cast<A>(1) / static_cast<A>(H);
-#pragma omp parallel for schedule(static) if (rows * H > 32768)
+    const int nt = threads_for(rows * H, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t c = 0; c < nchunks; ++c) {
       A* pw = want_dw ? partial.data() + c * H : nullptr;
       for (int64_t r = c * per; r < std::min(rows, (c + 1) * per); ++r) {
@@ -120,7 +123,8 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
     }
     if (want_dw) {
       T* dwp = dweight.data_ptr<T>();
-#pragma omp parallel for schedule(static) if (nchunks * H > 32768)
+      const int nt_w = threads_for(nchunks * H, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt_w) if (nt_w > 1)
       for (int64_t j = 0; j < H; ++j) {
         A s = 0;
         for (int64_t c = 0; c < nchunks; ++c) s += partial[c * H + j];

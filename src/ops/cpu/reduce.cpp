@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/cpu/parallel.h"
 #include "core/cpu/loop.h"
 #include "core/dispatch.h"
 #include "ops/cpu/reduce_simd.h"
@@ -21,7 +22,6 @@ namespace {
 constexpr int64_t kChunk = 16384;      // r elements per partial (rows): amortises SIMD setup
 constexpr int64_t kColChunk = 2048;    // r elements per partial (columns): more work items to share
 constexpr int64_t kInnerBlock = 1024;  // inner outputs per work item: long unit-stride runs per page
-constexpr int64_t kGrain = 32768;     // below this many input elements, stay on one thread
 
 template <typename T>
 constexpr bool kIsFloat = std::is_floating_point_v<T> || std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
@@ -173,11 +173,11 @@ void reduce_impl(const T* x, const ReduceGeom& g, Finish finish) {
   using Acc = typename Op::Acc;
   const int64_t chunk = g.inner == 1 ? kChunk : kColChunk;
   const int64_t nchunks = (g.r + chunk - 1) / chunk;
-  const bool parallel = g.outer * g.r * g.inner >= kGrain;
+  const int nt = threads_for(g.outer * g.r * g.inner, grains().reduce_grain);
   if (g.inner == 1) {
     const int64_t items = g.outer * nchunks;
     std::vector<Acc> part(static_cast<size_t>(nchunks > 1 ? items : 0));
-#pragma omp parallel for schedule(static) if (parallel && items > 1)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && items > 1)
     for (int64_t w = 0; w < items; ++w) {
       const int64_t o = w / nchunks, c = w % nchunks;
       const Acc a = reduce_row_chunk<Op>(x, g, o, c * chunk, std::min(g.r, (c + 1) * chunk));
@@ -188,7 +188,7 @@ void reduce_impl(const T* x, const ReduceGeom& g, Finish finish) {
       }
     }
     if (nchunks == 1) return;
-#pragma omp parallel for schedule(static) if (parallel && g.outer > 1)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && g.outer > 1)
     for (int64_t o = 0; o < g.outer; ++o) {
       Acc a = part[static_cast<size_t>(o * nchunks)];
       for (int64_t c = 1; c < nchunks; ++c) Op::merge(a, part[static_cast<size_t>(o * nchunks + c)]);
@@ -201,7 +201,7 @@ void reduce_impl(const T* x, const ReduceGeom& g, Finish finish) {
   const int64_t nblocks = (g.inner + kInnerBlock - 1) / kInnerBlock;
   const int64_t items = g.outer * nblocks * nchunks;
   std::vector<Acc> part(static_cast<size_t>(nchunks > 1 ? g.outer * nchunks * g.inner : 0));
-#pragma omp parallel for schedule(static) if (parallel && items > 1)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && items > 1)
   for (int64_t w = 0; w < items; ++w) {
     const int64_t c = w % nchunks, b = (w / nchunks) % nblocks, o = w / (nchunks * nblocks);
     const int64_t i0 = b * kInnerBlock, i1 = std::min(g.inner, i0 + kInnerBlock);
@@ -225,7 +225,7 @@ void reduce_impl(const T* x, const ReduceGeom& g, Finish finish) {
     }
   }
   if (nchunks == 1) return;
-#pragma omp parallel for schedule(static) if (parallel && g.outer * g.inner > 1)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && g.outer * g.inner > 1)
   for (int64_t q = 0; q < g.outer * g.inner; ++q) {
     const int64_t o = q / g.inner, i = q % g.inner;
     Acc a = part[static_cast<size_t>(o * nchunks * g.inner + i)];

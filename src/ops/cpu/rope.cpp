@@ -3,6 +3,7 @@
 // with s = +1 forward and -1 backward. Rows are independent, split over OpenMP threads.
 #include "ops/cpu/rope.h"
 
+#include "core/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 
@@ -33,7 +34,8 @@ void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, int sign, con
     const A* cp = cos.data_ptr<A>();
     const A* sp = sin.data_ptr<A>();
     const A s = static_cast<A>(sign);
-#pragma omp parallel for schedule(static) if (rows * D > 32768)
+    const int nt = threads_for(rows * D, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = (r / H) % T;
       const X* xr = xp + r * D;
@@ -54,7 +56,8 @@ void qkv_rotary(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tenso
     const A* cp = cos.data_ptr<A>();
     const A* sp = sin.data_ptr<A>();
     const A s = split ? A(1) : A(-1);
-#pragma omp parallel for collapse(2) schedule(static) if (B * T * H * D > 32768)
+    const int nt = threads_for(B * T * H * D, grains().rows_grain);
+#pragma omp parallel for collapse(2) schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t)
         for (int64_t j = 0; j < 3; ++j)

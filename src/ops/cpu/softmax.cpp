@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "ops/cpu/reduce_simd.h"
 
@@ -16,13 +17,13 @@ namespace kiln::cpu {
 namespace {
 
 constexpr int64_t kBlock = 64;
-constexpr int64_t kGrain = 16384;
 
 template <typename T>
 void columns_forward(const T* x, T* y, int64_t outer, int64_t n, int64_t inner, bool log) {
   using A = acc_t<T>;
   const int64_t nblocks = (inner + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (outer * n * inner >= kGrain)
+  const int nt = threads_for(outer * n * inner, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
   for (int64_t w = 0; w < outer * nblocks; ++w) {
     const int64_t o = w / nblocks, i0 = (w % nblocks) * kBlock, len = std::min(kBlock, inner - i0);
     const T* xb = x + o * n * inner + i0;
@@ -49,7 +50,8 @@ template <typename T>
 void columns_backward(const T* y, const T* g, T* gx, int64_t outer, int64_t n, int64_t inner, bool log) {
   using A = acc_t<T>;
   const int64_t nblocks = (inner + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (outer * n * inner >= kGrain)
+  const int nt = threads_for(outer * n * inner, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
   for (int64_t w = 0; w < outer * nblocks; ++w) {
     const int64_t o = w / nblocks, i0 = (w % nblocks) * kBlock, len = std::min(kBlock, inner - i0);
     const int64_t base = o * n * inner + i0;
@@ -77,7 +79,8 @@ void softmax_forward(const Tensor& xt, const Tensor& yt, int64_t outer, int64_t 
     const T* x = xt.data_ptr<T>();
     T* y = yt.data_ptr<T>();
     if (inner > 1) return columns_forward(x, y, outer, n, inner, log);
-#pragma omp parallel for schedule(static) if (outer > 1 && outer * n >= kGrain)
+    const int nt = outer == 1 ? 1 : threads_for(outer * n, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t o = 0; o < outer; ++o) simd::softmax_row(x + o * n, y + o * n, n, log);
   });
 }
@@ -90,7 +93,8 @@ void softmax_backward(const Tensor& yt, const Tensor& gt, const Tensor& gxt, int
     const T* g = gt.data_ptr<T>();
     T* gx = gxt.data_ptr<T>();
     if (inner > 1) return columns_backward(y, g, gx, outer, n, inner, log);
-#pragma omp parallel for schedule(static) if (outer > 1 && outer * n >= kGrain)
+    const int nt = outer == 1 ? 1 : threads_for(outer * n, grains().rows_grain);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t o = 0; o < outer; ++o) simd::softmax_backward_row(y + o * n, g + o * n, gx + o * n, n, log);
   });
 }

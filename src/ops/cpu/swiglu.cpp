@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 
@@ -17,7 +18,8 @@ constexpr int64_t kChunk = 16384;
 template <typename F>
 void chunks(int64_t n, const F& f) {
   const int64_t nchunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (nchunks > 1)
+  const int nt = nchunks > 1 ? threads_for(n, grains().elementwise_grain) : 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
   for (int64_t c = 0; c < nchunks; ++c) f(c * kChunk, std::min(n, (c + 1) * kChunk) - c * kChunk);
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/cpu/parallel.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 
@@ -51,12 +52,15 @@ void adamw_step(const std::vector<AdamWTensors>& params) {
     int64_t begin, end;
   };
   std::vector<Piece> pieces;
+  int64_t total = 0;
   for (size_t t = 0; t < params.size(); ++t) {
     const int64_t n = params[t].param.numel();
+    total += n;
     for (int64_t b = 0; b < n; b += kAdamChunk) pieces.push_back({t, b, std::min(n, b + kAdamChunk)});
   }
   const int64_t np = static_cast<int64_t>(pieces.size());
-#pragma omp parallel for schedule(static) if (np > 1)
+  const int nt = np > 1 ? threads_for(total, grains().elementwise_grain) : 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
   for (int64_t i = 0; i < np; ++i) {
     const Piece& pc = pieces[static_cast<size_t>(i)];
     const AdamWTensors& t = params[pc.tensor];
@@ -73,7 +77,8 @@ double grad_sumsq(const Tensor& grad) {
   dispatch_floating(grad.dtype(), "clip_grad_norm_", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* g = grad.data_ptr<T>();
-#pragma omp parallel for schedule(static) if (nchunks > 1)
+    const int nt = nchunks > 1 ? threads_for(n, grains().reduce_grain) : 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t c = 0; c < nchunks; ++c) {
       double acc = 0;
       const int64_t end = std::min(n, (c + 1) * kChunk);
@@ -96,7 +101,8 @@ void scale_(const Tensor& grad, double factor) {
     using A = acc_t<T>;
     T* g = grad.data_ptr<T>();
     const A f = static_cast<A>(factor);
-#pragma omp parallel for simd schedule(static) if (n > 32768)
+    const int nt = threads_for(n, grains().elementwise_grain);
+#pragma omp parallel for simd schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t i = 0; i < n; ++i) g[i] = T(static_cast<A>(g[i]) * f);
   });
 }
