@@ -13,5 +13,6 @@
 #include "kiln/nn.h"
 #include "kiln/ops.h"
 #include "kiln/optim.h"
+#include "kiln/random.h"
 #include "kiln/tensor.h"
 #include "kiln/tuning.h"

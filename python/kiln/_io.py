@@ -7,7 +7,7 @@ __all__ = ["load", "save", "RawTensor"]
 
 
 class RawTensor:
-    """A tensor of a dtype kiln has no tensor type for (I16, U16, U32, U64, F8_*, F4, F6_*, C64):
+    """A tensor of a dtype kiln has no tensor type for (I16, U64, F8_*, F4, F6_*, C64):
     its bytes as a 1-D kiln.uint8 tensor, its safetensors dtype name and its logical shape.
     kiln.load(..., raw=True) returns these; kiln.save writes them back as that dtype, byte for byte."""
 
@@ -30,7 +30,7 @@ def load(f, map_location=None, *, mmap=False, names=None, return_metadata=False,
     """Loads the tensors of a safetensors or torch (.pt zip) checkpoint -> {name: Tensor} (file order).
     Nothing in the file is executed. map_location: a device ("cuda:0"); mmap=True maps a CPU load
     lazily (copy-on-write; a file truncated while mapped raises SIGBUS on access). A tensor of a
-    dtype kiln has no type for (int16, uint16, uint32, uint64, float8, ...) raises a KilnError
+    dtype kiln has no type for (int16, uint64, float8, ...) raises a KilnError
     naming it, unless raw=True: then it comes back as a kiln.RawTensor. return_metadata=True gives
     (tensors, metadata dict, format name)."""
     device = "cpu" if map_location is None else map_location

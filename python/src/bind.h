@@ -50,6 +50,10 @@ void bind_nn(nb::module_& m);
 void bind_flex(nb::module_& m);
 void bind_io(nb::module_& m);
 void bind_dist(nb::module_& m);
+void bind_tensor_ops(nb::module_& m);
+// t[mask] / t[mask] = v for a single bool tensor index (tensor_ops.cpp); nullopt / false otherwise.
+std::optional<nb::object> getitem_by_mask(const Tensor& t, nb::handle idx);
+bool setitem_by_mask(const Tensor& t, nb::handle idx, nb::handle value);
 
 }  // namespace kiln::py
 

@@ -99,11 +99,13 @@ Tensor basic_index(const Tensor& t, const std::vector<nb::handle>& items) {
 
 void bind_indexing(nb::class_<Tensor>& cls) {
   cls.def("__getitem__", [](const Tensor& t, nb::handle idx) -> nb::object {
+    if (auto r = getitem_by_mask(t, idx)) return *r;
     auto items = index_items(idx);
     if (is_expr_index(items)) return capture_index(t, items);
     return nb::cast(basic_index(t, items));
   }, nb::arg("index").none());
   cls.def("__setitem__", [](const Tensor& t, nb::handle idx, nb::handle value) {
+    if (setitem_by_mask(t, idx, value)) return;
     auto items = index_items(idx);
     for (nb::handle h : items)
       KILN_CHECK(!nb::isinstance<Tensor>(h), "setitem", "assignment through a tensor index is not supported");
