@@ -13,7 +13,7 @@ from ._C import (  # noqa: F401  (re-exported by kiln)
 
 __all__ = [
     "Generator", "all", "allclose", "any", "argmin", "argsort", "chunk", "einsum", "isclose", "isfinite", "isinf",
-    "isnan", "logical_and", "logical_not", "logical_or", "logical_xor", "masked_fill", "masked_select", "min",
+    "isnan", "logical_and", "logical_not", "logical_or", "logical_xor", "masked_fill", "masked_select", "max", "min",
     "multinomial", "nonzero", "norm", "rand", "randint", "randn", "sort", "split", "std", "topk", "tril", "triu",
     "unbind", "var",
 ]
@@ -22,6 +22,7 @@ __all__ = [
 topk_result = namedtuple("topk", ["values", "indices"])
 sort_result = namedtuple("sort", ["values", "indices"])
 min_result = namedtuple("min", ["values", "indices"])
+max_result = namedtuple("max", ["values", "indices"])
 
 
 def min(input, dim=None, keepdim=False):
@@ -32,6 +33,16 @@ def min(input, dim=None, keepdim=False):
     if dim is None:
         return _C.min(input)
     return min_result(*_C.min(input, dim, keepdim))
+
+
+def max(input, dim=None, keepdim=False):
+    """max() -> [] ; max(dim, keepdim=False) -> (values, int64 indices of the first maximum);
+    max(other) -> the elementwise maximum."""
+    if isinstance(dim, _C.Tensor):
+        return _C.maximum(input, dim)
+    if dim is None:
+        return _C.max(input)
+    return max_result(*_C.max(input, dim, keepdim))
 
 
 def _correction(name, dim, unbiased, correction):
@@ -152,7 +163,7 @@ def _data_set(self, value):
 
 
 _METHODS = {
-    "min": min, "argmin": argmin, "var": var, "std": std, "norm": norm, "all": all, "any": any,
+    "min": min, "max": max, "argmin": argmin, "var": var, "std": std, "norm": norm, "all": all, "any": any,
     "chunk": chunk, "split": _split, "unbind": unbind, "topk": topk, "sort": sort, "argsort": argsort,
     "masked_fill": masked_fill, "masked_fill_": _C._masked_fill_, "tril": tril, "triu": triu,
     "isnan": isnan, "isinf": isinf, "isfinite": isfinite, "isclose": isclose, "allclose": allclose,

@@ -74,7 +74,7 @@ Tensor basic_index(const Tensor& t, const std::vector<nb::handle>& items) {
       seen_tensor = true;
       Tensor index = nb::cast<Tensor>(h);
       KILN_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, kOp,
-                 "tensor indices must be int64 or int32 (boolean masks are not supported), got ", index.dtype());
+                 "tensor indices must be int64 or int32 (a bool mask is supported as the whole index, t[mask]), got ", index.dtype());
       KILN_CHECK(index.dim() <= 1, kOp, "tensor indices must be 0-d or 1-d, got shape ", shape_str(index.sizes()));
       if (index.dim() == 0) {
         out = out.select(dim, index.item<int64_t>());

@@ -183,12 +183,16 @@ void bind_tensor_ops(nb::module_& m) {
                         "An independent Philox random stream (torch.Generator): pass it as generator= to "
                         "kiln.rand / randn / randint / multinomial / Tensor.normal_ / uniform_.")
       .def(nb::init<Device>(), "device"_a = Device(kCPU))
-      .def("manual_seed", [](nb::handle self, int64_t seed) {
-             nb::cast<Generator&>(self).manual_seed(static_cast<uint64_t>(seed));
+      .def("manual_seed", [](nb::handle self, nb::int_ seed) {
+             // Any Python int, taken modulo 2^64 as torch does (manual_seed(-1) is allowed).
+             const unsigned long long s = PyLong_AsUnsignedLongLongMask(seed.ptr());
+             if (PyErr_Occurred()) throw nb::python_error();
+             nb::cast<Generator&>(self).manual_seed(static_cast<uint64_t>(s));
              return nb::borrow(self);
            }, "seed"_a, "restarts the stream from `seed`; returns the generator")
-      .def("seed", [](Generator& g) { return static_cast<int64_t>(g.seed()); }, "reseeds from the OS; returns the seed")
-      .def("initial_seed", [](const Generator& g) { return static_cast<int64_t>(g.initial_seed()); })
+      .def("seed", &Generator::seed, "reseeds from the OS; returns the seed")
+      .def("initial_seed", &Generator::initial_seed)
+      .def("__repr__", [](const Generator& g) { return "kiln.Generator(device='" + g.device().str() + "')"; })
       .def_prop_ro("device", &Generator::device)
       .def("get_state", &Generator::get_state, "int64 [2] tensor {seed, offset}")
       .def("set_state", [](nb::handle self, const Tensor& s) {

@@ -326,3 +326,22 @@ def test_readme_snippet_runs():
     text = open(readme).read().split("## Everyday tensor functions", 1)[1]
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     exec(compile(code, "README.md", "exec"), {})
+
+
+def test_max_named_result_and_elementwise_form():
+    x, xn = randn(3, 5)
+    r = x.max(1)
+    assert np.array_equal(r.values.numpy(), xn.max(1)) and np.array_equal(r.indices.numpy(), xn.argmax(1))
+    v, i = kiln.max(x, dim=0, keepdim=True)
+    assert v.shape == (1, 5) and np.array_equal(i.numpy()[0], xn.argmax(0))
+    y, yn = randn(3, 5)
+    assert np.array_equal(x.max(y).numpy(), np.maximum(xn, yn)) and x.max().item() == xn.max()
+
+
+def test_generator_seeds_are_unsigned_64_bit():
+    g = kiln.Generator()
+    assert g.seed() >= 0 and g.initial_seed() >= 0
+    assert g.manual_seed(-1).initial_seed() == 2**64 - 1
+    assert repr(g) == "kiln.Generator(device='cpu')"
+    a = kiln.rand(5, generator=g)
+    assert np.array_equal(kiln.rand(5, generator=kiln.Generator().manual_seed(2**64 - 1)).numpy(), a.numpy())

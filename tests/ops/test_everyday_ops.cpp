@@ -38,8 +38,8 @@ TEST(EverydayOps, MinAndArgminMatchLoops) {
     EXPECT_EQ(indices.to_vector()[static_cast<size_t>(r)], static_cast<double>(it - row.begin()));
   }
   EXPECT_EQ(argmin(x, 1).to_vector(), indices.to_vector());
-  EXPECT_EQ(min(x).item(), *std::min_element(x.to_vector().begin(), x.to_vector().end()));
   const std::vector<double> flat = x.to_vector();
+  EXPECT_EQ(min(x).item(), *std::min_element(flat.begin(), flat.end()));
   EXPECT_EQ(argmin(x).item(), static_cast<double>(std::min_element(flat.begin(), flat.end()) - flat.begin()));
   // Over dim 0 with keepdim, and the first of equal minima (integers, bf16).
   EXPECT_EQ(min(x, 0, true).first.sizes(), (Shape{1, 7}));
