@@ -37,6 +37,9 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, const Generator& g
 // In place (not differentiable): self ~ N(mean, std^2) / U[from, to). generator null: the global one.
 Tensor& normal_(Tensor& self, double mean = 0.0, double stddev = 1.0, const Generator* generator = nullptr);
 Tensor& uniform_(Tensor& self, double from = 0.0, double to = 1.0, const Generator* generator = nullptr);
+// A random permutation of [0, n) -> [n] (int64 by default): sorts random 53-bit keys drawn on
+// options' device, on the host.
+Tensor randperm(int64_t n, const Generator* generator = nullptr, TensorOptions options = kInt64);
 // probs: [n] or [B, n] nonnegative weights (any floating dtype, need not sum to 1) ->
 // int64 [num_samples] or [B, num_samples] category indices. Without replacement each category is
 // drawn at most once (num_samples <= its nonzero weights). Sampling runs on the host from uniforms

@@ -14,7 +14,7 @@ from ._C import (  # noqa: F401  (re-exported by kiln)
 __all__ = [
     "Generator", "all", "allclose", "any", "argmin", "argsort", "chunk", "einsum", "isclose", "isfinite", "isinf",
     "isnan", "logical_and", "logical_not", "logical_or", "logical_xor", "masked_fill", "masked_select", "max", "min",
-    "multinomial", "nonzero", "norm", "rand", "randint", "randn", "sort", "split", "std", "topk", "tril", "triu",
+    "multinomial", "nonzero", "norm", "rand", "randint", "randn", "randperm", "sort", "split", "std", "topk", "tril", "triu",
     "unbind", "var",
 ]
 
@@ -122,6 +122,12 @@ def randint(*args, generator=None, dtype=None, device=None, requires_grad=False,
         raise TypeError("randint(): expected (high, size) or (low, high, size)")
     low, high, shape = args
     return _C._randint_gen(low, high, _shape((shape,), "randint"), generator, dtype, device)
+
+
+def randperm(n, *, generator=None, dtype=None, device=None, requires_grad=False):
+    """A random permutation of 0 .. n-1 (int64 by default)."""
+    out = _C._randperm(n, generator, dtype, device)
+    return out.requires_grad_() if requires_grad else out
 
 
 # ---- method forms on kiln.Tensor ----

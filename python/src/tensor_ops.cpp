@@ -216,6 +216,9 @@ void bind_tensor_ops(nb::module_& m) {
       .def("_uniform_", [inplace](nb::handle s, double from, double to, const Generator* g) {
              return inplace(s, [&](Tensor& t) { uniform_(t, from, to, g); });
            }, "self"_a, "from_"_a, "to"_a, "generator"_a.none())
+      .def("_randperm", [](int64_t n, const Generator* g, std::optional<DType> dtype, std::optional<Device> device) {
+             return randperm(n, g, options_of(dtype, device, false, kInt64));
+           }, "n"_a, "generator"_a.none(), "dtype"_a.none(), "device"_a.none())
       .def("multinomial", [](const Tensor& probs, int64_t n, bool replacement, const Generator* g) {
              return multinomial(probs, n, replacement, g);
            }, "input"_a, "num_samples"_a, "replacement"_a = false, nb::kw_only(), "generator"_a.none() = nb::none());

@@ -345,3 +345,11 @@ def test_generator_seeds_are_unsigned_64_bit():
     assert repr(g) == "kiln.Generator(device='cpu')"
     a = kiln.rand(5, generator=g)
     assert np.array_equal(kiln.rand(5, generator=kiln.Generator().manual_seed(2**64 - 1)).numpy(), a.numpy())
+
+
+def test_randperm():
+    g = kiln.Generator().manual_seed(9)
+    p = kiln.randperm(50, generator=g)
+    assert p.dtype is kiln.int64 and sorted(p.tolist()) == list(range(50)) and p.tolist() != list(range(50))
+    assert kiln.randperm(50, generator=kiln.Generator().manual_seed(9)).tolist() == p.tolist()
+    assert kiln.randperm(4, dtype=kiln.float32).dtype is kiln.float32

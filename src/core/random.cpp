@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <random>
 
 #include "core/dispatch.h"
@@ -140,6 +141,19 @@ Tensor& normal_(Tensor& self, double mean, double stddev, const Generator* gener
 Tensor& uniform_(Tensor& self, double from, double to, const Generator* generator) {
   KILN_CHECK(from <= to, "uniform_", "expects to return a [from, to) range, but found from=", from, " > to=", to);
   return fill_inplace(self, philox::Distribution::Uniform, to - from, from, generator, "uniform_");
+}
+
+Tensor randperm(int64_t n, const Generator* generator, TensorOptions options) {
+  KILN_CHECK(n >= 0, "randperm", "n must be non-negative, got ", n);
+  Tensor keys = make_tensor({n}, kInt64, options.device());
+  fill_random(keys, philox::Distribution::Integer, 0, int64_t{1} << 53, generator, "randperm");
+  keys = keys.to(kCPU).contiguous();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  Tensor out = make_tensor({n}, kInt64, kCPU);
+  int64_t* o = out.data_ptr<int64_t>();
+  std::iota(o, o + n, int64_t{0});
+  std::sort(o, o + n, [k](int64_t a, int64_t b) { return k[a] != k[b] ? k[a] < k[b] : a < b; });
+  return out.to(options.device(), options.dtype());
 }
 
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, const Generator* generator) {

@@ -418,6 +418,38 @@ TEST(EverydayOps, GeneratorStreamsAreIndependentAndReplayable) {
   EXPECT_THROW(rand({2}, Generator(Device("cuda:0"))), Error);  // a CUDA generator for a CPU tensor
 }
 
+TEST(EverydayOps, RandpermIsAPermutationAndFollowsTheGenerator) {
+  Generator g;
+  g.manual_seed(3);
+  const Tensor p = randperm(1000, &g);
+  std::vector<double> v = p.to_vector();
+  const std::vector<double> first = v;
+  std::sort(v.begin(), v.end());
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], static_cast<double>(i));
+  EXPECT_NE(first, v);  // shuffled
+  g.manual_seed(3);
+  EXPECT_EQ(randperm(1000, &g).to_vector(), first);
+  EXPECT_EQ(randperm(5, &g, kFloat32).dtype(), kFloat32);
+  EXPECT_EQ(randperm(0).numel(), 0);
+  // Every position sees every value about equally often.
+  std::vector<double> at0(4, 0);
+  for (int i = 0; i < 4000; ++i) at0[static_cast<size_t>(randperm(4, &g).to_vector()[0])] += 1;
+  for (double c : at0) EXPECT_NEAR(c / 4000.0, 0.25, 0.03);
+}
+
+TEST(EverydayOps, MaskGradchecks) {
+  manual_seed(25);
+  const Tensor mask = gt(randn({3, 4}), 0.0);
+  expect_gradcheck([mask](const std::vector<Tensor>& in) { return masked_fill(in[0], mask, 0.5); },
+                   {randn({3, 4}, kFloat64).requires_grad_()});
+  expect_gradcheck([mask](const std::vector<Tensor>& in) { return index_by_mask(in[0], mask) * 3.0; },
+                   {randn({3, 4, 2}, kFloat64).requires_grad_()});
+  expect_gradcheck([mask](const std::vector<Tensor>& in) { return masked_select(in[0], mask.unsqueeze(0)); },
+                   {randn({2, 3, 4}, kFloat64).requires_grad_()});
+  expect_gradcheck([mask](const std::vector<Tensor>& in) { return masked_fill(in[0], mask, in[1]); },
+                   {randn({3, 4}, kFloat64).requires_grad_(), randn({}, kFloat64).requires_grad_()});
+}
+
 TEST(EverydayOps, MultinomialFrequenciesAndWithoutReplacement) {
   Generator g;
   g.manual_seed(7);
