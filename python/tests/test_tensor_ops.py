@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kiln
-from conftest import rel_error
+from conftest import rel_error, requires_cuda
 
 
 def randn(*shape, dtype=kiln.float64):
@@ -353,3 +353,34 @@ def test_randperm():
     assert p.dtype is kiln.int64 and sorted(p.tolist()) == list(range(50)) and p.tolist() != list(range(50))
     assert kiln.randperm(50, generator=kiln.Generator().manual_seed(9)).tolist() == p.tolist()
     assert kiln.randperm(4, dtype=kiln.float32).dtype is kiln.float32
+
+
+def test_uint_dlpack_with_torch():
+    torch = pytest.importorskip("torch")
+    k = kiln.tensor([1, 65535, 3], dtype=kiln.uint16)
+    t = torch.from_dlpack(k)
+    assert t.dtype == torch.uint16 and t.tolist() == [1, 65535, 3]
+    back = kiln.from_dlpack(torch.tensor([1, 4000000000], dtype=torch.uint32))
+    assert back.dtype is kiln.uint32 and back.tolist() == [1, 4000000000]
+
+
+@requires_cuda
+def test_cuda_matches_cpu():
+    x = kiln.randn(6, 9)
+    xc = x.cuda()
+    mask = x > 0
+    assert np.array_equal(xc[mask.cuda()].cpu().numpy(), x[mask].numpy())
+    assert np.array_equal(xc.topk(3).indices.cpu().numpy(), x.topk(3).indices.numpy())
+    assert np.array_equal(xc.argmin(1).cpu().numpy(), x.argmin(1).numpy())
+    assert rel_error(xc.var(1).cpu().numpy(), x.var(1).numpy()) < 1e-5
+    assert rel_error(xc.norm(dim=0).cpu().numpy(), x.norm(dim=0).numpy()) < 1e-5
+    assert rel_error(kiln.einsum("ij,kj->ik", xc, xc).cpu().numpy(), kiln.einsum("ij,kj->ik", x, x).numpy()) < 1e-5
+    y = xc.clone()
+    y[y < 0] = 0.0
+    assert np.array_equal(y.cpu().numpy(), np.maximum(x.numpy(), 0))
+    g = kiln.Generator("cuda").manual_seed(1)
+    h = kiln.Generator().manual_seed(1)
+    assert np.array_equal(kiln.rand(16, generator=g, device="cuda").cpu().numpy(), kiln.rand(16, generator=h).numpy())
+    assert kiln.multinomial(kiln.ones(5, device="cuda"), 5, generator=g).device == kiln.device("cuda:0")
+    u = kiln.tensor([1, 2, 65535], dtype=kiln.uint16).cuda()
+    assert (u + u).cpu().tolist() == [2, 4, 65534]
