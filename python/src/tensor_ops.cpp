@@ -178,6 +178,20 @@ void bind_tensor_ops(nb::module_& m) {
            }, "self"_a, "mask"_a, "value"_a)
       .def("_set_data", [](Tensor& self, const Tensor& src) { set_data(self, src); }, "self"_a, "data"_a);
 
+  // Scalar operands with alpha (t.add_(2.0, alpha=3), t.sub(1.0, alpha=2)): appended to the overloads
+  // tensor_math.cpp binds, which take a tensor with alpha or a bare scalar.
+  const nb::handle cls = nb::type<Tensor>();
+  nb::cpp_function_def([inplace](nb::handle s, double o, double alpha) {
+    return inplace(s, [&](Tensor& t) { add_(t, alpha * o); });
+  }, nb::scope(cls), nb::name("add_"), nb::is_method(), "other"_a, "alpha"_a = 1.0);
+  nb::cpp_function_def([inplace](nb::handle s, double o, double alpha) {
+    return inplace(s, [&](Tensor& t) { add_(t, -alpha * o); });
+  }, nb::scope(cls), nb::name("sub_"), nb::is_method(), "other"_a, "alpha"_a = 1.0);
+  nb::cpp_function_def([](const Tensor& t, double o, double alpha) { return add(t, alpha * o); },
+                       nb::scope(cls), nb::name("add"), nb::is_method(), "other"_a, "alpha"_a = 1.0);
+  nb::cpp_function_def([](const Tensor& t, double o, double alpha) { return sub(t, alpha * o); },
+                       nb::scope(cls), nb::name("sub"), nb::is_method(), "other"_a, "alpha"_a = 1.0);
+
   // ---- random: kiln.Generator and the functions that draw from one ----
   nb::class_<Generator>(m, "Generator",
                         "An independent Philox random stream (torch.Generator): pass it as generator= to "

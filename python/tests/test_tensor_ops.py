@@ -182,6 +182,10 @@ def test_inplace_updates():
         t = p.clone()
         assert op(t) is t
         assert rel_error(t.numpy(), ref) < 1e-15
+    t = p.clone()
+    assert t.add_(2.0, alpha=3) is t and t.sub_(1.0, alpha=0.5) is t and t.sub_(1.0) is t
+    assert rel_error(t.numpy(), pn + 4.5) < 1e-15
+    assert rel_error(p.add(2.0, alpha=3).numpy(), pn + 6) < 1e-15 and rel_error(p.sub(1.0, alpha=2).numpy(), pn - 2) < 1e-15
     leaf = kiln.ones(2, requires_grad=True)
     with pytest.raises(RuntimeError):
         leaf.sqrt_()
@@ -228,6 +232,12 @@ def test_einsum_matches_numpy(eq, shapes):
     if len(shapes) == 2:
         other = ts[1][0]
         check_grad(lambda t: kiln.einsum(eq, t, other), shapes[0])
+
+
+def test_einsum_integer_operands():
+    a, b = np.arange(6).reshape(2, 3), np.arange(12).reshape(3, 4)
+    got = kiln.einsum("ij,jk->ik", kiln.tensor(a), kiln.tensor(b))
+    assert got.dtype is kiln.int64 and np.array_equal(got.numpy(), a @ b)
 
 
 def test_einsum_errors():

@@ -125,14 +125,17 @@ Operand contract(Operand a, Operand b, const std::vector<int>& keep) {
   for (int l : left) pa.push_back(position(a.labels, l)), m *= size[l];
   for (int l : contracted) pa.push_back(position(a.labels, l)), pb.push_back(position(b.labels, l)), k *= size[l];
   for (int l : right) pb.push_back(position(b.labels, l)), n *= size[l];
+  // Integer operands contract in float64 (exact below 2^53) and come back in their dtype.
   const DType dt = promote_types(a.t.dtype(), b.t.dtype());
-  const Tensor a3 = a.t.to(dt).expand(a_shape).permute(pa).reshape({nb, m, k});
-  const Tensor b3 = b.t.to(dt).expand(b_shape).permute(pb).reshape({nb, k, n});
+  const DType mm_dt = is_floating_point(dt) ? dt : kFloat64;
+  const Tensor a3 = a.t.to(mm_dt).expand(a_shape).permute(pa).reshape({nb, m, k});
+  const Tensor b3 = b.t.to(mm_dt).expand(b_shape).permute(pb).reshape({nb, k, n});
   Operand out;
   Shape out_shape;
   for (const auto* group : {&batch, &left, &right})
     for (int l : *group) out.labels.push_back(l), out_shape.push_back(size[l]);
   out.t = matmul(a3, b3).reshape(out_shape);
+  if (mm_dt != dt) out.t = out.t.to(dt);
   return out;
 }
 
