@@ -187,8 +187,10 @@ def test_inplace_updates():
     assert rel_error(t.numpy(), pn + 4.5) < 1e-15
     assert rel_error(p.add(2.0, alpha=3).numpy(), pn + 6) < 1e-15 and rel_error(p.sub(1.0, alpha=2).numpy(), pn - 2) < 1e-15
     leaf = kiln.ones(2, requires_grad=True)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"\[sqrt_\]"):
         leaf.sqrt_()
+    with pytest.raises(RuntimeError, match="normal_"):
+        leaf.normal_()
     with kiln.no_grad():
         leaf.mul_(3.0).sqrt_()
     assert rel_error(leaf.detach().numpy(), np.sqrt([3.0, 3.0])) < 1e-7

@@ -15,6 +15,7 @@
 #include "core/tensor_impl.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
+#include "ops/writable.h"
 
 namespace kiln {
 
@@ -106,8 +107,8 @@ Tensor drawn(const Shape& shape, TensorOptions options, philox::Distribution dis
 // Uniforms or normals of self's shape in a dtype that keeps them exact, scaled, written into self.
 Tensor& fill_inplace(Tensor& self, philox::Distribution dist, double scale, double shift, const Generator* g,
                      const char* op) {
-  KILN_CHECK(self.defined() && is_floating_point(self.dtype()), op, "expects a floating-point tensor, got ",
-             self.defined() ? dtype_name(self.dtype()) : "undefined");
+  check_writable(self, op);
+  KILN_CHECK(is_floating_point(self.dtype()), op, "expects a floating-point tensor, got ", dtype_name(self.dtype()));
   const DType dt = self.dtype() == kFloat64 ? kFloat64 : kFloat32;
   Tensor r = make_tensor(self.sizes(), dt, self.device());
   fill_random(r, dist, 0, 0, g, op);

@@ -1,14 +1,16 @@
-// In-place updates composed from the out-of-place ops: the new value is computed without recording
-// a graph, then written with copy_ / add_ (which make the leaf and dtype checks).
+// In-place updates composed from the out-of-place ops: each checks that self may be written (so the
+// error names it), computes the new value without recording a graph, and writes it with copy_ / add_.
 #include "core/tensor_impl.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
+#include "ops/writable.h"
 
 namespace kiln {
 
 Tensor& sqrt_(Tensor& self) {
-  KILN_CHECK(self.defined() && is_floating_point(self.dtype()), "sqrt_", "result type float can't be cast to the ",
-             "desired output type ", self.defined() ? dtype_name(self.dtype()) : "undefined");
+  check_writable(self, "sqrt_");
+  KILN_CHECK(is_floating_point(self.dtype()), "sqrt_", "result type float can't be cast to the ",
+             "desired output type ", dtype_name(self.dtype()));
   Tensor r;
   {
     NoGradGuard ng;
@@ -18,6 +20,7 @@ Tensor& sqrt_(Tensor& self) {
 }
 
 Tensor& clamp_(Tensor& self, std::optional<double> min, std::optional<double> max) {
+  check_writable(self, "clamp_");
   Tensor r;
   {
     NoGradGuard ng;
@@ -27,6 +30,7 @@ Tensor& clamp_(Tensor& self, std::optional<double> min, std::optional<double> ma
 }
 
 Tensor& addcmul_(Tensor& self, const Tensor& t1, const Tensor& t2, double value) {
+  check_writable(self, "addcmul_");
   Tensor r;
   {
     NoGradGuard ng;
@@ -36,6 +40,7 @@ Tensor& addcmul_(Tensor& self, const Tensor& t1, const Tensor& t2, double value)
 }
 
 Tensor& addcdiv_(Tensor& self, const Tensor& t1, const Tensor& t2, double value) {
+  check_writable(self, "addcdiv_");
   Tensor r;
   {
     NoGradGuard ng;
@@ -45,6 +50,7 @@ Tensor& addcdiv_(Tensor& self, const Tensor& t1, const Tensor& t2, double value)
 }
 
 Tensor& lerp_(Tensor& self, const Tensor& end, double weight) {
+  check_writable(self, "lerp_");
   Tensor r;
   {
     NoGradGuard ng;
@@ -54,6 +60,7 @@ Tensor& lerp_(Tensor& self, const Tensor& end, double weight) {
 }
 
 Tensor& lerp_(Tensor& self, const Tensor& end, const Tensor& weight) {
+  check_writable(self, "lerp_");
   Tensor r;
   {
     NoGradGuard ng;

@@ -5,6 +5,7 @@
 #include "core/dispatch.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
+#include "ops/writable.h"
 
 namespace kiln {
 namespace {
@@ -74,6 +75,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value) {
 }
 
 Tensor& masked_fill_(Tensor& self, const Tensor& mask, double value) {
+  check_writable(self, "masked_fill_");
   Tensor filled;
   {
     NoGradGuard ng;
@@ -174,6 +176,7 @@ Tensor index_by_mask(const Tensor& x, const Tensor& mask) {
 }
 
 Tensor& index_put_by_mask_(Tensor& self, const Tensor& mask, const Tensor& value) {
+  check_writable(self, "index_put_");
   const Shape rows = mask_rows_shape(self, mask, "index_put_");
   KILN_CHECK(value.defined(), "index_put_", "value is undefined");
   Tensor updated;
