@@ -27,8 +27,10 @@ Tensor select_order(const Tensor& rows, int64_t k, bool largest) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     const T* x = rows.data_ptr<T>();
-    std::vector<int64_t> idx(static_cast<size_t>(n));
+    // Rows are independent (the result does not depend on the thread count); small inputs stay serial.
+#pragma omp parallel for schedule(static) if (r > 1 && r * n >= (int64_t{1} << 16))
     for (int64_t i = 0; i < r; ++i) {
+      std::vector<int64_t> idx(static_cast<size_t>(n));
       const T* row = x + i * n;
       auto first = [&](int64_t a, int64_t b) {
         const A va = cast_value<A>(row[a]), vb = cast_value<A>(row[b]);

@@ -519,6 +519,24 @@ TEST(EverydayOps, Uint16AndUint32Tensors) {
   EXPECT_EQ(randint(0, 65536, {8}, kUInt16).dtype(), kUInt16);
 }
 
+// Unsigned arithmetic wraps modulo 2^bits (a - b, a - 2, alpha = -1), as in C++ and PyTorch.
+void check_unsigned_wraps(Device device) {
+  for (DType dt : {kUInt8, kUInt16, kUInt32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double m = std::ldexp(1.0, static_cast<int>(element_size(dt)) * 8);
+    const Tensor a = tensor({5, 1, 7}, TensorOptions(dt).device(device)), b = tensor({2, 3, 7}, TensorOptions(dt).device(device));
+    EXPECT_EQ((a - b).to_vector(), (std::vector<double>{3, m - 2, 0}));
+    EXPECT_EQ((a - 2.0).to_vector(), (std::vector<double>{3, m - 1, 5}));
+    EXPECT_EQ((a * -1.0).to_vector(), (std::vector<double>{m - 5, m - 1, m - 7}));
+    Tensor c = a.clone();
+    sub_(c, b, 2.0);
+    EXPECT_EQ(c.to_vector(), (std::vector<double>{1, m - 5, m - 7}));
+    EXPECT_EQ(clamp(a, -3.0, 6.0).to_vector(), (std::vector<double>{5, 1, 6}));  // bounds saturate
+  }
+}
+
+TEST(EverydayOps, UnsignedArithmeticWraps) { check_unsigned_wraps(kCPU); }
+
 TEST(EverydayOps, CudaMatchesCpu) {
   KILN_REQUIRE_CUDA();
   manual_seed(24);
@@ -546,6 +564,7 @@ TEST(EverydayOps, CudaMatchesCpu) {
   h.manual_seed(5);
   EXPECT_EQ(rand({64}, g, TensorOptions().device(Device("cuda:0"))).cpu().to_vector(), rand({64}, h).to_vector());
   EXPECT_EQ(multinomial(ones({8}).cuda(), 8, false, &g).device(), xc.device());
+  check_unsigned_wraps(Device("cuda:0"));
   const Tensor u16 = tensor({1, 2, 65535}, kUInt16).cuda();
   EXPECT_EQ((u16 + u16).cpu().to_vector(), (std::vector<double>{2, 4, 65534}));
   EXPECT_EQ(amax(tensor({3, 4000000000.0}, kUInt32).cuda()).item(), 4000000000.0);
