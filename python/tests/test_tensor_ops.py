@@ -296,6 +296,7 @@ def test_uint16_uint32(tmp_path):
     assert repr(a.dtype) == "kiln.uint16" and a.tolist() == [1, 40000, 65535]
     assert (a + kiln.tensor([1, 2, 0], dtype=kiln.uint16)).tolist() == [2, 40002, 65535]
     assert (a * 1).dtype is kiln.uint16
+    assert (a - kiln.tensor([2, 0, 1], dtype=kiln.uint16)).tolist() == [65535, 40000, 65534]  # wraps, as uint8 does
     assert (a > 2).tolist() == [False, True, True] and a.sum().item() == 105536
     b = kiln.tensor(np.array([4000000000, 5], dtype=np.uint32))
     assert b.dtype is kiln.uint32 and b.numpy().dtype == np.uint32 and b.max().item() == 4000000000
