@@ -43,6 +43,7 @@ from ._grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled  
 from ._tensor import tensor  # noqa: E402
 from ._io import RawTensor, load, save  # noqa: E402
 from . import autograd, cpu, cuda, nn  # noqa: E402
+from . import linalg  # noqa: E402
 
 __version__ = "0.1.0"
 

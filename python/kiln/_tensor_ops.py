@@ -14,8 +14,8 @@ from ._C import (  # noqa: F401  (re-exported by kiln)
 __all__ = [
     "Generator", "all", "allclose", "any", "argmin", "argsort", "chunk", "einsum", "isclose", "isfinite", "isinf",
     "isnan", "logical_and", "logical_not", "logical_or", "logical_xor", "masked_fill", "masked_select", "max", "min",
-    "multinomial", "nonzero", "norm", "rand", "randint", "randn", "randperm", "sort", "split", "std", "topk", "tril", "triu",
-    "unbind", "var",
+    "multinomial", "nonzero", "norm", "rand", "randint", "randn", "randperm", "sort", "split", "std", "std_mean",
+    "topk", "tril", "triu", "unbind", "var", "var_mean",
 ]
 
 # torch.return_types-style results: unpack like a tuple, or read .values / .indices.
@@ -67,6 +67,18 @@ def std(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     """Standard deviation: sqrt of var with the same arguments."""
     dim, c = _correction("std", dim, unbiased, correction)
     return _C._std(input, dim, c, keepdim)
+
+
+def var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """(var, mean) over dim, with var's arguments."""
+    dim, c = _correction("var_mean", dim, unbiased, correction)
+    return _C._var(input, dim, c, keepdim), _C.mean(input, dim, keepdim)
+
+
+def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    """(std, mean) over dim, with std's arguments."""
+    dim, c = _correction("std_mean", dim, unbiased, correction)
+    return _C._std(input, dim, c, keepdim), _C.mean(input, dim, keepdim)
 
 
 def topk(input, k, dim=-1, largest=True, sorted=True):
@@ -169,7 +181,8 @@ def _data_set(self, value):
 
 
 _METHODS = {
-    "min": min, "max": max, "argmin": argmin, "var": var, "std": std, "norm": norm, "all": all, "any": any,
+    "min": min, "max": max, "argmin": argmin, "var": var, "std": std, "var_mean": var_mean, "std_mean": std_mean,
+    "norm": norm, "all": all, "any": any,
     "chunk": chunk, "split": _split, "unbind": unbind, "topk": topk, "sort": sort, "argsort": argsort,
     "masked_fill": masked_fill, "masked_fill_": _C._masked_fill_, "tril": tril, "triu": triu,
     "isnan": isnan, "isinf": isinf, "isfinite": isfinite, "isclose": isclose, "allclose": allclose,

@@ -397,3 +397,13 @@ def test_cuda_matches_cpu():
     assert kiln.multinomial(kiln.ones(5, device="cuda"), 5, generator=g).device == kiln.device("cuda:0")
     u = kiln.tensor([1, 2, 65535], dtype=kiln.uint16).cuda()
     assert (u + u).cpu().tolist() == [2, 4, 65534]
+
+
+def test_var_mean_std_mean_and_linalg_vector_norm():
+    x, xn = randn(4, 5)
+    v, m = kiln.var_mean(x, 1)
+    assert rel_error(v.numpy(), np.var(xn, 1, ddof=1)) < 1e-12 and rel_error(m.numpy(), xn.mean(1)) < 1e-12
+    s, m = x.std_mean(0, correction=0, keepdim=True)
+    assert s.shape == (1, 5) and rel_error(s.numpy(), np.std(xn, 0, keepdims=True)) < 1e-12
+    assert rel_error(kiln.linalg.vector_norm(x, 3, dim=(0, 1)).numpy(), np.sum(np.abs(xn) ** 3) ** (1 / 3)) < 1e-12
+    assert rel_error(kiln.linalg.vector_norm(x, math.inf, dim=1).numpy(), np.abs(xn).max(1)) < 1e-12

@@ -164,7 +164,8 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, c
   KILN_CHECK(num_samples > 0, kOp, "cannot sample n_sample <= 0 samples");
   const int64_t rows = probs.dim() == 2 ? probs.size(0) : 1, n = probs.size(-1);
   KILN_CHECK(n > 0, kOp, "number of categories cannot be zero");
-  KILN_CHECK(replacement || num_samples <= n, kOp, "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  KILN_CHECK(replacement || num_samples <= n, kOp,
+             "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
   Tensor u = make_tensor({rows, num_samples}, kFloat64, probs.device());
   fill_random(u, philox::Distribution::Uniform, 0, 0, generator, kOp);
   u = u.to(kCPU).contiguous();

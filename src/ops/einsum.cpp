@@ -33,12 +33,14 @@ std::vector<int> parse_term(const std::string& s, int64_t ellipsis_dims, bool* h
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     if (c == '.') {
-      KILN_CHECK(s.compare(i, 3, "...") == 0 && !*has_ellipsis, kOp, "found '.' that is not part of a single ellipsis in \"", s, "\"");
+      KILN_CHECK(s.compare(i, 3, "...") == 0 && !*has_ellipsis, kOp,
+                 "found '.' that is not part of a single ellipsis in \"", s, "\"");
       *has_ellipsis = true;
       for (int64_t j = ellipsis_dims - 1; j >= 0; --j) out.push_back(kEllipsisBase + static_cast<int>(j));
       i += 2;
     } else {
-      KILN_CHECK((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'), kOp, "subscripts must be letters in [a-zA-Z], got '", c, "'");
+      KILN_CHECK((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'), kOp,
+                 "subscripts must be letters in [a-zA-Z], got '", c, "'");
       out.push_back(c);
       ++*letters;
     }
@@ -181,8 +183,11 @@ Tensor einsum(const std::string& equation_in, const std::vector<Tensor>& operand
     int64_t letters = 0;
     output = parse_term(equation.substr(arrow + 2), max_ellipsis, &has_ellipsis, &letters);
     for (size_t i = 0; i < output.size(); ++i) {
-      KILN_CHECK(count.count(output[i]), kOp, "output subscript '", label_name(output[i]), "' does not appear in the equation for any input operand");
-      KILN_CHECK(position(output, output[i]) == static_cast<int64_t>(i), kOp, "output subscript '", label_name(output[i]), "' appears more than once in the output");
+      const std::string name = label_name(output[i]);
+      KILN_CHECK(count.count(output[i]), kOp, "output subscript '", name,
+                 "' does not appear in the equation for any input operand");
+      KILN_CHECK(position(output, output[i]) == static_cast<int64_t>(i), kOp, "output subscript '", name,
+                 "' appears more than once in the output");
     }
   } else {
     for (int64_t j = max_ellipsis - 1; j >= 0; --j) output.push_back(kEllipsisBase + static_cast<int>(j));

@@ -104,7 +104,9 @@ Tensor isfinite(const Tensor& x) {
 Tensor logical_and(const Tensor& a, const Tensor& b) { return where(truth(a), truth(b), bool_scalar(false, a.device())); }
 Tensor logical_or(const Tensor& a, const Tensor& b) { return where(truth(a), bool_scalar(true, a.device()), truth(b)); }
 Tensor logical_xor(const Tensor& a, const Tensor& b) { return ne(truth(a), truth(b)); }
-Tensor logical_not(const Tensor& x) { return where(truth(x), bool_scalar(false, x.device()), bool_scalar(true, x.device())); }
+Tensor logical_not(const Tensor& x) {
+  return where(truth(x), bool_scalar(false, x.device()), bool_scalar(true, x.device()));
+}
 
 Tensor all(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return eq(sum(logical_not(x).to(kInt32), dims, keepdim), 0.0);

@@ -301,7 +301,8 @@ Tensor ref_bmm(const Tensor& a, const Tensor& b) {
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) {
         double s = 0;
-        for (int64_t k = 0; k < K; ++k) s += av[static_cast<size_t>((z * M + i) * K + k)] * bv[static_cast<size_t>((z * K + k) * N + j)];
+        for (int64_t k = 0; k < K; ++k)
+          s += av[static_cast<size_t>((z * M + i) * K + k)] * bv[static_cast<size_t>((z * K + k) * N + j)];
         out[static_cast<size_t>((z * M + i) * N + j)] = s;
       }
   return tensor(out, kFloat64).reshape({B, M, N});
@@ -524,7 +525,8 @@ void check_unsigned_wraps(Device device) {
   for (DType dt : {kUInt8, kUInt16, kUInt32}) {
     SCOPED_TRACE(dtype_name(dt));
     const double m = std::ldexp(1.0, static_cast<int>(element_size(dt)) * 8);
-    const Tensor a = tensor({5, 1, 7}, TensorOptions(dt).device(device)), b = tensor({2, 3, 7}, TensorOptions(dt).device(device));
+    const TensorOptions o = TensorOptions(dt).device(device);
+    const Tensor a = tensor({5, 1, 7}, o), b = tensor({2, 3, 7}, o);
     EXPECT_EQ((a - b).to_vector(), (std::vector<double>{3, m - 2, 0}));
     EXPECT_EQ((a - 2.0).to_vector(), (std::vector<double>{3, m - 1, 5}));
     EXPECT_EQ((a * -1.0).to_vector(), (std::vector<double>{m - 5, m - 1, m - 7}));
