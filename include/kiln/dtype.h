@@ -7,7 +7,9 @@
 
 namespace kiln {
 
-enum class DType : uint8_t { Float32, Float64, BFloat16, Float16, Int64, Int32, Int8, UInt8, Bool };
+// UInt16 and UInt32 come last so the older codes (saved by value in files and DLPack tables) keep
+// their numbers.
+enum class DType : uint8_t { Float32, Float64, BFloat16, Float16, Int64, Int32, Int8, UInt8, Bool, UInt16, UInt32 };
 
 inline constexpr DType kFloat32 = DType::Float32;
 inline constexpr DType kFloat64 = DType::Float64;
@@ -18,6 +20,8 @@ inline constexpr DType kInt32 = DType::Int32;
 inline constexpr DType kInt8 = DType::Int8;
 inline constexpr DType kUInt8 = DType::UInt8;
 inline constexpr DType kBool = DType::Bool;
+inline constexpr DType kUInt16 = DType::UInt16;
+inline constexpr DType kUInt32 = DType::UInt32;
 
 size_t element_size(DType dtype);
 const char* dtype_name(DType dtype);  // PyTorch's spelling: "float32", "bfloat16", ...
@@ -67,5 +71,7 @@ template <> struct dtype_of<int32_t> { static constexpr DType value = kInt32; };
 template <> struct dtype_of<int8_t> { static constexpr DType value = kInt8; };
 template <> struct dtype_of<uint8_t> { static constexpr DType value = kUInt8; };
 template <> struct dtype_of<bool> { static constexpr DType value = kBool; };
+template <> struct dtype_of<uint16_t> { static constexpr DType value = kUInt16; };
+template <> struct dtype_of<uint32_t> { static constexpr DType value = kUInt32; };
 
 }  // namespace kiln

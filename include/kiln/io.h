@@ -21,7 +21,7 @@ enum class Format { Safetensors, TorchZip };
 const char* format_name(Format format);  // "safetensors", "torch-zip"
 
 // Every element type of the safetensors format, in the reference implementation's order.
-// Tensors of the ones kiln computes with load as kiln tensors; the others (I16, U16, U32, U64,
+// Tensors of the ones kiln computes with load as kiln tensors; the others (I16, U64,
 // F8_*, F4, F6_*, C64) load as raw bytes tagged with their file dtype and logical shape, and save
 // back as that dtype and shape, byte for byte.
 enum class FileDType : uint8_t {

@@ -15,5 +15,6 @@
 #include "kiln/optim.h"
 #include "kiln/parallel.h"
 #include "kiln/scalar.h"
+#include "kiln/random.h"
 #include "kiln/tensor.h"
 #include "kiln/tuning.h"

@@ -23,7 +23,9 @@ int32 = int = dtype(5)
 int8 = dtype(6)
 uint8 = dtype(7)
 bool = dtype(8)
-_DTYPES = (float32, float64, bfloat16, float16, int64, int32, int8, uint8, bool)
+uint16 = dtype(9)
+uint32 = dtype(10)
+_DTYPES = (float32, float64, bfloat16, float16, int64, int32, int8, uint8, bool, uint16, uint32)
 _C._register_types(list(_DTYPES), device)
 
 from ._C import (  # noqa: E402
@@ -35,6 +37,7 @@ from ._C import (  # noqa: E402
     stack, sub, sum, tanh, use_deterministic_algorithms, where, zeros, zeros_like,
 )
 from ._C import get_num_threads, set_num_threads  # noqa: E402
+from ._tensor_ops import *  # noqa: E402,F401,F403  (min/var/topk/einsum/Generator/... and Tensor methods)
 from ._dlpack import from_dlpack, from_numpy  # noqa: E402
 from . import _capture  # noqa: E402,F401  (torch / NumPy tensors captured by traced mods)
 from ._grad_mode import enable_grad, inference_mode, no_grad, set_grad_enabled  # noqa: E402
@@ -44,6 +47,7 @@ from . import autograd, cpu, cuda, nn  # noqa: E402
 from . import optim  # noqa: E402
 
 true_divide = div  # torch.true_divide: div is true division
+from . import linalg  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ __all__ = ["load", "save", "RawTensor"]
 
 
 class RawTensor:
-    """A tensor of a dtype kiln has no tensor type for (I16, U16, U32, U64, F8_*, F4, F6_*, C64):
+    """A tensor of a dtype kiln has no tensor type for (I16, U64, F8_*, F4, F6_*, C64):
     its bytes as a 1-D kiln.uint8 tensor, its safetensors dtype name and its logical shape.
     kiln.load(..., raw=True) returns these; kiln.save writes them back as that dtype, byte for byte."""
 
@@ -40,7 +40,7 @@ def load(f, map_location=None, *, weights_only=None, mmap=False, names=None, ret
     weights_only (True, the default in PyTorch 2.6+, or False, accepted for scripts that pass it)
     changes nothing. map_location: a device ("cuda:0"); mmap=True maps a CPU load from a path
     lazily (copy-on-write; a file truncated while mapped raises SIGBUS on access). A tensor of a
-    dtype kiln has no type for (int16, uint16, uint32, uint64, float8, ...) raises a KilnError
+    dtype kiln has no type for (int16, uint64, float8, ...) raises a KilnError
     naming it, unless raw=True: then it comes back as a kiln.RawTensor. return_metadata=True gives
     (tensors, metadata dict, format name)."""
     del weights_only  # always the safe loader (see above)

@@ -7,7 +7,8 @@ from ._dlpack import from_dlpack
 __all__ = ["tensor"]
 
 _NUMPY_TO_KILN = {"float32": "float32", "float64": "float64", "float16": "float16", "int64": "int64",
-                  "int32": "int32", "int8": "int8", "uint8": "uint8", "bool": "bool"}
+                  "int32": "int32", "int8": "int8", "uint8": "uint8", "bool": "bool",
+                 "uint16": "uint16", "uint32": "uint32"}
 
 
 def _ml_dtypes():

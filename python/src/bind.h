@@ -57,6 +57,10 @@ void bind_parallel(nb::module_& m);
 void bind_errors(nb::module_& m);  // registered last
 // A C++ message with Python's spellings (kiln::NoGradGuard -> `with kiln.no_grad():`, true -> True).
 std::string python_wording(std::string message);
+void bind_tensor_ops(nb::module_& m);
+// t[mask] / t[mask] = v for a single bool tensor index (tensor_ops.cpp); nullopt / false otherwise.
+std::optional<nb::object> getitem_by_mask(const Tensor& t, nb::handle idx);
+bool setitem_by_mask(const Tensor& t, nb::handle idx, nb::handle value);
 
 }  // namespace kiln::py
 

@@ -47,7 +47,7 @@ DLDataType to_dl(DType d) {
     case kFloat32: case kFloat64: case kFloat16: return {kDLFloat, bits, 1};
     case kBFloat16: return {kDLBfloat, 16, 1};
     case kInt64: case kInt32: case kInt8: return {kDLInt, bits, 1};
-    case kUInt8: return {kDLUInt, 8, 1};
+    case kUInt8: case kUInt16: case kUInt32: return {kDLUInt, bits, 1};
     case kBool: return {kDLBool, 8, 1};
   }
   KILN_FAIL(kOp, "unknown dtype");
@@ -63,9 +63,11 @@ DType from_dl(DLDataType t) {
   if (t.code == kDLInt && t.bits == 32) return kInt32;
   if (t.code == kDLInt && t.bits == 8) return kInt8;
   if (t.code == kDLUInt && t.bits == 8) return kUInt8;
+  if (t.code == kDLUInt && t.bits == 16) return kUInt16;
+  if (t.code == kDLUInt && t.bits == 32) return kUInt32;
   if (t.code == kDLBool && t.bits == 8) return kBool;
   KILN_FAIL(kOp, "unsupported DLPack dtype (code ", int(t.code), ", bits ", int(t.bits),
-            "); kiln has float32/64, float16, bfloat16, int64/32/8, uint8 and bool");
+            "); kiln has float32/64, float16, bfloat16, int64/32/8, uint32/16/8 and bool");
 }
 
 template <typename Managed>
@@ -225,6 +227,8 @@ nb::object numpy_view(const Tensor& t) {
     case kInt8: dt = nb::dtype<int8_t>(); break;
     case kUInt8: dt = nb::dtype<uint8_t>(); break;
     case kBool: dt = nb::dtype<bool>(); break;
+    case kUInt16: dt = nb::dtype<uint16_t>(); break;
+    case kUInt32: dt = nb::dtype<uint32_t>(); break;
   }
   std::vector<size_t> shape(t.sizes().begin(), t.sizes().end());
   auto* keep = new Tensor(t);

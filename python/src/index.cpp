@@ -74,7 +74,7 @@ Tensor basic_index(const Tensor& t, const std::vector<nb::handle>& items) {
       seen_tensor = true;
       Tensor index = nb::cast<Tensor>(h);
       KILN_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, kOp,
-                 "tensor indices must be int64 or int32 (boolean masks are not supported), got ", index.dtype());
+                 "tensor indices must be int64 or int32 (a bool mask is supported as the whole index, t[mask]), got ", index.dtype());
       KILN_CHECK(index.dim() <= 1, kOp, "tensor indices must be 0-d or 1-d, got shape ", shape_str(index.sizes()));
       if (index.dim() == 0) {
         out = out.select(dim, index.item<int64_t>());
@@ -101,11 +101,13 @@ Tensor basic_index(const Tensor& t, const std::vector<nb::handle>& items) {
 
 void bind_indexing(nb::class_<Tensor>& cls) {
   cls.def("__getitem__", [](const Tensor& t, nb::handle idx) -> nb::object {
+    if (auto r = getitem_by_mask(t, idx)) return *r;
     auto items = index_items(idx);
     if (is_expr_index(items)) return capture_index(t, items);
     return nb::cast(basic_index(t, items));
   }, nb::arg("index").none());
   cls.def("__setitem__", [](const Tensor& t, nb::handle idx, nb::handle value) {
+    if (setitem_by_mask(t, idx, value)) return;
     auto items = index_items(idx);
     for (nb::handle h : items)
       KILN_CHECK(!nb::isinstance<Tensor>(h), "setitem", "assignment through a tensor index is not supported");

@@ -7,7 +7,7 @@
 namespace kiln::py {
 namespace {
 
-constexpr int kNumDTypes = 9;
+constexpr int kNumDTypes = 11;
 PyObject* g_dtypes[kNumDTypes] = {};  // borrowed forever (registered once at import)
 PyObject* g_device_cls = nullptr;
 
@@ -19,7 +19,7 @@ constexpr NamedDType kNames[] = {
     {"float32", kFloat32}, {"float", kFloat32},  {"float64", kFloat64}, {"double", kFloat64},
     {"bfloat16", kBFloat16}, {"float16", kFloat16}, {"half", kFloat16},  {"int64", kInt64},
     {"long", kInt64},      {"int32", kInt32},    {"int", kInt32},       {"int8", kInt8},
-    {"uint8", kUInt8},     {"bool", kBool},
+    {"uint8", kUInt8},     {"bool", kBool},       {"uint16", kUInt16},   {"uint32", kUInt32},
 };
 
 std::optional<DType> dtype_from_name(const char* s) {
@@ -142,7 +142,7 @@ NB_MODULE(_C, m) {
   m.def(
       "_register_types",
       [](nb::list dtypes, nb::handle device_cls) {
-        for (size_t i = 0; i < dtypes.size() && i < 9; ++i) {
+        for (size_t i = 0; i < dtypes.size() && i < kNumDTypes; ++i) {
           PyObject* o = dtypes[i].ptr();
           Py_INCREF(o);  // kept for the process (the module's globals hold them too)
           g_dtypes[i] = o;
@@ -169,5 +169,6 @@ NB_MODULE(_C, m) {
   bind_nn_modules(m);
   bind_optim(m);
   bind_parallel(m);
+  bind_tensor_ops(m);
   bind_errors(m);
 }

@@ -153,9 +153,9 @@ def test_storage_of_2_to_the_62_elements(tmp_path):
 
 # ---- dtypes kiln has no tensor type for ----
 
-@pytest.mark.parametrize("dtype,fmt", [("I16", "<h"), ("U16", "<H"), ("U32", "<I"), ("U64", "<Q")])
+@pytest.mark.parametrize("dtype,fmt", [("I16", "<h"), ("U64", "<Q")])
 def test_integer_dtypes_raise_or_round_trip_raw(tmp_path, dtype, fmt):
-    values = {"I16": [-3, 2, 30000], "U16": [1, 40000, 3], "U32": [1, 4000000000, 3], "U64": [1, 2**63, 3]}[dtype]
+    values = {"I16": [-3, 2, 30000], "U64": [1, 2**63, 3]}[dtype]
     data = b"".join(struct.pack(fmt, v) for v in values)
     src = tmp_path / "in.safetensors"
     safetensors_file(src, {"x": {"dtype": dtype, "shape": [3], "data_offsets": [0, len(data)]}}, data)

@@ -33,6 +33,8 @@ decltype(auto) dispatch_integral(DType dtype, const char* op, F&& f) {
     case kInt8: return f(TypeTag<int8_t>{});
     case kUInt8: return f(TypeTag<uint8_t>{});
     case kBool: return f(TypeTag<bool>{});
+    case kUInt16: return f(TypeTag<uint16_t>{});
+    case kUInt32: return f(TypeTag<uint32_t>{});
     default: KILN_FAIL(op, "expected an integer or bool tensor, got ", dtype_name(dtype));
   }
 }

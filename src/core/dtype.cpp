@@ -7,8 +7,8 @@ namespace kiln {
 size_t element_size(DType dtype) {
   switch (dtype) {
     case kFloat64: case kInt64: return 8;
-    case kFloat32: case kInt32: return 4;
-    case kBFloat16: case kFloat16: return 2;
+    case kFloat32: case kInt32: case kUInt32: return 4;
+    case kBFloat16: case kFloat16: case kUInt16: return 2;
     case kInt8: case kUInt8: case kBool: return 1;
   }
   KILN_FAIL("dtype", "unknown dtype ", static_cast<int>(dtype));
@@ -25,12 +25,27 @@ const char* dtype_name(DType dtype) {
     case kInt8: return "int8";
     case kUInt8: return "uint8";
     case kBool: return "bool";
+    case kUInt16: return "uint16";
+    case kUInt32: return "uint32";
   }
   return "unknown";
 }
 
 bool is_floating_point(DType d) { return d == kFloat32 || d == kFloat64 || d == kBFloat16 || d == kFloat16; }
 bool is_low_precision(DType d) { return d == kBFloat16 || d == kFloat16; }
+
+namespace {
+// uint16 / uint32 with another integer type (PyTorch refuses these pairs): the smallest type that
+// holds both ranges, as NumPy does (uint16 + int8 -> int32, uint32 + int32 -> int64).
+DType promote_wide_unsigned(DType a, DType b) {
+  auto bits = [](DType d) { return static_cast<int>(element_size(d)) * 8; };
+  auto is_unsigned = [](DType d) { return d == kUInt8 || d == kUInt16 || d == kUInt32; };
+  if (is_unsigned(a) && is_unsigned(b)) return bits(a) >= bits(b) ? a : b;
+  const DType u = is_unsigned(a) ? a : b, s = is_unsigned(a) ? b : a;
+  if (bits(s) > bits(u)) return s;
+  return bits(u) >= 32 ? kInt64 : kInt32;
+}
+}  // namespace
 
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
@@ -42,6 +57,7 @@ DType promote_types(DType a, DType b) {
   }
   if (a == kBool) return b;
   if (b == kBool) return a;
+  if (a == kUInt16 || a == kUInt32 || b == kUInt16 || b == kUInt32) return promote_wide_unsigned(a, b);
   auto rank = [](DType d) { return d == kUInt8 ? 0 : d == kInt8 ? 1 : d == kInt32 ? 2 : 3; };
   if ((a == kUInt8 && b == kInt8) || (a == kInt8 && b == kUInt8)) return kInt32;  // torch: int16
   return rank(a) > rank(b) ? a : b;

@@ -58,6 +58,8 @@ std::optional<DType> to_kiln_dtype(FileDType dtype) {
   switch (dtype) {
     case FileDType::BOOL: return kBool;
     case FileDType::U8: return kUInt8;
+    case FileDType::U16: return kUInt16;
+    case FileDType::U32: return kUInt32;
     case FileDType::I8: return kInt8;
     case FileDType::I32: return kInt32;
     case FileDType::I64: return kInt64;
@@ -73,6 +75,8 @@ FileDType to_file_dtype(DType dtype) {
   switch (dtype) {
     case kBool: return FileDType::BOOL;
     case kUInt8: return FileDType::U8;
+    case kUInt16: return FileDType::U16;
+    case kUInt32: return FileDType::U32;
     case kInt8: return FileDType::I8;
     case kInt32: return FileDType::I32;
     case kInt64: return FileDType::I64;

@@ -234,6 +234,18 @@ A scalar_as(double v) {
   }
 }
 
+// alpha, and the scalar operand of add / mul, in an integer type: wraps modulo 2^bits as C++ and
+// PyTorch do (uint8 x - 1 is x + 255, not x - 0); bounds such as clamp's saturate (scalar_as).
+template <typename A>
+A wrapping_as(double v) {
+  if constexpr (std::is_floating_point_v<A>) {
+    return static_cast<A>(v);
+  } else {
+    if (!(v > -9.2e18 && v < 9.2e18)) return scalar_as<A>(v);
+    return static_cast<A>(static_cast<int64_t>(v));
+  }
+}
+
 // A double scalar rounded to the tensor's dtype T (host type), then widened to its compute type.
 template <typename T>
 acc_t<T> scalar_of(double v) {
@@ -241,6 +253,16 @@ acc_t<T> scalar_of(double v) {
     return static_cast<float>(T(static_cast<float>(v)));
   } else {
     return scalar_as<acc_t<T>>(v);
+  }
+}
+
+// The scalar operand of op in T's compute type (wrapping for integer add / mul).
+template <BinaryOp kOp, typename T>
+acc_t<T> operand_of(double v) {
+  if constexpr (std::is_integral_v<acc_t<T>> && (kOp == BinaryOp::Add || kOp == BinaryOp::Mul)) {
+    return wrapping_as<acc_t<T>>(v);
+  } else {
+    return scalar_of<T>(v);
   }
 }
 

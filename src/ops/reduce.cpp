@@ -1,4 +1,4 @@
-// Reductions (sum, mean, amax, amin, logsumexp, max, argmax, sum_to_size): validation, output
+// Reductions (sum, mean, amax, amin, logsumexp, max/min, argmax/argmin, sum_to_size): validation, output
 // shapes, the [outer, r, inner] geometry handed to the kernels, and the backward formulas.
 #include <algorithm>
 #include <cmath>
@@ -253,22 +253,26 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim
   return out;
 }
 
-std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
-  const int64_t d = x.dim() == 0 ? wrap_dim(dim, 1, "max") : wrap_dim(dim, x.dim(), "max");
+namespace {
+
+// max/min over one dim: (values, int64 indices of the first extreme); the gradient goes to that index.
+std::pair<Tensor, Tensor> extreme_with_index(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
+  const char* op = is_max ? "max" : "min";
+  const int64_t d = x.dim() == 0 ? wrap_dim(dim, 1, op) : wrap_dim(dim, x.dim(), op);
   const std::vector<int64_t> dims = x.dim() == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{d};
-  const Plan p = make_plan(x, dims, keepdim, "max");
-  KILN_CHECK(p.r > 0 || shape_numel(p.kept) == 0, "max", "cannot reduce over a zero-size dimension (input ",
+  const Plan p = make_plan(x, dims, keepdim, op);
+  KILN_CHECK(p.r > 0 || shape_numel(p.kept) == 0, op, "cannot reduce over a zero-size dimension (input ",
              shape_str(x.sizes()), ")");
   Tensor values = empty(p.kept, x.options());
   Tensor indices = empty(p.kept, x.options().dtype(kInt64));
-  run_reduce(ReduceKind::ArgMax, x, p, values, indices, "max");
+  run_reduce(is_max ? ReduceKind::ArgMax : ReduceKind::ArgMin, x, p, values, indices, op);
   const Shape os = contiguous_strides(p.out_shape);
   values = make_view(values, p.out_shape, os, 0);
   indices = make_view(indices, p.out_shape, os, 0);
   if (is_floating_point(x.dtype()) && autograd::needs_grad({x})) {
     const Shape in = x.sizes();
-    autograd::record("max", {values, indices}, {x},
-                     [in, p, d, si = SavedTensor(indices, true)](const std::vector<Tensor>& g) {
+    autograd::record(op, {values, indices}, {x},
+                     [in, p, d, op, si = SavedTensor(indices, true)](const std::vector<Tensor>& g) {
                        NoGradGuard ng;
                        Tensor gx = empty(in, g[0].options());
                        Shape iota_shape(in.size(), 1);
@@ -277,9 +281,9 @@ std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
                            arange(static_cast<double>(in.empty() ? 1 : in[d]), g[0].options().dtype(kInt64))
                                .reshape(iota_shape)
                                .expand(in);
-                       const Tensor ie = expand_kept(si.unpack("max"), p, in), ge = expand_kept(g[0], p, in);
+                       const Tensor ie = expand_kept(si.unpack(op), p, in), ge = expand_kept(g[0], p, in);
                        if (gx.is_cuda()) {
-                         KILN_CUDA_ONLY("max", cuda::argmax_grad(gx, ie, iota, ge));
+                         KILN_CUDA_ONLY(op, cuda::argmax_grad(gx, ie, iota, ge));
                        } else {
                          cpu::argmax_grad(gx, ie, iota, ge);
                        }
@@ -289,22 +293,38 @@ std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
   return {values, indices};
 }
 
-Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  KILN_CHECK(x.numel() > 0 || dim.has_value(), "argmax", "cannot take the argmax of an empty tensor");
+Tensor arg_extreme(const Tensor& x, std::optional<int64_t> dim, bool keepdim, bool is_max) {
+  const char* op = is_max ? "argmax" : "argmin";
+  KILN_CHECK(x.numel() > 0 || dim.has_value(), op, "cannot take the ", op, " of an empty tensor");
   if (!dim.has_value()) {
     Tensor flat = x.reshape({-1});
-    Tensor idx = argmax(flat, 0, false);
+    Tensor idx = arg_extreme(flat, 0, false, is_max);
     if (keepdim) idx = idx.reshape(Shape(static_cast<size_t>(x.dim()), 1));
     return idx;
   }
-  const int64_t d = wrap_dim(*dim, std::max<int64_t>(x.dim(), 1), "argmax");
-  const Plan p = make_plan(x, x.dim() == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{d}, keepdim, "argmax");
-  KILN_CHECK(p.r > 0 || shape_numel(p.kept) == 0, "argmax", "cannot take the argmax over a zero-size dimension (input ",
+  const int64_t d = wrap_dim(*dim, std::max<int64_t>(x.dim(), 1), op);
+  const Plan p = make_plan(x, x.dim() == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{d}, keepdim, op);
+  KILN_CHECK(p.r > 0 || shape_numel(p.kept) == 0, op, "cannot take the ", op, " over a zero-size dimension (input ",
              shape_str(x.sizes()), ")");
   Tensor indices = empty(p.kept, x.options().dtype(kInt64));
-  run_reduce(ReduceKind::ArgMax, x, p, Tensor(), indices, "argmax");
+  run_reduce(is_max ? ReduceKind::ArgMax : ReduceKind::ArgMin, x, p, Tensor(), indices, op);
   return make_view(indices, p.out_shape, contiguous_strides(p.out_shape), 0);
 }
+
+}  // namespace
+
+std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme_with_index(x, dim, keepdim, true);
+}
+std::pair<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
+  return extreme_with_index(x, dim, keepdim, false);
+}
+Tensor min(const Tensor& x) {
+  KILN_CHECK(x.numel() > 0, "min", "cannot take the min of an empty tensor");
+  return extreme(x, {}, false, false);
+}
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) { return arg_extreme(x, dim, keepdim, true); }
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) { return arg_extreme(x, dim, keepdim, false); }
 
 Tensor sum_to_size(const Tensor& x, const Shape& shape) {
   if (x.sizes() == shape) return x;

@@ -7,7 +7,7 @@
 
 namespace kiln {
 
-enum class ReduceKind { Sum, Mean, Max, Min, ArgMax, LogSumExp };
+enum class ReduceKind { Sum, Mean, Max, Min, ArgMax, ArgMin, LogSumExp };
 
 struct ReduceGeom {
   int64_t outer = 1, r = 1, inner = 1;

@@ -28,11 +28,13 @@ Tensor random_of(DType d, const Shape& shape) {
   if (d == kBool) return randint(0, 2, shape, kInt64).to(kBool);
   if (d == kUInt8) return randint(0, 256, shape, kInt64).to(kUInt8);
   if (d == kInt8) return randint(-128, 128, shape, kInt64).to(kInt8);
+  if (d == kUInt16) return randint(0, 65536, shape, kInt64).to(kUInt16);
+  if (d == kUInt32) return randint(0, int64_t{1} << 32, shape, kInt64).to(kUInt32);
   if (d == kInt32 || d == kInt64) return randint(-100000, 100000, shape, kInt64).to(d);
   return randn(shape, d);
 }
 
-const DType kAllDTypes[] = {kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32, kInt8, kUInt8, kBool};
+const DType kAllDTypes[] = {kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32, kInt8, kUInt8, kBool, kUInt16, kUInt32};
 
 TensorDict every_dtype_dict() {
   TensorDict d;
@@ -83,7 +85,7 @@ TEST(IoSafetensors, RoundTripEveryDtypeScalarsZeroSizeAndMetadata) {
 TEST(IoSafetensors, RawDtypesKeepTheirTagAndBytes) {
   TensorDict d;
   d.insert_raw("f8", randint(0, 256, {6}, kInt64).to(kUInt8), FileDType::F8_E4M3, {2, 3});
-  d.insert_raw("u16", randint(0, 256, {8}, kInt64).to(kUInt8), FileDType::U16, {4});
+  d.insert_raw("u64", randint(0, 256, {16}, kInt64).to(kUInt8), FileDType::U64, {2});
   d.insert_raw("c64", randint(0, 256, {16}, kInt64).to(kUInt8), FileDType::C64, {2});
   d.insert_raw("f4", randint(0, 256, {3}, kInt64).to(kUInt8), FileDType::F4, {6});
   d.insert_raw("f6", randint(0, 256, {3}, kInt64).to(kUInt8), FileDType::F6_E3M2, {4});
@@ -170,7 +172,7 @@ TEST(IoTorch, RoundTripEveryDtypeViewsAndRequiresGrad) {
   d.insert("v_cols", base.slice(1, 1, 4));
   d.insert("v_step", base.slice(0, 0, 4, 2).slice(1, 0, 6, 3));
   d.insert("param", randn({3}).requires_grad_(true));
-  d.insert_raw("u16", randint(0, 256, {6}, kInt64).to(kUInt8), FileDType::U16, {3});
+  d.insert_raw("u64", randint(0, 256, {8}, kInt64).to(kUInt8), FileDType::U64, {1});
   d.insert_raw("f8", randint(0, 256, {4}, kInt64).to(kUInt8), FileDType::F8_E5M2, {2, 2});
   d.insert_raw("i16", randint(0, 256, {4}, kInt64).to(kUInt8), FileDType::I16, {2});
   const std::string path = temp_path("all.pt");

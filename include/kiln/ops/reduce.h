@@ -22,6 +22,10 @@ Tensor max(const Tensor& x);
 std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
 // int64 index of the first maximum; over the flattened tensor when dim is empty.
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+// The same for the minimum (NaN counts as the minimum, as in PyTorch).
+Tensor min(const Tensor& x);
+std::pair<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
 // Sums broadcast dims away so the result has `shape` (the backward of broadcasting).
 Tensor sum_to_size(const Tensor& x, const Shape& shape);
 

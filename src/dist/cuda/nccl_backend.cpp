@@ -39,6 +39,8 @@ ncclDataType_t nccl_type(DType dt) {
     case kInt32: return ncclInt32;
     case kInt64: return ncclInt64;
     case kInt8: return ncclInt8;
+    case kUInt32: return ncclUint32;
+    case kUInt16: return ncclFloat16;  // moved as 16-bit words (never reduced: reduce_problem refuses it)
     default: return ncclUint8;  // uint8, bool: moved as bytes
   }
 }

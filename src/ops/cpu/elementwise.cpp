@@ -73,7 +73,7 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, co
       if constexpr (std::is_same_v<T, bool> || (!is_float_compute<T> && !ew::integer_ok(kOp))) {
         KILN_FAIL("elementwise", "op not supported for ", dtype_name(out.dtype()));
       } else {
-        elementwise_loop<T, T, T>(out, {&a, &b}, ew::Binary<kOp, A>{scalar_as<A>(p.alpha), scalar_as<A>(p.lo),
+        elementwise_loop<T, T, T>(out, {&a, &b}, ew::Binary<kOp, A>{ew::wrapping_as<A>(p.alpha), scalar_as<A>(p.lo),
                                                                       scalar_as<A>(p.hi)});
       }
     });
@@ -93,8 +93,8 @@ void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double b, co
         KILN_FAIL("elementwise", "op not supported for ", dtype_name(out.dtype()));
       } else {
         using F = ew::Binary<kOp, A>;
-        const F f{scalar_as<A>(p.alpha), scalar_as<A>(p.lo), scalar_as<A>(p.hi)};
-        elementwise_loop<T, T>(out, {&a}, ew::BindRight<F, A>{f, scalar_of<T>(b)});
+        const F f{ew::wrapping_as<A>(p.alpha), scalar_as<A>(p.lo), scalar_as<A>(p.hi)};
+        elementwise_loop<T, T>(out, {&a}, ew::BindRight<F, A>{f, ew::operand_of<kOp, T>(b)});
       }
     });
   });

@@ -88,21 +88,22 @@ struct ExtremeOp {
   }
 };
 
-template <typename T>
+template <typename T, bool kMax = true>
 struct ArgMaxOp {
   using A = acc_t<T>;
+  static constexpr bool kIsArg = true;
   struct Acc {
     A v;
     int64_t i;  // -1: nothing seen yet
   };
-  static Acc init() { return {lowest<A>(), -1}; }
+  static Acc init() { return {kMax ? lowest<A>() : highest<A>(), -1}; }
   static void add(Acc& a, T v, int64_t idx) {
     const A x = cast_value<A>(v);
-    if (a.i < 0 || beats<true>(x, a.v)) a = {x, idx};
+    if (a.i < 0 || beats<kMax>(x, a.v)) a = {x, idx};
   }
-  // b always covers later indices than a, so ties keep a (the first maximum).
+  // b always covers later indices than a, so ties keep a (the first extreme).
   static void merge(Acc& a, const Acc& b) {
-    if (b.i >= 0 && (a.i < 0 || beats<true>(b.v, a.v))) a = b;
+    if (b.i >= 0 && (a.i < 0 || beats<kMax>(b.v, a.v))) a = b;
   }
   static Acc run(const T* p, int64_t n) {
     Acc a = init();
@@ -159,7 +160,7 @@ typename Op::Acc reduce_row_chunk(const T* x, const ReduceGeom& g, int64_t o, in
   const T* p = x + o * g.so + r0 * g.sr;
   if (g.sr == 1) {
     auto a = Op::run(p, r1 - r0);
-    if constexpr (std::is_same_v<Op, ArgMaxOp<T>>) a.i += r0;
+    if constexpr (requires { Op::kIsArg; }) a.i += r0;
     return a;
   }
   auto a = Op::init();
@@ -266,13 +267,19 @@ void reduce_typed(ReduceKind kind, const Tensor& xt, const ReduceGeom& g, const 
       }
       return;
     }
-    case ReduceKind::ArgMax: {
+    case ReduceKind::ArgMax:
+    case ReduceKind::ArgMin: {
       T* y = out.defined() ? out.data_ptr<T>() : nullptr;
       int64_t* idx = indices.data_ptr<int64_t>();
-      reduce_impl<ArgMaxOp<T>>(x, g, [&](int64_t off, typename ArgMaxOp<T>::Acc a) {
+      auto fin = [&](int64_t off, const auto& a) {
         idx[off] = a.i;
         if (y) y[off] = cast_value<T>(a.v);
-      });
+      };
+      if (kind == ReduceKind::ArgMax) {
+        reduce_impl<ArgMaxOp<T, true>>(x, g, fin);
+      } else {
+        reduce_impl<ArgMaxOp<T, false>>(x, g, fin);
+      }
       return;
     }
     case ReduceKind::LogSumExp: {

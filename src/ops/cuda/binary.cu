@@ -20,7 +20,7 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, co
       if constexpr (std::is_same_v<T, bool> || (!std::is_floating_point_v<A> && !ew::integer_ok(kOp))) {
         KILN_FAIL("elementwise", "op not supported for ", dtype_name(out.dtype()));
       } else {
-        const ew::Binary<kOp, A> f{ew::scalar_as<A>(p.alpha), ew::scalar_as<A>(p.lo), ew::scalar_as<A>(p.hi)};
+        const ew::Binary<kOp, A> f{ew::wrapping_as<A>(p.alpha), ew::scalar_as<A>(p.lo), ew::scalar_as<A>(p.hi)};
         launch_elementwise<T, T, T>("elementwise", out, {&a, &b}, f);
       }
     });
@@ -38,8 +38,8 @@ void binary_scalar(BinaryOp op, const Tensor& out, const Tensor& a, double b, co
         KILN_FAIL("elementwise", "op not supported for ", dtype_name(out.dtype()));
       } else {
         using F = ew::Binary<kOp, A>;
-        const F f{ew::scalar_as<A>(p.alpha), ew::scalar_as<A>(p.lo), ew::scalar_as<A>(p.hi)};
-        launch_elementwise<T, T>("elementwise", out, {&a}, ew::BindRight<F, A>{f, ew::scalar_of<T>(b)});
+        const F f{ew::wrapping_as<A>(p.alpha), ew::scalar_as<A>(p.lo), ew::scalar_as<A>(p.hi)};
+        launch_elementwise<T, T>("elementwise", out, {&a}, ew::BindRight<F, A>{f, ew::operand_of<kOp, T>(b)});
       }
     });
   });

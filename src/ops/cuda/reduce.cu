@@ -348,6 +348,11 @@ void reduce(ReduceKind kind, const Tensor& x, const ReduceGeom& g, const Tensor&
         launch<T, A, ArgMaxOp<A>>(x, g, w, "argmax");
         return;
       }
+      case ReduceKind::ArgMin: {
+        const ArgWriter<T, A> w{out.defined() ? ptr<T>(out) : nullptr, ptr<int64_t>(indices)};
+        launch<T, A, ArgMaxOp<A, false>>(x, g, w, "argmin");
+        return;
+      }
       case ReduceKind::LogSumExp:
         if constexpr (kFloat) launch<T, A, LseOp<A>>(x, g, LseWriter<A, A>{ptr<A>(out)}, "logsumexp");
         return;

@@ -89,19 +89,19 @@ struct ArgAcc {
   int64_t i;  // -1: empty
 };
 
-template <typename A>
+template <typename A, bool kMax = true>
 struct ArgMaxOp {
   using Acc = ArgAcc<A>;
-  static __device__ __forceinline__ Acc init() { return {d_lowest<A>(), -1}; }
+  static __device__ __forceinline__ Acc init() { return {kMax ? d_lowest<A>() : d_highest<A>(), -1}; }
   static __device__ __forceinline__ void add(Acc& a, A x, int64_t idx) {
-    if (a.i < 0 || d_beats<true>(x, a.v)) a = {x, idx};
+    if (a.i < 0 || d_beats<kMax>(x, a.v)) a = {x, idx};
   }
   // Order-free: equal values (or two NaNs) keep the smaller index.
   static __device__ __forceinline__ Acc merge(Acc a, Acc b) {
     if (b.i < 0) return a;
     if (a.i < 0) return b;
-    if (d_beats<true>(b.v, a.v)) return b;
-    if (d_beats<true>(a.v, b.v)) return a;
+    if (d_beats<kMax>(b.v, a.v)) return b;
+    if (d_beats<kMax>(a.v, b.v)) return a;
     return b.i < a.i ? b : a;
   }
   static __device__ __forceinline__ Acc shfl(Acc a, int off) { return {shfl_down(a.v, off), shfl_down(a.i, off)}; }
