@@ -152,11 +152,11 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
   lce_k::prepare(t, yp, nullptr, k, tot.data_ptr(), stream);
   const std::vector<std::pair<const char*, std::function<void()>>> phases = {
       {"logits_gemm", [&] { mm(false, true, N, V, H, x.data_ptr(), H, w.data_ptr(), H, t, zp, t, ld, 0.0); }},
-      {"stats", [&] { lce_k::stats(t, zp, N, V, ld, 0, nullptr, nullptr, yp, k, true, state.data_ptr(), N, stream); }},
+      {"stats", [&] { lce_k::stats(t, zp, N, V, ld, 0, nullptr, nullptr, yp, k, true, state.data_ptr(), N, nullptr, stream); }},
       {"finalize", [&] { lce_k::finalize(t, N, 0, state.data_ptr(), N, yp, nullptr, tot.data_ptr(), k,
-                                         lse.data_ptr(), terms.data_ptr(), N, stream); }},
+                                         lse.data_ptr(), terms.data_ptr(), N, nullptr, nullptr, nullptr, stream); }},
       {"grad", [&] { lce_k::grad(t, zp, N, V, ld, 0, 0, nullptr, nullptr, yp, lse.data_ptr(), nullptr, false,
-                                 tot.data_ptr(), k, zp, ld, stream); }},
+                                 nullptr, tot.data_ptr(), k, zp, ld, stream); }},
       {"dx_gemm", [&] { mm(false, false, N, H, V, zp, ld, w.data_ptr(), H, t, dx.data_ptr(), t, H, 0.0); }},
       {"dw_gemm_store", [&] { mm(true, false, V, H, N, zp, ld, x.data_ptr(), H, t, dw.data_ptr(), t, H, 0.0); }},
       {"dw_gemm_acc_bf16", [&] { mm(true, false, V, H, N, zp, ld, x.data_ptr(), H, t, dw.data_ptr(), t, H, 1.0); }},
@@ -180,9 +180,9 @@ void cuda_phases(const Args& a, const Tensor& x, const Tensor& w, const Tensor& 
   const std::vector<std::pair<const char*, std::function<void()>>> mphases = {
       {"logits_gemm", [&] { mm(false, true, Nm, Vc, H, x.data_ptr(), H, w.data_ptr(), H, t, zmp, t, ldm, 0.0); }},
       {"stats", [&] { lce_k::stats(t, zmp, Nm, Vc, ldm, 0, nullptr, nullptr, yp, km, true, mstate.data_ptr(), Nm,
-                                   stream); }},
+                                   nullptr, stream); }},
       {"grad", [&] { lce_k::grad(t, zmp, Nm, Vc, ldm, 0, 0, nullptr, nullptr, yp, mlse.data_ptr(), nullptr, false,
-                                 tot.data_ptr(), km, zmp, ldm, stream); }},
+                                 nullptr, tot.data_ptr(), km, zmp, ldm, stream); }},
       {"dx_gemm_acc_f32", [&] { mm(false, false, Nm, H, Vc, zmp, ldm, w.data_ptr(), H, t, dxa.data_ptr(), kFloat32,
                                    H, 1.0); }},
       {"dw_gemm", [&] { mm(true, false, Vc, H, Nm, zmp, ldm, x.data_ptr(), H, t,
