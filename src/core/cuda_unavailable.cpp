@@ -1,11 +1,12 @@
 // The CUDA API of kiln/cuda.h when kiln is built without CUDA: every call raises.
 #ifndef KILN_WITH_CUDA
+#include "core/device_check.h"
 #include "kiln/cuda.h"
 #include "kiln/error.h"
 
 namespace kiln::cuda {
 namespace {
-[[noreturn]] void unavailable(const char* what) { KILN_FAIL(what, "kiln was built without CUDA"); }
+[[noreturn]] void unavailable(const char* what) { KILN_FAIL(what, detail::cuda_unavailable_reason(0)); }
 }  // namespace
 Stream Stream::create(int) { unavailable("cuda::Stream::create"); }
 void Stream::synchronize() const { unavailable("cuda::Stream::synchronize"); }

@@ -49,7 +49,11 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-void spit(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+// checkpoints/latest is a symbolic link to a folder: replaced by the file, not written through.
+void spit(const std::string& path, const std::string& text) {
+  if (fs::is_symlink(fs::symlink_status(path))) fs::remove(path);
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 template <typename F>
 std::string error_of(F&& f) {
