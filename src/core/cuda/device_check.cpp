@@ -15,6 +15,9 @@ std::string no_device_text(cudaError_t err) {
   const std::string what = cudaGetErrorString(err);
   if (err == cudaErrorInsufficientDriver && nvidia_driver_loaded())
     return "no CUDA device: the NVIDIA driver is older than the CUDA runtime kiln was built with (" + what + ")";
+  if (err == cudaErrorNoDevice && nvidia_driver_loaded())
+    return "no CUDA device: the NVIDIA driver is loaded but shows no GPU to this process (CUDA_VISIBLE_DEVICES "
+           "empty or invalid?) (" + what + ")";
   return "no CUDA device: this machine has no NVIDIA driver / GPU (" + what + ")";
 }
 
