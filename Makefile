@@ -53,7 +53,7 @@ test-fuzz: setup
 test: test-cpp test-python test-fuzz
 
 # The main job: a small GPT trained on the CPU on the Python standard library (kiln train --help).
-TRAIN_TIME_NOTE := from scratch about 6 min on 2 idle cores for the CPU library; ninja counts [done/total]
+TRAIN_TIME_NOTE := from scratch about 3 min on 2 idle cores, longer on a busy machine; ninja counts [done/total]
 # Builds only the `kiln` command (not the tests and benchmarks) before it runs.
 train: configure
 	@echo "make train: building the kiln command, $$(grep -qE '^KILN_CUDA_BUILT:INTERNAL=(ON|1|TRUE)' $(BUILD)/CMakeCache.txt && echo 'CPU + CUDA' || echo 'CPU only') ($(TRAIN_TIME_NOTE))"
