@@ -28,11 +28,14 @@ namespace {
 constexpr size_t kMaxStateBytes = size_t{64} << 20;
 
 // Replaces <root>/latest by a relative symbolic link to `name`: made under a temporary name, renamed
-// over the old one (atomic), the folder synced. A killed save's temporary link is removed here.
+// over the old one (atomic), the folder synced. A killed save's temporary link is removed here, as
+// are the .latest.tmp.* files of saves from when `latest` was a text file (one writer per run).
 void point_latest(const fs::path& root, const std::string& name) {
   const std::string prefix = ".latest.link.";
-  for (const auto& e : fs::directory_iterator(root))
-    if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove(e.path());
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind(prefix, 0) == 0 || f.rfind(".latest.tmp.", 0) == 0) fs::remove(e.path());
+  }
   const fs::path tmp = root / (prefix + name);
   fs::create_directory_symlink(name, tmp);
   fs::rename(tmp, root / "latest");

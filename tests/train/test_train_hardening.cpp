@@ -324,9 +324,11 @@ TEST(TrainHardening, StaleTemporariesOfAKilledSaveAreRemoved) {
   fs::create_directories(dir);
   spit(dir + "/.model.safetensors.tmp.x1Y2z3", std::string(4096, 'x'));
   spit(run.file("checkpoints/.latest.tmp.a1B2c3"), "step-0000");
+  fs::create_directory_symlink("step-0000003", run.file("checkpoints/.latest.link.step-0000009"));
   TrainConfig r = run.config();
   r.resume = true;
   EXPECT_EQ(quiet_train(r).last_step, 6);
   EXPECT_FALSE(fs::exists(dir + "/.model.safetensors.tmp.x1Y2z3"));
   EXPECT_FALSE(fs::exists(run.file("checkpoints/.latest.tmp.a1B2c3")));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(run.file("checkpoints/.latest.link.step-0000009"))));
 }
