@@ -35,10 +35,13 @@ PY=${PYTHON:-python3}
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating the test environment $VENV"
   # Packages the interpreter already has are used from there, the rest go into the venv.
-  "$PY" -m venv --system-site-packages "$VENV" || {
-    echo "setup: '$PY -m venv' failed (Debian: apt-get install python3-venv)" >&2
-    exit 1
-  }
+  if ! "$PY" -m venv --system-site-packages "$VENV" && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    rm -rf "$VENV"  # Debian's python3 makes venvs only with python3-venv
+    echo "setup: installing python3-venv"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    "$PY" -m venv --system-site-packages "$VENV"
+  fi
+  [ -x "$VENV/bin/python" ] || { echo "setup: '$PY -m venv' failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
 fi
 py_missing=()
 for mod in "${PY_DEPS[@]}"; do
