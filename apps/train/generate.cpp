@@ -35,7 +35,9 @@ std::string generate(GPT& model, const Tokenizer& tok, const std::string& prompt
     const size_t start = ids.size() > static_cast<size_t>(T) ? ids.size() - static_cast<size_t>(T) : 0;
     Tensor idx = empty({1, static_cast<int64_t>(ids.size() - start)}, kInt64);
     for (size_t j = start; j < ids.size(); ++j) idx.data_ptr<int64_t>()[j - start] = ids[j];
-    const std::vector<double> logits = model.last_logits(idx.to(dev)).to_vector();
+    std::vector<double> logits = model.last_logits(idx.to(dev)).to_vector();
+    // A --synthetic run's model has more ids than its byte tokenizer can spell: sample among those it can.
+    logits.resize(std::min(logits.size(), static_cast<size_t>(tok.vocab_size())));
     std::vector<int32_t> order(logits.size());
     for (size_t v = 0; v < order.size(); ++v) order[v] = static_cast<int32_t>(v);
     int32_t next = 0;

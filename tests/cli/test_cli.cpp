@@ -148,6 +148,13 @@ TEST(Cli, InspectGenerateAndConvertTakeTheSamePaths) {
     EXPECT_EQ(g.rc, 0) << g.out;
     EXPECT_TRUE(g.out.rfind("ab", 0) == 0) << g.out;
   }
+  // A --synthetic run (a byte tokenizer under a larger model vocabulary) samples text too.
+  const fs::path synth = scratch("synthetic");
+  ASSERT_EQ(kiln({"train", "--preset", "micro", "--synthetic", "--steps", "4", "--stop-after", "1", "--eval-batches", "1",
+                  "--progress", "none", "--run-dir", synth.string()}).rc, 0);
+  const Ran sg = kiln({"generate", "--checkpoint", synth.string(), "--max-tokens", "5", "--prompt", "ab"});
+  EXPECT_EQ(sg.rc, 0) << sg.out;
+  fs::remove_all(synth);
   const Ran none = kiln({"inspect", fs::temp_directory_path().string()});
   EXPECT_EQ(none.rc, 1);
   EXPECT_TRUE(has(none.out, "is a folder with no checkpoint")) << none.out;
