@@ -125,7 +125,23 @@ int run_convert(const std::string& in, const std::string& out_path, std::ostream
       io::save_torch(out_path, ck.tensors);
     }
     out << "converted " << ck.tensors.size() << " tensors: " << io::format_name(ck.format) << " -> "
-        << (to_st ? "safetensors" : "torch-zip") << " (" << out_path << ")\n";
+        << (to_st ? "safetensors" : "torch-zip") << " (" << out_path << ")";
+    if (to_st && !ck.metadata.empty()) out << ", " << ck.metadata.size() << " metadata entries kept";
+    out << "\n";
+    if (!to_st && !ck.metadata.empty()) {
+      // A torch state dict has no field for them; say so rather than drop them unseen.
+      err << "kiln convert: note: " << ck.metadata.size() << " metadata entries (";
+      size_t shown = 0;
+      for (const auto& kv : ck.metadata) {
+        if (shown == 3) {
+          err << ", ...";
+          break;
+        }
+        err << (shown++ ? ", " : "") << kv.first;
+      }
+      err << ") are not in " << out_path << ": a PyTorch checkpoint has no metadata field; "
+          << "convert to .safetensors to keep them\n";
+    }
     return 0;
   } catch (const std::exception& e) {
     err << "kiln convert: " << e.what() << "\n";

@@ -8,9 +8,11 @@
 
 #include "kiln/cpu.h"
 #include "kiln/kiln.h"
+#include "command_line.h"
 #include "dist_commands.h"
 #include "io_commands.h"
 #include "train_mlp.h"
+#include "train/checkpoint.h"
 #include "train/train.h"
 
 namespace {
@@ -33,7 +35,7 @@ int run_info() {
   const kiln::CpuSimdInfo simd = kiln::cpu_simd_info();
   const auto list = [](const std::vector<std::string>& names) {
     std::string s;
-    for (const auto& n : names) s += " " + n;
+    for (const auto& name : names) s += " " + name;
     return s;
   };
   std::cout << "CPU SIMD (Highway): dispatched " << simd.target << ", " << simd.vector_bits << "-bit vectors\n"
@@ -48,6 +50,8 @@ int run_info() {
 int main(int argc, char** argv) {
   CLI::App app{"kiln: a deep-learning engine for training language models"};
   app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();  // --help shows every default (subcommands inherit it)
+  app.footer("Run 'kiln COMMAND --help' for a command's flags and their defaults; docs/using.md describes runs/.");
   auto* info = app.add_subcommand("info", "version, backends and devices");
 
   // `kiln train`: the GPT job (default: the tiny CPU run on the Python stdlib); `--demo mlp`
@@ -65,16 +69,19 @@ int main(int argc, char** argv) {
 
   auto* inspect = app.add_subcommand("inspect", "format, metadata and tensors of a checkpoint");
   std::string inspect_path;
-  inspect->add_option("FILE", inspect_path, "safetensors or PyTorch .pt file")->required();
+  inspect->add_option("PATH", inspect_path,
+                      "safetensors or PyTorch .pt file, or a run / checkpoint folder (its model.safetensors)")
+      ->required();
 
-  auto* convert = app.add_subcommand("convert", "convert a checkpoint (format from OUT's extension)");
+  auto* convert = app.add_subcommand("convert", "convert a checkpoint (format from OUT's extension), keeping its metadata");
   std::string convert_in, convert_out;
-  convert->add_option("IN", convert_in)->required();
-  convert->add_option("OUT", convert_out)->required();
+  convert->add_option("IN", convert_in, "safetensors or PyTorch file, or a run / checkpoint folder")->required();
+  convert->add_option("OUT", convert_out, "the file to write: .safetensors, or .pt/.pth/.bin/.ckpt")->required();
 
   kiln::apps::DistCommands dist;
   kiln::apps::add_dist_commands(app, dist);
 
+  if (const int rc = kiln::apps::check_command_words(app, argc, argv, std::cerr); rc >= 0) return rc;
   CLI11_PARSE(app, argc, argv);
   try {
     if (*info) return run_info();
@@ -84,8 +91,8 @@ int main(int argc, char** argv) {
     }
     if (*train) return kiln::train::run_train(train_cfg, std::cout);
     if (*generate) return kiln::train::run_generate(gen_cfg, std::cout);
-    if (*inspect) return kiln::apps::run_inspect(inspect_path, std::cout);
-    if (*convert) return kiln::apps::run_convert(convert_in, convert_out, std::cout);
+    if (*inspect) return kiln::apps::run_inspect(kiln::train::model_file(inspect_path), std::cout);
+    if (*convert) return kiln::apps::run_convert(kiln::train::model_file(convert_in), convert_out, std::cout);
     if (const int rc = kiln::apps::run_dist_commands(dist); rc >= 0) return rc;
   } catch (const kiln::Error& e) {
     std::cerr << "kiln: " << e.what() << "\n";

@@ -6,6 +6,9 @@
 #include <filesystem>
 #include <optional>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "kiln/autograd.h"
@@ -23,6 +26,25 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
 namespace {
 
 constexpr size_t kMaxStateBytes = size_t{64} << 20;
+
+// Replaces <root>/latest by a relative symbolic link to `name`: made under a temporary name, renamed
+// over the old one (atomic), the folder synced. A killed save's temporary link is removed here, as
+// are the .latest.tmp.* files of saves from when `latest` was a text file (one writer per run).
+void point_latest(const fs::path& root, const std::string& name) {
+  const std::string prefix = ".latest.link.";
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind(prefix, 0) == 0 || f.rfind(".latest.tmp.", 0) == 0) fs::remove(e.path());
+  }
+  const fs::path tmp = root / (prefix + name);
+  fs::create_directory_symlink(name, tmp);
+  fs::rename(tmp, root / "latest");
+  const int dfd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+}
 
 // How a JSON value reads in an error: `a string "10"`, `null`, `a number 1.5`, ...
 std::string found(const nlohmann::json& v) {
@@ -169,7 +191,7 @@ std::string save_checkpoint(const std::string& run_dir, const GPT& model, const 
   j["first_eval_loss"] = state.first_eval_loss;
   write_file_atomic((dir / "state.json").string(), j.dump(2));
   // The folder is complete: point `latest` at it, then drop the oldest.
-  write_file_atomic((root / "latest").string(), std::string(name) + "\n");
+  point_latest(root, name);
   std::vector<fs::path> all;
   for (const auto& e : fs::directory_iterator(root))
     if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) all.push_back(e.path());
@@ -180,13 +202,17 @@ std::string save_checkpoint(const std::string& run_dir, const GPT& model, const 
 }
 
 std::string find_checkpoint(const std::string& path) {
-  if (fs::exists(fs::path(path) / "state.json")) return path;
-  const fs::path root = fs::path(path) / "checkpoints";
-  const fs::path latest = root / "latest";
   std::error_code ec;
+  if (fs::exists(fs::path(path) / "state.json")) return path;
+  const fs::path parent = fs::path(path).parent_path();
+  if (fs::is_regular_file(path, ec) && fs::exists(parent / "state.json", ec)) return parent.empty() ? "." : parent.string();
+  // A run folder, or its checkpoints/ folder.
+  const fs::path root = fs::exists(fs::symlink_status(fs::path(path) / "latest", ec)) ? fs::path(path)
+                                                                                       : fs::path(path) / "checkpoints";
+  const fs::path latest = root / "latest";
   if (!fs::exists(fs::symlink_status(latest, ec))) return {};
-  const std::string text = io::read_small_file(latest.string(), 4096);
-  std::string name = text;
+  std::string name = fs::is_symlink(fs::symlink_status(latest, ec)) ? fs::read_symlink(latest, ec).string()
+                                                                     : io::read_small_file(latest.string(), 4096);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
   KILN_CHECK(!name.empty(), "checkpoint", latest.string(), " is empty: it should name a step-NNNNNNN folder");
   const bool step_name = name.size() > 5 && name.rfind("step-", 0) == 0 &&
@@ -207,6 +233,15 @@ std::string find_checkpoint(const std::string& path) {
   KILN_CHECK(fs::exists(dir / "state.json"), "checkpoint", latest.string(), " names ", name, ", but ",
              (dir / "state.json").string(), " is missing: the checkpoint is incomplete");
   return dir.string();
+}
+
+std::string model_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  const std::string dir = find_checkpoint(path);
+  KILN_CHECK(!dir.empty(), "checkpoint", path, " is a folder with no checkpoint (give a model file, a checkpoint "
+             "folder holding state.json, or a run folder with checkpoints/latest)");
+  return (fs::path(dir) / "model.safetensors").string();
 }
 
 TrainState load_state(const std::string& ckpt_dir) {

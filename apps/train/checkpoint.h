@@ -1,7 +1,9 @@
 #pragma once
 // Training checkpoints: <run>/checkpoints/step-NNNNNN/{model.safetensors, optimizer.safetensors,
-// rng.safetensors, tokenizer.json, state.json}, then <run>/checkpoints/latest (a one-line file naming the folder)
-// is replaced atomically. A crash at any moment leaves `latest` naming a complete checkpoint.
+// rng.safetensors, tokenizer.json, state.json}, then <run>/checkpoints/latest, a symbolic link to that
+// folder (so <run>/checkpoints/latest/model.safetensors opens), is replaced atomically. A crash at
+// any moment leaves `latest` naming a complete checkpoint. Runs written when `latest` was a one-line
+// file naming the folder still load.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -41,14 +43,18 @@ std::string save_checkpoint(const std::string& run_dir, const GPT& model, const 
                             const std::vector<std::string>& opt_names, const Tokenizer& tok,
                             const TrainState& state, int keep = 2, bool tensor_files = true);
 
-// `path` itself when it holds state.json, else the folder <path>/checkpoints/latest names; empty
-// only when there is no `latest` at all. A `latest` that is empty, garbage, names anything but a
+// `path` itself when it holds state.json (a checkpoint folder), the folder of a file inside one
+// (e.g. its model.safetensors), else the folder <path>/checkpoints/latest (or <path>/latest) names;
+// empty only when there is no `latest` at all. A `latest` that is empty, garbage, names anything but a
 // step-NNNNNNN folder beside it (no paths: a run reads only its own folder) or a folder without
 // state.json is an error naming the file and the problem, never "no checkpoint".
 std::string find_checkpoint(const std::string& path);
 // Reads and checks state.json (every field's presence, type and range: see checkpoint.cpp) and
 // rng.safetensors; errors name the file and the field.
 TrainState load_state(const std::string& ckpt_dir);
+// The model file `kiln inspect` and `kiln convert` read for `path`: a file itself; for a run or
+// checkpoint folder (anything find_checkpoint takes), its checkpoint's model.safetensors.
+std::string model_file(const std::string& path);
 // The parsed state's `config` object as the given text (state.config_json) with its schema checked:
 // {"model": {...}, "train": {...}}.
 void check_config_json(const std::string& config_json, const std::string& where);

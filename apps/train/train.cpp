@@ -249,6 +249,7 @@ TrainResult train(const TrainConfig& requested, std::ostream& rank0_out) {
   ThreadsGuard threads_guard;
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
   Placement pl{Device(cfg.device)};
+  if (pl.device.is_cuda()) cuda::check_available(pl.device.index, "train");  // before the corpus is read
   KILN_CHECK(cfg.autocast == "auto" || cfg.autocast == "bf16" || cfg.autocast == "none", "train",
              "--autocast must be bf16, none or auto, got '", cfg.autocast, "'");
   pl.autocast = cfg.autocast == "bf16" || (cfg.autocast == "auto" && pl.device.is_cuda());

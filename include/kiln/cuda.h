@@ -30,6 +30,12 @@ class Stream {
   int device_ = 0;
 };
 
+// Throws kiln::Error("[op] no CUDA device: ...") unless cuda:<device> can hold tensors here: kiln
+// built with CUDA, an NVIDIA driver loaded, the index present. The message says which is missing
+// ("this machine has no NVIDIA driver / GPU"). Jobs call it before any expensive work; the
+// allocator, current_device, set_device and synchronize call it too.
+void check_available(int device, const char* op);
+
 Stream current_stream(int device = -1);  // -1: the current device
 void set_current_stream(const Stream& stream);
 int current_device();

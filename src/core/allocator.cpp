@@ -16,6 +16,7 @@
 
 #include "core/memory_tracker.h"
 #include "core/storage.h"
+#include "kiln/cuda.h"
 #include "kiln/error.h"
 
 namespace kiln {
@@ -105,6 +106,7 @@ void* allocate_bytes(Device device, size_t nbytes) {
 #ifdef KILN_WITH_CUDA
     return cuda_backend::allocate(device.index, nbytes);
 #else
+    cuda::check_available(device.index, "allocate");
     KILN_FAIL("allocate", "kiln was built without CUDA; cannot allocate on ", device.str());
 #endif
   }
@@ -130,6 +132,7 @@ MemoryStats memory_stats(Device device) {
 #ifdef KILN_WITH_CUDA
     return cuda_backend::stats(device.index);
 #else
+    cuda::check_available(device.index, "memory_stats");
     KILN_FAIL("memory_stats", "kiln was built without CUDA");
 #endif
   }
@@ -147,6 +150,7 @@ void reset_peak_memory_stats(Device device) {
     cuda_backend::reset_peak(device.index);
     return;
 #else
+    cuda::check_available(device.index, "reset_peak_memory_stats");
     KILN_FAIL("reset_peak_memory_stats", "kiln was built without CUDA");
 #endif
   }
@@ -161,6 +165,7 @@ void empty_cache(Device device) {
 #ifdef KILN_WITH_CUDA
   cuda_backend::empty_cache(device.index);
 #else
+  cuda::check_available(device.index, "empty_cache");
   KILN_FAIL("empty_cache", "kiln was built without CUDA");
 #endif
 }

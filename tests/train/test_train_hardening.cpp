@@ -49,7 +49,11 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-void spit(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+// checkpoints/latest is a symbolic link to a folder: replaced by the file, not written through.
+void spit(const std::string& path, const std::string& text) {
+  if (fs::is_symlink(fs::symlink_status(path))) fs::remove(path);
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -320,9 +324,11 @@ TEST(TrainHardening, StaleTemporariesOfAKilledSaveAreRemoved) {
   fs::create_directories(dir);
   spit(dir + "/.model.safetensors.tmp.x1Y2z3", std::string(4096, 'x'));
   spit(run.file("checkpoints/.latest.tmp.a1B2c3"), "step-0000");
+  fs::create_directory_symlink("step-0000003", run.file("checkpoints/.latest.link.step-0000009"));
   TrainConfig r = run.config();
   r.resume = true;
   EXPECT_EQ(quiet_train(r).last_step, 6);
   EXPECT_FALSE(fs::exists(dir + "/.model.safetensors.tmp.x1Y2z3"));
   EXPECT_FALSE(fs::exists(run.file("checkpoints/.latest.tmp.a1B2c3")));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(run.file("checkpoints/.latest.link.step-0000009"))));
 }

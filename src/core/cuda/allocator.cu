@@ -7,6 +7,7 @@
 
 #include "core/cuda/check.h"
 #include "core/memory_tracker.h"
+#include "kiln/cuda.h"
 
 namespace kiln::cuda_backend {
 namespace {
@@ -24,6 +25,7 @@ DeviceState& state(int device) {
   KILN_CHECK(device >= 0 && device < kMaxDevices, "cuda allocator", "bad device index ", device);
   DeviceState& s = states[device];
   std::call_once(s.init, [&] {
+    cuda::check_available(device, "cuda");  // no driver: said plainly, not as a driver version
     KILN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&s.pool, device));
     uint64_t threshold = UINT64_MAX;
     KILN_CUDA_CHECK(cudaMemPoolSetAttribute(s.pool, cudaMemPoolAttrReleaseThreshold, &threshold));

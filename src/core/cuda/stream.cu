@@ -49,13 +49,18 @@ Stream current_stream(int device) { return tls_current_streams[resolve(device)];
 void set_current_stream(const Stream& stream) { tls_current_streams[resolve(stream.device())] = stream; }
 
 int current_device() {
+  check_available(0, "cuda.current_device");
   int d = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&d));
   return d;
 }
-void set_device(int device) { KILN_CUDA_CHECK(cudaSetDevice(device)); }
+void set_device(int device) {
+  check_available(device, "cuda.set_device");
+  KILN_CUDA_CHECK(cudaSetDevice(device));
+}
 
 void synchronize(int device) {
+  check_available(device < 0 ? 0 : device, "cuda.synchronize");
   DeviceGuard guard(resolve(device));
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
 }
