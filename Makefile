@@ -68,9 +68,9 @@ bench: build
 # kiln on aarch64 (scripts/arm.sh): a cross build into build-arm/, then every CPU test under
 # qemu-aarch64 with SVE at 128, 256 and 512 bits and with NEON only (and the SIMD kernel tests on
 # A64FX's plain SVE), `kiln info` printing the Highway target the kernels dispatched to in each.
-# Left out under qemu: the install check, Train.KillNineLosesOnlyStepsSinceCheckpoint (it execs
-# an aarch64 child, which needs binfmt_misc) and FlexBlockMask.MillionTokenSlidingWindowIsFastAndSmall
-# (a wall-clock bound for native speed).
+# Left out under qemu: the install check, the CLI and docs checks and
+# FlexBlockMask.MillionTokenSlidingWindowIsFastAndSmall (a wall-clock bound for native speed); tests
+# that start child processes start them through qemu too.
 .PHONY: test-arm
 test-arm:
 	JOBS=$(JOBS) scripts/arm.sh all
