@@ -26,7 +26,7 @@ TEST(FlexIR, KindErrors) {
   EXPECT_THROW(q_idx() & kv_idx(), Error);                 // & on ints
   EXPECT_THROW(MaskMod(q_idx() + kv_idx()), Error);         // mask must be bool
   EXPECT_THROW(MaskMod(score() > 0.0), Error);              // mask cannot read score
-  EXPECT_THROW(score() % q_idx(), Error);                   // % on floats
+  EXPECT_THROW(score() & q_idx(), Error);                   // & on a float
   Captured t = capture(randn({3, 4}));
   EXPECT_THROW(t[q_idx()] + 1, Error);                      // partial load used as a value
   EXPECT_THROW(t[q_idx()][kv_idx()][b()], Error);           // too many indices

@@ -528,8 +528,10 @@ void check_unsigned_wraps(Device device) {
     const TensorOptions o = TensorOptions(dt).device(device);
     const Tensor a = tensor({5, 1, 7}, o), b = tensor({2, 3, 7}, o);
     EXPECT_EQ((a - b).to_vector(), (std::vector<double>{3, m - 2, 0}));
-    EXPECT_EQ((a - 2.0).to_vector(), (std::vector<double>{3, m - 1, 5}));
-    EXPECT_EQ((a * -1.0).to_vector(), (std::vector<double>{m - 5, m - 1, m - 7}));
+    EXPECT_EQ((a - 2).to_vector(), (std::vector<double>{3, m - 1, 5}));  // an int keeps the dtype
+    EXPECT_EQ((a * -1).to_vector(), (std::vector<double>{m - 5, m - 1, m - 7}));
+    EXPECT_EQ((a - 2.0).dtype(), kFloat32);  // a float promotes, as in PyTorch
+    EXPECT_EQ((a - 2.0).to_vector(), (std::vector<double>{3, -1, 5}));
     Tensor c = a.clone();
     sub_(c, b, 2.0);
     EXPECT_EQ(c.to_vector(), (std::vector<double>{1, m - 5, m - 7}));
