@@ -17,7 +17,7 @@ import sys
 import time
 
 if "--no-torch" not in sys.argv:
-    import torch  # before kiln: torch's CUDA build needs its own NCCL's symbols loaded first
+    import torch
     import torch.nn.functional as TF
 else:
     torch = TF = None
