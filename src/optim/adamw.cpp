@@ -10,6 +10,7 @@
 #include "kiln/optim.h"
 #include "optim/cpu/kernels.h"
 #include "optim/cuda/kernels.h"
+#include "optim/param_checks.h"
 
 namespace kiln::optim {
 namespace {
@@ -32,13 +33,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {
   size_t count = 0;
   for (const ParamGroup& g : groups_) {
     check_options(g.options);
-    for (const Tensor& p : g.params) {
-      KILN_CHECK(p.defined(), "AdamW", "parameter ", count, " is undefined");
-      KILN_CHECK(is_floating_point(p.dtype()), "AdamW", "parameter ", count, " must be floating point, got ",
-                 dtype_name(p.dtype()));
-      KILN_CHECK(p.is_leaf(), "AdamW", "parameter ", count, " is not a leaf tensor");
-      ++count;
-    }
+    count = detail::check_parameters("AdamW", g.params, count);
   }
   state_.resize(count);
 }

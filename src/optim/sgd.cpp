@@ -4,6 +4,7 @@
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "kiln/optim.h"
+#include "optim/param_checks.h"
 
 namespace kiln::optim {
 namespace {
@@ -24,13 +25,7 @@ SGD::SGD(std::vector<SGDParamGroup> groups) : groups_(std::move(groups)) {
   size_t count = 0;
   for (const SGDParamGroup& g : groups_) {
     check_options(g.options);
-    for (const Tensor& p : g.params) {
-      KILN_CHECK(p.defined(), "SGD", "parameter ", count, " is undefined");
-      KILN_CHECK(is_floating_point(p.dtype()), "SGD", "parameter ", count, " must be floating point, got ",
-                 dtype_name(p.dtype()));
-      KILN_CHECK(p.is_leaf(), "SGD", "parameter ", count, " is not a leaf tensor");
-      ++count;
-    }
+    count = detail::check_parameters("SGD", g.params, count);
   }
   momentum_buffers_.resize(count);
 }
