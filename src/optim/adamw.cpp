@@ -75,16 +75,7 @@ void AdamW::step() {
 }
 
 void AdamW::zero_grad(bool set_to_none) {
-  for (ParamGroup& group : groups_)
-    for (Tensor& p : group.params) {
-      if (!p.grad().defined()) continue;
-      if (set_to_none) {
-        p.set_grad(Tensor());
-      } else {
-        Tensor g = p.grad();
-        g.zero_();
-      }
-    }
+  for (ParamGroup& group : groups_) detail::zero_grads(group.params, set_to_none);
 }
 
 void AdamW::set_lr(double lr) {

@@ -1,5 +1,5 @@
 #pragma once
-// The checks every optimizer makes of the parameters it is given.
+// What every optimizer does with the parameters it is given: checks them, clears their gradients.
 #include <vector>
 
 #include "kiln/error.h"
@@ -19,6 +19,19 @@ inline size_t check_parameters(const char* op, const std::vector<Tensor>& params
     ++index;
   }
   return index;
+}
+
+// zero_grad: drops each gradient (set_to_none) or zeroes it in place.
+inline void zero_grads(std::vector<Tensor>& params, bool set_to_none) {
+  for (Tensor& p : params) {
+    if (!p.grad().defined()) continue;
+    if (set_to_none) {
+      p.set_grad(Tensor());
+    } else {
+      Tensor g = p.grad();
+      g.zero_();
+    }
+  }
 }
 
 }  // namespace kiln::optim::detail

@@ -67,16 +67,7 @@ void SGD::step() {
 }
 
 void SGD::zero_grad(bool set_to_none) {
-  for (SGDParamGroup& group : groups_)
-    for (Tensor& p : group.params) {
-      if (!p.grad().defined()) continue;
-      if (set_to_none) {
-        p.set_grad(Tensor());
-      } else {
-        Tensor g = p.grad();
-        g.zero_();
-      }
-    }
+  for (SGDParamGroup& group : groups_) detail::zero_grads(group.params, set_to_none);
 }
 
 void SGD::set_lr(double lr) {
