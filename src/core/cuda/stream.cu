@@ -48,15 +48,29 @@ void Stream::synchronize() const { KILN_CUDA_CHECK(cudaStreamSynchronize(static_
 Stream current_stream(int device) { return tls_current_streams[resolve(device)]; }
 void set_current_stream(const Stream& stream) { tls_current_streams[resolve(stream.device())] = stream; }
 
+namespace {
+// After a failed runtime call: a missing GPU or driver raises check_available's plain message,
+// else the caller repeats the call for the runtime's own error. Only on failure: current_device
+// sits under every op's stream lookup.
+void explain_failure(int device, const char* op) {
+  cudaGetLastError();
+  check_available(device, op);
+}
+}  // namespace
+
 int current_device() {
-  check_available(0, "cuda.current_device");
   int d = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&d));
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    explain_failure(0, "cuda.current_device");
+    KILN_CUDA_CHECK(cudaGetDevice(&d));
+  }
   return d;
 }
 void set_device(int device) {
-  check_available(device, "cuda.set_device");
-  KILN_CUDA_CHECK(cudaSetDevice(device));
+  if (cudaSetDevice(device) != cudaSuccess) {
+    explain_failure(device, "cuda.set_device");
+    KILN_CUDA_CHECK(cudaSetDevice(device));
+  }
 }
 
 void synchronize(int device) {
