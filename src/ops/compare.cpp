@@ -11,7 +11,7 @@ namespace {
 Tensor compare(CompareOp op, const Tensor& a, const Tensor& b, const char* name) {
   ew::check_defined(a, name);
   ew::check_defined(b, name);
-  const DType dt = ew::result_type(a, b);
+  const DType dt = result_type(a, b);
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
   const Device device = ew::common_device({&a, &b}, name);
   NoGradGuard no_grad;
@@ -63,7 +63,7 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   ew::check_defined(b, "where");
   KILN_CHECK(condition.dtype() == kBool, "where", "condition must be a bool tensor, got ",
              dtype_name(condition.dtype()));
-  const DType dt = ew::result_type(a, b);
+  const DType dt = result_type(a, b);
   const Shape shape = broadcast_shapes(condition.sizes(), broadcast_shapes(a.sizes(), b.sizes(), "where"), "where");
   const Device device = ew::common_device({&condition, &a, &b}, "where");
   Tensor out = make_tensor(shape, dt, device);

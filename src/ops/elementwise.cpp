@@ -19,7 +19,7 @@ using ew::reduce_grad;
 DType binary_dtype(const Tensor& a, const Tensor& b, const char* op, bool bool_ok = false) {
   ew::check_defined(a, op);
   ew::check_defined(b, op);
-  const DType t = ew::result_type(a, b);
+  const DType t = result_type(a, b);
   if (!bool_ok) ew::check_not_bool(t, op);
   return t;
 }
@@ -107,7 +107,7 @@ void check_inplace(const Tensor& self, const Tensor* other, const char* op) {
 Tensor& inplace_binary(Tensor& self, const Tensor& other, BinaryOp op, double alpha, const char* name) {
   check_inplace(self, &other, name);
   NoGradGuard no_grad;
-  const DType dt = ew::result_type(self, other);
+  const DType dt = result_type(self, other);
   KILN_CHECK(ew::category(dt) <= ew::category(self.dtype()), name, "result type ", dtype_name(dt),
              " cannot be written into a ", dtype_name(self.dtype()), " tensor");
   alpha = ew::wrap_integer(dt, alpha);

@@ -1,13 +1,10 @@
 #pragma once
-// Helpers shared by the elementwise API files (binary, unary, compare): result dtypes, device
+// Helpers shared by the elementwise API files (binary, unary, compare): dtype categories, device
 // checks, and launching an op id on the right backend. Internal to src/ops.
 #include "kiln/ops.h"
 #include "ops/elementwise_ops.h"
 
 namespace kiln::ew {
-
-// kiln::result_type (PyTorch's promotion; see kiln/ops/elementwise.h).
-inline DType result_type(const Tensor& a, const Tensor& b) { return kiln::result_type(a, b); }
 
 // 0 bool, 1 integer, 2 floating.
 int category(DType t);
