@@ -25,17 +25,18 @@ namespace kiln::io::hostile {
 inline std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
 // A torch zip: data.pkl = `pickle`, a storage record data/0 of `record` bytes.
-inline std::vector<uint8_t> torch_zip(const std::vector<uint8_t>& pickle, size_t record = 4) {
+inline std::vector<uint8_t> torch_zip(const std::vector<uint8_t>& pickle, size_t record = 4,
+                                      const std::string& byteorder = "little") {
   return detail::make_stored_zip({{"archive/data.pkl", pickle},
-                                  {"archive/byteorder", bytes_of("little")},
+                                  {"archive/byteorder", bytes_of(byteorder)},
                                   {"archive/data/0", std::vector<uint8_t>(record, 0x3f)},
                                   {"archive/version", bytes_of("3\n")}});
 }
 
 // Pushes _rebuild_tensor_v2's argument tuple: (storage '0' of `numel` `storage_class`
-// elements, offset 0, size, stride, False, OrderedDict()).
+// elements, offset, size, stride, False, OrderedDict()).
 inline void rebuild_args(detail::Pickler& p, int64_t numel, const Shape& size, const Shape& stride,
-                         const char* storage_class = "FloatStorage") {
+                         const char* storage_class = "FloatStorage", int64_t offset = 0) {
   p.op('(');
   p.op('(');
   p.str("storage");
@@ -45,7 +46,7 @@ inline void rebuild_args(detail::Pickler& p, int64_t numel, const Shape& size, c
   p.integer(numel);
   p.op('t');
   p.op('Q');
-  p.integer(0);
+  p.integer(offset);
   p.int_tuple(size);
   p.int_tuple(stride);
   p.boolean(false);

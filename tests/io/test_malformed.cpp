@@ -6,6 +6,7 @@
 
 #include "io/file_util.h"
 #include "io/pickle.h"
+#include "hostile_files.h"
 #include "io_test_util.h"
 
 namespace kiln::io {
@@ -122,15 +123,12 @@ TEST(IoMalformedSafetensors, WriterRefusesMetadataName) {
 
 // ---- torch zip ----
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+using hostile::bytes_of;
 
 // A zip holding data.pkl = `pickle` plus a 16-byte storage record data/0.
 std::vector<uint8_t> torch_file(const std::vector<uint8_t>& pickle, size_t record = 16,
                                 const std::string& byteorder = "little") {
-  return detail::make_stored_zip({{"archive/data.pkl", pickle},
-                                  {"archive/byteorder", bytes_of(byteorder)},
-                                  {"archive/data/0", std::vector<uint8_t>(record, 0x3f)},
-                                  {"archive/version", bytes_of("3\n")}});
+  return hostile::torch_zip(pickle, record, byteorder);
 }
 
 // {"w": _rebuild_tensor_v2(FloatStorage '0' numel, offset, size, stride)} as protocol 2.
@@ -141,23 +139,7 @@ std::vector<uint8_t> tensor_pickle(int64_t numel, int64_t offset, const Shape& s
   p.op('(');
   p.str("w");
   p.global("torch._utils", "_rebuild_tensor_v2");
-  p.op('(');
-  p.op('(');
-  p.str("storage");
-  p.global("torch", storage);
-  p.str("0");
-  p.str("cpu");
-  p.integer(numel);
-  p.op('t');
-  p.op('Q');
-  p.integer(offset);
-  p.int_tuple(size);
-  p.int_tuple(stride);
-  p.boolean(false);
-  p.global("collections", "OrderedDict");
-  p.op(')');
-  p.op('R');
-  p.op('t');
+  hostile::rebuild_args(p, numel, size, stride, storage, offset);
   p.op('R');
   p.op('u');
   return p.finish();
