@@ -14,6 +14,8 @@
 #          (windows 256 / 1024, causal, 16 documents, causal + ALiBi, causal + softcap)
 #   train  bench/train_bench.py: the gpt125m training step, kiln beside torch eager and torch.compile
 #   ops    bench_memory_bound and bench_matmul on CUDA (not in `all`)
+#   norm   python/bench/fused_norm.py: RMSNorm fwd+bwd beside torch.compile and the copy bandwidth
+#          (not in `all`)
 #   ab     kiln's side of one suite once per value of one tuning variable, interleaved in one call:
 #          scripts/gpu.sh ab KILN_FLEX_FWD_TILE=64x64,128x128 flex    (bench_flex / bench_lce /
 #          train_bench.py --frameworks kiln; PASSES rounds, default 2; the table gives each value's best)
@@ -110,9 +112,9 @@ record() {
 # limit PART: the seconds PART may take. The build and the tests take what they need (at most their
 # cap) but leave each later part two fifths of its usual length; a benchmark suite gets the share of
 # the time left that its usual length is of the parts still to run. 10 s stay for the report.
-declare -A WANT=([tests]=150 [lce]=100 [flex]=150 [train]=150 [ops]=90 [ab]=0)
+declare -A WANT=([tests]=150 [lce]=100 [flex]=150 [train]=150 [ops]=90 [norm]=60 [ab]=0)
 declare -A CAP=([build]=${CAP_BUILD:-360} [tests]=${CAP_TESTS:-300} [lce]=${CAP_LCE:-300} [flex]=${CAP_FLEX:-330}
-                [train]=${CAP_TRAIN:-300} [ops]=${CAP_OPS:-150} [ab]=100000)
+                [train]=${CAP_TRAIN:-300} [ops]=${CAP_OPS:-150} [norm]=${CAP_NORM:-150} [ab]=100000)
 limit() {
   local avail=$(($(left) - 10)) p on=0 later=0 pending=0 s
   [ "$1" = build ] && on=1
@@ -265,6 +267,11 @@ suite_train() {
     --timeout "$each" --out "$WORK/train.json"
 }
 
+suite_norm() {
+  part norm "$(limit norm)" "$OUT/bench.log" \
+    env PYTHONPATH="$BUILD/python" python3 python/bench/fused_norm.py --out "$OUT/fused_norm.json"
+}
+
 suite_ops() {
   local limit
   limit=$(limit ops)
@@ -395,8 +402,8 @@ else
   for s in "$@"; do
     case $s in
       all) ALL=1; SUITES+=(tests lce flex train) ;;
-      tests|lce|flex|train|ops) SUITES+=("$s") ;;
-      *) echo "unknown suite '$s' (tests lce flex train ops all, or ab VAR=V1,V2 SUITE)" >&2; exit 2 ;;
+      tests|lce|flex|train|ops|norm) SUITES+=("$s") ;;
+      *) echo "unknown suite '$s' (tests lce flex train ops norm all, or ab VAR=V1,V2 SUITE)" >&2; exit 2 ;;
     esac
   done
 fi
@@ -418,6 +425,7 @@ else
       flex) add_plan flex; add_targets kiln_python ;;
       train) add_plan train; add_targets kiln_cli ;;
       ops) add_plan ops; add_targets bench_memory_bound bench_matmul ;;
+      norm) add_plan norm; add_targets kiln_python ;;
     esac
   done
   [ "$full" = 1 ] && TARGETS=()  # everything: tests, benchmarks, the Python package
@@ -440,6 +448,7 @@ if build "${TARGETS[@]}"; then
       lce|flex) suite_compare "$p" ;;
       train) suite_train ;;
       ops) suite_ops ;;
+      norm) suite_norm ;;
       ab) suite_ab "$AB_SUITE" ;;
     esac
     report

@@ -4,7 +4,9 @@
 #include "model.h"
 
 #include <cmath>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "kiln/autocast.h"
 #include "kiln/autograd.h"
@@ -38,6 +40,8 @@ ModelConfig model_preset(const std::string& name) {
 std::vector<std::string> model_preset_names() { return {"tiny", "micro", "small", "gpt125m"}; }
 
 namespace {
+std::vector<Tensor> pair_vector(const std::pair<Tensor, Tensor>& p) { return {p.first, p.second}; }
+
 Tensor uniform_init(const Shape& shape, int64_t fan_in, double scale = 1.0) {
   const double bound = scale / std::sqrt(static_cast<double>(fan_in));
   return (rand(shape) * 2.0 - 1.0) * bound;
@@ -58,14 +62,28 @@ Block::Block(const ModelConfig& c, int64_t layer)
   (void)layer;
 }
 
-// Under autocast the projections run in bf16 (linear casts), norms in fp32 (rms_norm casts), and
-// the residual stream stays fp32 (fp32 + bf16 promotes).
-Tensor Block::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const flex::BlockMask& mask) {
-  const int64_t B = x.size(0), T = x.size(1), H = c_.n_heads, Dh = c_.head_dim();
-  Tensor a, m, h;
+// Under autocast the projections run in bf16 (linear casts), norms in fp32 with their output
+// written in bf16 for the GEMM that reads it (the cast folded into the norm), and the residual
+// stream stays fp32 (fp32 + bf16 promotes).
+std::optional<DType> Block::gemm_input_dtype(const Tensor& x) {
+  const DeviceType d = x.device().type;
+  return is_autocast_enabled(d) ? std::optional<DType>(get_autocast_dtype(d)) : std::nullopt;
+}
+
+std::pair<Tensor, Tensor> Block::forward(const Tensor& x_in, const Tensor& branch, const Tensor& cos,
+                                         const Tensor& sin, const flex::BlockMask& mask) {
+  const int64_t B = x_in.size(0), T = x_in.size(1), H = c_.n_heads, Dh = c_.head_dim();
+  const std::optional<DType> low = gemm_input_dtype(x_in);
+  Tensor x, a, m, h;
   {
     Phase ph("norms");
-    a = F::rms_norm(x, attn_norm, c_.norm_eps);
+    // The previous block's MLP output joins the stream here, in the same pass as the norm.
+    if (branch.defined()) {
+      std::tie(x, a) = F::add_rms_norm(x_in, branch, attn_norm, c_.norm_eps, low);
+    } else {
+      x = x_in;
+      a = F::rms_norm(x, attn_norm, c_.norm_eps, low);
+    }
   }
   {
     // Separate phases, so the benchmark's breakdown tells apart the projections, the rotary and
@@ -99,10 +117,10 @@ Tensor Block::forward(const Tensor& x, const Tensor& cos, const Tensor& sin, con
   }
   {
     Phase ph("norms");
-    std::tie(h, m) = F::add_rms_norm(x, a, mlp_norm, c_.norm_eps);  // the residual add and the norm, one pass
+    std::tie(h, m) = F::add_rms_norm(x, a, mlp_norm, c_.norm_eps, low);  // the residual add and the norm, one pass
   }
   Phase ph("mlp");
-  return h + F::dropout(linear(F::swiglu(linear(m, w_gate), linear(m, w_up)), w_down), c_.dropout, is_training());
+  return {h, F::dropout(linear(F::swiglu(linear(m, w_gate), linear(m, w_up)), w_down), c_.dropout, is_training())};
 }
 
 GPT::GPT(const ModelConfig& c)
@@ -146,10 +164,18 @@ Tensor GPT::hidden(const Tensor& idx, const flex::BlockMask& mask) {
     Phase ph("embedding");
     x = F::dropout(F::embedding(idx, tok_emb), c_.dropout, is_training());
   }
-  // Sharded runs (fully_shard per block) gather each block's parameters around its forward.
-  for (auto& blk : blocks_) x = dist::fsdp_forward(*blk, [&] { return blk->forward(x, cos, sin, mask); });
+  // Sharded runs (fully_shard per block) gather each block's parameters around its forward. Each
+  // block hands on its stream and its MLP output unadded: the next norm adds them in its own pass.
+  Tensor branch;
+  for (auto& blk : blocks_) {
+    const std::vector<Tensor> out =
+        dist::fsdp_forward_outputs(*blk, [&] { return pair_vector(blk->forward(x, branch, cos, sin, mask)); });
+    x = out[0], branch = out[1];
+  }
   Phase ph("norms");
-  return F::rms_norm(x, final_norm, c_.norm_eps);
+  const std::optional<DType> low = Block::gemm_input_dtype(x);  // the head's GEMM reads it
+  if (!branch.defined()) return F::rms_norm(x, final_norm, c_.norm_eps, low);
+  return F::add_rms_norm(x, branch, final_norm, c_.norm_eps, low).second;
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& target, const Tensor& doc_ids) {

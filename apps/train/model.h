@@ -4,7 +4,9 @@
 // output projection tied to the embedding, fused with the loss (LinearCrossEntropyLoss).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/flex.h"
@@ -42,11 +44,17 @@ std::vector<std::string> model_preset_names();
 class Block : public nn::Module {
  public:
   Block(const ModelConfig& c, int64_t layer);
-  // x: [B, T, D] -> [B, T, D]
-  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const flex::BlockMask& mask);
+  // x: the residual stream [B, T, D]; branch: the previous block's MLP output [B, T, D], not yet
+  // added (undefined for the first block) -> {the stream after attention, this block's MLP
+  // output}, both [B, T, D]; the next block's norm (or the final norm) adds them.
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& branch, const Tensor& cos, const Tensor& sin,
+                                    const flex::BlockMask& mask);
   std::string type_name() const override { return "Block"; }
 
  private:
+  // The dtype the norms write their outputs in: autocast's when it is on for x's device.
+  static std::optional<DType> gemm_input_dtype(const Tensor& x);
+  friend class GPT;
   ModelConfig c_;
   Tensor &attn_norm, &wqkv, &wo, &mlp_norm, &w_gate, &w_up, &w_down;
 };
@@ -58,7 +66,8 @@ class GPT : public nn::Module {
 
   // The mask for a batch: causal & same document (& sliding window). doc_ids: [B, T] int32.
   flex::BlockMask block_mask(const Tensor& doc_ids) const;
-  // Final hidden states: idx [B, T] int64 -> [B, T, D]
+  // Final hidden states: idx [B, T] int64 -> [B, T, D] (in the autocast dtype under autocast: the
+  // head is a GEMM)
   Tensor hidden(const Tensor& idx, const flex::BlockMask& mask);
   // Mean cross-entropy over non-ignored targets (fused projection + loss; logits never built).
   Tensor loss(const Tensor& idx, const Tensor& target, const Tensor& doc_ids);

@@ -123,6 +123,10 @@ io::Metadata sharded_metadata(const std::string& dir);
 
 // Runs fn through the module's FSDPModule::forward when it was sharded, else fn itself.
 Tensor fsdp_forward(const nn::Module& module, const std::function<Tensor()>& fn);
+// The same for a forward with several outputs (a block that hands its residual stream and its
+// last branch, not yet added, to the next block's fused add + norm); undefined outputs and
+// outputs without a gradient pass through.
+std::vector<Tensor> fsdp_forward_outputs(const nn::Module& module, const std::function<std::vector<Tensor>()>& fn);
 
 // clip_grad_norm_ over sharded gradients: the global L2 norm from an all_reduce of the ranks'
 // squared sums; every rank scales its shards by the same factor. -> total norm [] float32.

@@ -87,6 +87,7 @@ void bind_unsharded(FsdpUnit& u);
 void bind_sharded(FsdpUnit& u);        // the slots get the shards; the buffer is released
 void finish_grad_sync(FsdpGroup& g);
 Tensor run_forward(FsdpUnit& u, const std::function<Tensor()>& fn);
+std::vector<Tensor> run_forward(FsdpUnit& u, const std::function<std::vector<Tensor>()>& fn);
 
 // The module that carries a unit in the module tree (a child named "fsdp").
 class FsdpStateModule : public nn::Module {

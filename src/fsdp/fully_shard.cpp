@@ -255,6 +255,11 @@ Tensor fsdp_forward(const nn::Module& module, const std::function<Tensor()>& fn)
   return unit ? detail::run_forward(*unit, fn) : fn();
 }
 
+std::vector<Tensor> fsdp_forward_outputs(const nn::Module& module, const std::function<std::vector<Tensor>()>& fn) {
+  auto unit = detail::unit_of(module);
+  return unit ? detail::run_forward(*unit, fn) : fn();
+}
+
 Tensor clip_grad_norm_sharded_(const std::vector<Tensor>& shards, double max_norm, Communicator& comm) {
   NoGradGuard no_grad;
   double sq = 0;

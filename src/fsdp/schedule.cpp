@@ -110,28 +110,38 @@ void bind_sharded(FsdpUnit& u) {
   u.unsharded = false;
 }
 
-Tensor run_forward(FsdpUnit& u, const std::function<Tensor()>& fn) {
+std::vector<Tensor> run_forward(FsdpUnit& u, const std::function<std::vector<Tensor>()>& fn) {
   std::shared_ptr<FsdpGroup> g = u.group;
   wait_gather(u);
   bind_unsharded(u);
   prefetch(next_in_forward(*g, u));
-  Tensor y = fn();
+  std::vector<Tensor> ys = fn();
   if (!u.is_root() && u.options.reshard_after_forward) bind_sharded(u);
-  if (!y.defined() || !autograd::needs_grad({y})) {
+  std::vector<Tensor> outs, grad_ys;
+  for (const Tensor& y : ys)
+    if (y.defined() && autograd::needs_grad({y})) grad_ys.push_back(y);
+  if (grad_ys.empty()) {
     if (u.is_root())  // no backward follows: every unit goes back to its shards
       for (FsdpUnit* unit : g->units) bind_sharded(*unit);
-    return y;
+    return ys;
   }
-  Tensor out = y.detach();
+  for (const Tensor& y : grad_ys) outs.push_back(y.detach());
   FsdpUnit* unit = &u;
-  // The unit's output: its backward runs before any of the unit's ops, so the parameters are
+  // The unit's outputs: their backward runs before any of the unit's ops, so the parameters are
   // back in the buffer (same address) when they need them.
-  autograd::record("fsdp_pre_backward", {out}, {y}, [g, unit](const std::vector<Tensor>& grads) {
+  autograd::record("fsdp_pre_backward", outs, grad_ys, [g, unit](const std::vector<Tensor>& grads) {
     wait_gather(*unit);
     prefetch(next_in_backward(*g, *unit));
     return grads;
   });
-  return out;
+  size_t k = 0;
+  for (Tensor& y : ys)
+    if (y.defined() && autograd::needs_grad({y})) y = outs[k++];
+  return ys;
+}
+
+Tensor run_forward(FsdpUnit& u, const std::function<Tensor()>& fn) {
+  return run_forward(u, std::function<std::vector<Tensor>()>([&] { return std::vector<Tensor>{fn()}; }))[0];
 }
 
 void finish_grad_sync(FsdpGroup& g) {

@@ -1,12 +1,13 @@
-// swiglu: silu(gate) * up as one op. On the CPU one fused kernel each way (ops/cpu/swiglu.cpp):
-// the forward reads gate and up once, the backward reads grad, gate and up once and writes both
-// gradients, where the composition makes three passes forward and five backward. CUDA tensors take
-// the composition of silu and mul (no fused CUDA kernel yet).
+// swiglu: silu(gate) * up as one op, one fused kernel each way (ops/cpu/swiglu.cpp,
+// ops/cuda/swiglu.cu): the forward reads gate and up once, the backward reads grad, gate and up
+// once and writes both gradients, where the composition makes three passes forward and five
+// backward.
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
 #include "ops/cpu/swiglu.h"
+#include "ops/cuda/swiglu.h"
 
 namespace kiln::nn::functional {
 
@@ -20,17 +21,24 @@ Tensor swiglu(const Tensor& gate_in, const Tensor& up_in) {
   KILN_CHECK(is_floating_point(gate_in.dtype()) && gate_in.dtype() == up_in.dtype(), op,
              "gate and up must share one floating-point dtype, got ", dtype_name(gate_in.dtype()), " and ",
              dtype_name(up_in.dtype()));
-  if (gate_in.is_cuda()) return silu(gate_in) * up_in;
   const Tensor gate = gate_in.contiguous().detach(), up = up_in.contiguous().detach();
   Tensor out = empty(gate.sizes(), gate.options());
-  cpu::swiglu_forward(gate, up, out);
+  if (gate.is_cuda()) {
+    KILN_CUDA_ONLY("swiglu", cuda::swiglu_forward(gate, up, out));
+  } else {
+    cpu::swiglu_forward(gate, up, out);
+  }
   if (autograd::needs_grad({gate_in, up_in})) {
     autograd::record(op, {out}, {gate_in, up_in},
                      [sg = SavedTensor(gate), su = SavedTensor(up)](const std::vector<Tensor>& g) {
                        const Tensor gs = sg.unpack("swiglu"), us = su.unpack("swiglu");
                        const Tensor dy = g[0].to(gs.dtype()).contiguous();
                        Tensor dgate = empty(gs.sizes(), gs.options()), dup = empty(gs.sizes(), gs.options());
-                       cpu::swiglu_backward(dy, gs, us, dgate, dup);
+                       if (gs.is_cuda()) {
+                         KILN_CUDA_ONLY("swiglu", cuda::swiglu_backward(dy, gs, us, dgate, dup));
+                       } else {
+                         cpu::swiglu_backward(dy, gs, us, dgate, dup);
+                       }
                        return std::vector<Tensor>{dgate, dup};
                      });
   }

@@ -1,8 +1,8 @@
 #pragma once
 // The GPT's loss computed from its parameters with the unfused ops (rms_norm, a separate residual
 // add, silu(gate) * up): the reference the fused model (apps/train/model.cpp: add_rms_norm,
-// swiglu) is checked against in tests/train and timed against in bench/bench_fusions.cpp. fp32,
-// no dropout, no autocast, no sharding.
+// swiglu) is checked against in tests/train and timed against in bench/bench_fusions.cpp. No
+// dropout, no sharding; under autocast the norms give fp32 and each linear casts, as in PyTorch.
 #include <map>
 #include <string>
 
@@ -19,7 +19,7 @@ inline Tensor unfused_gpt_loss(const GPT& model, const Tensor& idx, const Tensor
   std::map<std::string, Tensor> p;
   for (const auto& [name, t] : model.named_parameters()) p[name] = t;
   const int64_t B = idx.size(0), T = idx.size(1), H = c.n_heads, Dh = c.head_dim();
-  auto [cos, sin] = F::rotary_tables(T, Dh, c.rope_theta);
+  auto [cos, sin] = F::rotary_tables(T, Dh, c.rope_theta, p.at("tok_emb").device());
   Tensor x = F::embedding(idx, p.at("tok_emb"));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     auto w = [&](const char* n) { return p.at("blocks." + std::to_string(l) + "." + n); };

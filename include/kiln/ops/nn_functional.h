@@ -21,14 +21,19 @@ Tensor embedding(const Tensor& indices, const Tensor& weight);
 // x: [..., H], weight: [H] (x's dtype and device) or undefined -> [..., H];
 // y = x / sqrt(mean(x^2) + eps) * weight. One fused kernel each way; rstd per row is kept in fp32
 // (fp64 for fp64) for backward; the weight gradient is reduced in a fixed order (no atomics).
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// out_dtype: y's dtype (default x's), e.g. bf16 for the GEMM that reads y under autocast: the
+// statistics stay in fp32 and the cast is folded into the kernel (on CUDA) instead of a pass of
+// its own each way.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6,
+                std::optional<DType> out_dtype = std::nullopt);
 // The residual add and the norm after it: x, residual: [..., H] -> {h = x + residual,
-// rms_norm(h, weight, eps)}. On the CPU one pass forward and one backward (the gradient of h and
-// the norm's are added in the dx pass); elsewhere (CUDA, mixed dtypes, autocast) the composition.
+// rms_norm(h, weight, eps, out_dtype)}, h in the promoted dtype (under autocast fp32; a bf16
+// residual is read as it is). One pass forward and one backward: the gradient of h and the norm's
+// are added in the dx pass, which on CUDA also writes the residual's gradient in its own dtype.
 std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
-                                       double eps = 1e-6);
+                                       double eps = 1e-6, std::optional<DType> out_dtype = std::nullopt);
 // SwiGLU's gate: silu(gate) * up, gate and up of one shape and dtype. One fused pass each way on
-// the CPU; the composition on CUDA.
+// the CPU and on CUDA.
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 // Rotary position embedding, half-split convention (rotate_half, as in Llama/NeoX):
 // x: [B, T, H, D], cos/sin: [T, D/2] -> [B, T, H, D]
