@@ -1,8 +1,9 @@
-// AdamW: state management and dispatch to the fused kernels (optim/cpu/kernels.cpp: every CPU
-// parameter in one multi-tensor pass; optim/cuda/kernels.cu: one kernel per parameter). Bias
+// AdamW: state management and dispatch to the fused multi-tensor kernels (optim/cpu/kernels.cpp:
+// every CPU parameter in one parallel pass; optim/cuda/kernels.cu: a few launches per device). Bias
 // corrections are computed on the host in fp64 and folded into two scalars, as
 // torch.optim.AdamW's single-tensor path does.
 #include <cmath>
+#include <map>
 
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
@@ -42,6 +43,7 @@ void AdamW::step() {
   NoGradGuard no_grad;
   size_t index = 0;
   std::vector<cpu::AdamWTensors> on_cpu;  // updated together after the loop (one multi-tensor pass)
+  std::map<int, std::vector<cpu::AdamWTensors>> on_cuda;  // the same per CUDA device
   for (const ParamGroup& group : groups_) {
     const AdamWOptions& o = group.options;
     check_options(o);
@@ -62,7 +64,7 @@ void AdamW::step() {
       cpu::AdamWScalars s{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
                           o.lr / (1.0 - std::pow(o.beta1, t)), std::sqrt(1.0 - std::pow(o.beta2, t))};
       if (p.is_cuda()) {
-        KILN_CUDA_ONLY("adamw", cuda::adamw_step(p, grad, st.exp_avg, st.exp_avg_sq, s));
+        on_cuda[p.device().index].push_back({p, grad, st.exp_avg, st.exp_avg_sq, s});
       } else {
         on_cpu.push_back({p, grad, st.exp_avg, st.exp_avg_sq, s});
       }
@@ -72,6 +74,7 @@ void AdamW::step() {
     }
   }
   if (!on_cpu.empty()) cpu::adamw_step(on_cpu);
+  if (!on_cuda.empty()) KILN_CUDA_ONLY("adamw", for (const auto& [device, list] : on_cuda) cuda::adamw_step(list));
 }
 
 void AdamW::zero_grad(bool set_to_none) {

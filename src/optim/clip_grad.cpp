@@ -25,15 +25,16 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   if (device.is_cuda()) {
 #ifdef KILN_WITH_CUDA
     Tensor slots = empty({static_cast<int64_t>(grads.size())}, TensorOptions(kFloat64).device(device));
-    for (size_t i = 0; i < grads.size(); ++i) cuda::grad_sumsq(grads[i].contiguous(), slots, static_cast<int64_t>(i));
+    std::vector<Tensor> work;
+    for (const Tensor& g : grads) work.push_back(g.is_contiguous() ? g : g.contiguous());
+    cuda::grad_sumsq(work, slots);
     Tensor total = empty({}, TensorOptions(kFloat32).device(device));
     Tensor coef = empty({}, TensorOptions(kFloat64).device(device));
     cuda::clip_coefficient(slots, max_norm, total, coef);
-    for (Tensor& g : grads) {
-      Tensor work = g.is_contiguous() ? g : g.contiguous();
-      cuda::scale_by(work, coef);
-      if (!work.is_same(g)) g.copy_(work);
-      g.bump_version();
+    cuda::scale_by(work, coef);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!work[i].is_same(grads[i])) grads[i].copy_(work[i]);
+      grads[i].bump_version();
     }
     return total;
 #else

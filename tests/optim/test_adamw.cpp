@@ -307,6 +307,45 @@ TEST(AdamWCuda, MatchesCpu) {
   }
 }
 
+// The multi-tensor launches: more parameters than one list holds, dtypes mixed in one optimizer
+// (lists split where the dtype changes), an empty parameter, tensors spanning several chunks,
+// two groups with their own learning rates and weight decay.
+TEST(AdamWCuda, ManyParametersInListsMatchCpu) {
+  KILN_REQUIRE_CUDA();
+  manual_seed(31);
+  std::vector<Tensor> cpu_a, cuda_a, cpu_b, cuda_b;
+  for (int i = 0; i < 75; ++i) {
+    const Shape shape = i % 10 == 3 ? Shape{0} : i % 7 == 0 ? Shape{40000 + i} : Shape{i + 1, 9};
+    const Tensor p = randn(shape).to(i % 5 == 0 ? kBFloat16 : kFloat32).requires_grad_(true);
+    (i < 50 ? cpu_a : cpu_b).push_back(p);
+    (i < 50 ? cuda_a : cuda_b).push_back(p.detach().cuda().requires_grad_(true));
+  }
+  AdamWOptions oa, ob;
+  oa.lr = 1e-2, ob.lr = 3e-3, ob.weight_decay = 0.3;
+  AdamW oc(std::vector<optim::ParamGroup>{{cpu_a, oa}, {cpu_b, ob}}), og(std::vector<optim::ParamGroup>{{cuda_a, oa}, {cuda_b, ob}});
+  for (int s = 0; s < 3; ++s) {
+    for (size_t i = 0; i < cpu_a.size() + cpu_b.size(); ++i) {
+      Tensor& pc = i < cpu_a.size() ? cpu_a[i] : cpu_b[i - cpu_a.size()];
+      Tensor& pg = i < cuda_a.size() ? cuda_a[i] : cuda_b[i - cuda_a.size()];
+      const Tensor g = randn(pc.sizes()).to(pc.dtype());
+      pc.set_grad(g.clone());
+      pg.set_grad(g.cuda());
+    }
+    oc.step();
+    og.step();
+  }
+  for (size_t i = 0; i < cpu_a.size(); ++i) EXPECT_CLOSE(cuda_a[i].cpu(), cpu_a[i], tolerance(cpu_a[i].dtype()));
+  for (size_t i = 0; i < cpu_b.size(); ++i) EXPECT_CLOSE(cuda_b[i].cpu(), cpu_b[i], tolerance(cpu_b[i].dtype()));
+  // The clip over the same lists: one norm, every gradient scaled by the same factor.
+  std::vector<Tensor> all_c = cpu_a, all_g = cuda_a;
+  all_c.insert(all_c.end(), cpu_b.begin(), cpu_b.end());
+  all_g.insert(all_g.end(), cuda_b.begin(), cuda_b.end());
+  const double nc = optim::clip_grad_norm_(all_c, 0.5).item(), ng = optim::clip_grad_norm_(all_g, 0.5).item();
+  EXPECT_NEAR(ng, nc, 1e-5 * nc);
+  for (size_t i = 0; i < all_c.size(); ++i)
+    EXPECT_CLOSE(all_g[i].grad().cpu(), all_c[i].grad(), tolerance(all_c[i].dtype()));
+}
+
 TEST(ClipGradNormCuda, MatchesCpu) {
   KILN_REQUIRE_CUDA();
   std::vector<Tensor> cpu_params, cuda_params;

@@ -1,9 +1,13 @@
-// Optimizer kernels on CUDA. AdamW: one grid-stride kernel per parameter that reads p, g, m, v
-// once and writes p, m, v in place (fp32 moments for bf16/fp16 params). Gradient norm: a fixed
-// grid (a function of numel only) writes fp64 block partials, one block adds them in order, so
-// the norm is bitwise reproducible without atomics; the clip coefficient stays on the device
-// and the scale kernel reads it there (no host sync).
+// Optimizer kernels on CUDA, multi-tensor: one launch covers up to kListMax tensors, each cut into
+// fixed chunks of kChunk elements, a block per chunk (the block finds its tensor in a prefix table
+// passed by value). A GPT's ~100 parameters take a handful of launches instead of one (or three,
+// for the gradient norm) per parameter, most of them for tensors too small to fill the GPU.
+// Gradient norm: one fp64 partial per chunk, then one block per tensor adds its chunks in order,
+// so the result is bitwise reproducible (no atomics); the clip coefficient is computed and read on
+// the device (no host sync). AdamW keeps fp32 moments for bf16/fp16 parameters.
 #include <algorithm>
+#include <cmath>
+#include <functional>
 
 #include "core/cuda/check.h"
 #include "core/cuda/device_types.cuh"
@@ -16,28 +20,56 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxPartials = 1024;
+constexpr int64_t kChunk = 16384;  // elements per block
+constexpr int kListMax = 32;
+
+struct TensorList {
+  int count = 0;
+  int64_t numel[kListMax];
+  int block_start[kListMax + 1];  // first block of each tensor; block_start[count] = blocks
+  void* ptr[4][kListMax];
+};
+
+// AdamW's per-tensor scalars in the compute type (step counts and groups may differ).
+template <typename S>
+struct AdamWList {
+  S decay[kListMax], b1c[kListMax], b2[kListMax], b2c[kListMax], step_size[kListMax], bc2[kListMax], eps[kListMax];
+};
+
+__device__ __forceinline__ int tensor_of_block(const TensorList& l) {
+  int t = 0;
+  while (t + 1 < l.count && static_cast<int>(blockIdx.x) >= l.block_start[t + 1]) ++t;
+  return t;
+}
 
 template <typename P, typename S>
-__global__ void adamw_kernel(P* __restrict__ p, const P* __restrict__ g, S* __restrict__ m, S* __restrict__ v,
-                             int64_t n, S decay, S b1c, S b2, S b2c, S step_size, S bc2, S eps) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+__global__ void __launch_bounds__(kThreads) adamw_multi_kernel(TensorList l, AdamWList<S> s) {
+  const int t = tensor_of_block(l);
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - l.block_start[t]) * kChunk;
+  const int64_t end = min(l.numel[t], begin + kChunk);
+  P* p = static_cast<P*>(l.ptr[0][t]);
+  const P* g = static_cast<const P*>(l.ptr[1][t]);
+  S* m = static_cast<S*>(l.ptr[2][t]);
+  S* v = static_cast<S*>(l.ptr[3][t]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     const S gi = convert<S>(g[i]);
-    const S mi = m[i] + b1c * (gi - m[i]);
-    const S vi = b2 * v[i] + b2c * gi * gi;
+    const S mi = m[i] + s.b1c[t] * (gi - m[i]);
+    const S vi = s.b2[t] * v[i] + s.b2c[t] * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    const S denom = sqrt(vi) / bc2 + eps;
-    p[i] = convert<P>(convert<S>(p[i]) * decay - step_size * mi / denom);
+    const S denom = sqrt(vi) / s.bc2[t] + s.eps[t];
+    p[i] = convert<P>(convert<S>(p[i]) * s.decay[t] - s.step_size[t] * mi / denom);
   }
 }
 
 template <typename T>
-__global__ void sumsq_partial_kernel(const T* __restrict__ g, int64_t n, double* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads) sumsq_multi_kernel(TensorList l, double* __restrict__ partial) {
+  const int t = tensor_of_block(l);
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - l.block_start[t]) * kChunk;
+  const int64_t end = min(l.numel[t], begin + kChunk);
+  const T* g = static_cast<const T*>(l.ptr[0][t]);
   double acc = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     const double x = static_cast<double>(convert<dacc_t<T>>(g[i]));
     acc += x * x;
   }
@@ -45,11 +77,62 @@ __global__ void sumsq_partial_kernel(const T* __restrict__ g, int64_t n, double*
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-__global__ void sum_in_order_kernel(const double* __restrict__ partial, int64_t count, double* __restrict__ out) {
+struct SlotList {
+  int64_t index[kListMax];  // where each tensor's sum goes
+};
+
+// One block per tensor: slots[index[t]] = its chunks' partials added in order.
+__global__ void __launch_bounds__(kThreads) sum_partials_per_tensor(TensorList l, SlotList where,
+                                                                    const double* __restrict__ partial,
+                                                                    double* __restrict__ slots) {
+  const int t = blockIdx.x;
   double acc = 0;
-  for (int64_t i = threadIdx.x; i < count; i += kThreads) acc += partial[i];
+  for (int b = l.block_start[t] + threadIdx.x; b < l.block_start[t + 1]; b += kThreads) acc += partial[b];
   acc = block_sum<kThreads>(acc);
-  if (threadIdx.x == 0) *out = acc;
+  if (threadIdx.x == 0) slots[where.index[t]] = acc;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) scale_multi_kernel(TensorList l, const double* __restrict__ coef) {
+  const double c = *coef;
+  if (c >= 1.0) return;
+  const int t = tensor_of_block(l);
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - l.block_start[t]) * kChunk;
+  const int64_t end = min(l.numel[t], begin + kChunk);
+  T* g = static_cast<T*>(l.ptr[0][t]);
+  using A = dacc_t<T>;
+  const A f = static_cast<A>(c);
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) g[i] = convert<T>(convert<A>(g[i]) * f);
+}
+
+// Appends a tensor's pointers and chunk count to l.
+void add_tensor(TensorList& l, int64_t numel, std::initializer_list<void*> ptrs) {
+  const int i = l.count++;
+  if (i == 0) l.block_start[0] = 0;
+  l.numel[i] = numel;
+  int k = 0;
+  for (void* p : ptrs) l.ptr[k++][i] = p;
+  l.block_start[i + 1] = l.block_start[i] + static_cast<int>((numel + kChunk - 1) / kChunk);
+}
+
+// Calls launch(list, first) for consecutive runs of at most kListMax non-empty tensors of one
+// dtype; fill(list, i) adds tensor i.
+template <typename Fill, typename Launch>
+void for_each_list(size_t n, const std::function<DType(size_t)>& dtype_of, const std::function<int64_t(size_t)>& numel_of,
+                   Fill&& fill, Launch&& launch) {
+  TensorList l;
+  size_t first = 0;
+  DType dt = n ? dtype_of(0) : kFloat32;
+  for (size_t i = 0; i < n; ++i) {
+    if (numel_of(i) == 0) continue;
+    if (l.count == kListMax || (l.count > 0 && dtype_of(i) != dt)) {
+      launch(l, dt, first);
+      l = TensorList();
+    }
+    if (l.count == 0) first = i, dt = dtype_of(i);
+    fill(l, i);
+  }
+  if (l.count > 0) launch(l, dt, first);
 }
 
 __global__ void clip_coef_kernel(const double* __restrict__ slots, int64_t k, double max_norm, float* __restrict__ total,
@@ -64,54 +147,9 @@ __global__ void clip_coef_kernel(const double* __restrict__ slots, int64_t k, do
   *coef = c < 1.0 ? c : 1.0;
 }
 
-template <typename T>
-__global__ void scale_kernel(T* __restrict__ g, int64_t n, const double* __restrict__ coef) {
-  const double c = *coef;
-  if (c >= 1.0) return;
-  using A = dacc_t<T>;
-  const A f = static_cast<A>(c);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    g[i] = convert<T>(convert<A>(g[i]) * f);
-}
-
 cudaStream_t stream_of(const Tensor& t) { return current_raw_stream(t.device().index); }
 
 }  // namespace
-
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const cpu::AdamWScalars& s) {
-  const int64_t n = param.numel();
-  if (n == 0) return;
-  DeviceGuard guard(param.device().index);
-  dispatch_floating(param.dtype(), "adamw", [&](auto tag) {
-    using P = device_t<typename decltype(tag)::type>;
-    using S = dacc_t<P>;
-    adamw_kernel<P, S><<<blocks_for(n, kThreads), kThreads, 0, stream_of(param)>>>(
-        static_cast<P*>(param.data_ptr()), static_cast<const P*>(grad.data_ptr()),
-        static_cast<S*>(exp_avg.data_ptr()), static_cast<S*>(exp_avg_sq.data_ptr()), n,
-        static_cast<S>(1.0 - s.lr * s.weight_decay), static_cast<S>(1.0 - s.beta1), static_cast<S>(s.beta2),
-        static_cast<S>(1.0 - s.beta2), static_cast<S>(s.step_size), static_cast<S>(s.bias_correction2_sqrt),
-        static_cast<S>(s.eps));
-    KILN_CUDA_CHECK_LAUNCH("adamw");
-  });
-}
-
-void grad_sumsq(const Tensor& grad, const Tensor& slots, int64_t index) {
-  const int64_t n = grad.numel();
-  DeviceGuard guard(grad.device().index);
-  const int64_t blocks = std::min<int64_t>(kMaxPartials, std::max<int64_t>(1, (n + kThreads * 8 - 1) / (kThreads * 8)));
-  Tensor partial = empty({blocks}, grad.options().dtype(kFloat64));
-  dispatch_floating(grad.dtype(), "clip_grad_norm_", [&](auto tag) {
-    using T = device_t<typename decltype(tag)::type>;
-    sumsq_partial_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(grad)>>>(
-        static_cast<const T*>(grad.data_ptr()), n, static_cast<double*>(partial.data_ptr()));
-    KILN_CUDA_CHECK_LAUNCH("clip_grad_norm_");
-  });
-  sum_in_order_kernel<<<1, kThreads, 0, stream_of(grad)>>>(static_cast<const double*>(partial.data_ptr()), blocks,
-                                                           static_cast<double*>(slots.data_ptr()) + index);
-  KILN_CUDA_CHECK_LAUNCH("clip_grad_norm_");
-}
 
 void clip_coefficient(const Tensor& slots, double max_norm, const Tensor& total, const Tensor& coef) {
   DeviceGuard guard(slots.device().index);
@@ -121,16 +159,81 @@ void clip_coefficient(const Tensor& slots, double max_norm, const Tensor& total,
   KILN_CUDA_CHECK_LAUNCH("clip_grad_norm_");
 }
 
-void scale_by(const Tensor& grad, const Tensor& coef) {
-  const int64_t n = grad.numel();
-  if (n == 0) return;
-  DeviceGuard guard(grad.device().index);
-  dispatch_floating(grad.dtype(), "clip_grad_norm_", [&](auto tag) {
-    using T = device_t<typename decltype(tag)::type>;
-    scale_kernel<T><<<blocks_for(n, kThreads), kThreads, 0, stream_of(grad)>>>(
-        static_cast<T*>(grad.data_ptr()), n, static_cast<const double*>(coef.data_ptr()));
-    KILN_CUDA_CHECK_LAUNCH("clip_grad_norm_");
-  });
+void adamw_step(const std::vector<cpu::AdamWTensors>& params) {
+  if (params.empty()) return;
+  DeviceGuard guard(params[0].param.device().index);
+  cudaStream_t stream = stream_of(params[0].param);
+  std::vector<size_t> members;  // the list's entries, for their scalars
+  for_each_list(
+      params.size(), [&](size_t i) { return params[i].param.dtype(); }, [&](size_t i) { return params[i].param.numel(); },
+      [&](TensorList& l, size_t i) {
+        const cpu::AdamWTensors& a = params[i];
+        add_tensor(l, a.param.numel(), {a.param.data_ptr(), a.grad.data_ptr(), a.exp_avg.data_ptr(), a.exp_avg_sq.data_ptr()});
+        members.push_back(i);
+      },
+      [&](const TensorList& l, DType dt, size_t) {
+        dispatch_floating(dt, "adamw", [&](auto tag) {
+          using P = device_t<typename decltype(tag)::type>;
+          using S = dacc_t<P>;
+          AdamWList<S> s;
+          for (int k = 0; k < l.count; ++k) {
+            const cpu::AdamWScalars& c = params[members[k]].s;
+            s.decay[k] = static_cast<S>(1.0 - c.lr * c.weight_decay), s.b1c[k] = static_cast<S>(1.0 - c.beta1);
+            s.b2[k] = static_cast<S>(c.beta2), s.b2c[k] = static_cast<S>(1.0 - c.beta2);
+            s.step_size[k] = static_cast<S>(c.step_size), s.bc2[k] = static_cast<S>(c.bias_correction2_sqrt);
+            s.eps[k] = static_cast<S>(c.eps);
+          }
+          adamw_multi_kernel<P, S><<<l.block_start[l.count], kThreads, 0, stream>>>(l, s);
+          KILN_CUDA_CHECK_LAUNCH("adamw");
+        });
+        members.clear();
+      });
+}
+
+void grad_sumsq(const std::vector<Tensor>& grads, const Tensor& slots) {
+  if (grads.empty()) return;
+  DeviceGuard guard(grads[0].device().index);
+  cudaStream_t stream = stream_of(grads[0]);
+  Tensor(slots).zero_();  // empty gradients keep 0
+  std::vector<size_t> members;
+  for_each_list(
+      grads.size(), [&](size_t i) { return grads[i].dtype(); }, [&](size_t i) { return grads[i].numel(); },
+      [&](TensorList& l, size_t i) {
+        add_tensor(l, grads[i].numel(), {grads[i].data_ptr()});
+        members.push_back(i);
+      },
+      [&](const TensorList& l, DType dt, size_t) {
+        const int blocks = l.block_start[l.count];
+        Tensor partial = empty({blocks}, grads[0].options().dtype(kFloat64));
+        SlotList where;
+        for (int k = 0; k < l.count; ++k) where.index[k] = static_cast<int64_t>(members[k]);
+        dispatch_floating(dt, "clip_grad_norm_", [&](auto tag) {
+          using T = device_t<typename decltype(tag)::type>;
+          sumsq_multi_kernel<T><<<blocks, kThreads, 0, stream>>>(l, static_cast<double*>(partial.data_ptr()));
+          KILN_CUDA_CHECK_LAUNCH("clip_grad_norm_");
+        });
+        sum_partials_per_tensor<<<l.count, kThreads, 0, stream>>>(
+            l, where, static_cast<const double*>(partial.data_ptr()), static_cast<double*>(slots.data_ptr()));
+        KILN_CUDA_CHECK_LAUNCH("clip_grad_norm_");
+        members.clear();
+      });
+}
+
+void scale_by(const std::vector<Tensor>& grads, const Tensor& coef) {
+  if (grads.empty()) return;
+  DeviceGuard guard(grads[0].device().index);
+  cudaStream_t stream = stream_of(grads[0]);
+  for_each_list(
+      grads.size(), [&](size_t i) { return grads[i].dtype(); }, [&](size_t i) { return grads[i].numel(); },
+      [&](TensorList& l, size_t i) { add_tensor(l, grads[i].numel(), {grads[i].data_ptr()}); },
+      [&](const TensorList& l, DType dt, size_t) {
+        dispatch_floating(dt, "clip_grad_norm_", [&](auto tag) {
+          using T = device_t<typename decltype(tag)::type>;
+          scale_multi_kernel<T><<<l.block_start[l.count], kThreads, 0, stream>>>(
+              l, static_cast<const double*>(coef.data_ptr()));
+          KILN_CUDA_CHECK_LAUNCH("clip_grad_norm_");
+        });
+      });
 }
 
 }  // namespace kiln::cuda
