@@ -285,17 +285,20 @@ TEST(QkvRotarySplit, Errors) {
   expect_message([&] { F::qkv_rotary_split(randint(0, 3, {2, 4, 3, 3, 6}), cos, sin); }, "floating-point");
 }
 
+// D = 64: the vector kernel (4 bf16 / 2 fp32 pairs a thread); D = 6 (half 3) and fp64: one pair a
+// thread.
 TEST(QkvRotarySplitCuda, MatchesCpu) {
   KILN_REQUIRE_CUDA();
-  for (DType dt : {kFloat32, kBFloat16}) {
-    auto [cos, sin] = F::rotary_tables(11, 64);
-    const Tensor cg = cos.cuda(), sg = sin.cuda();
-    Tensor qkv = randn({2, 11, 3, 4, 64}).to(dt).requires_grad_(true);
-    expect_cuda_matches_cpu("qkv_rotary_split", [&](const std::vector<Tensor>& in) {
-      auto [q, k, v] = in[0].is_cuda() ? F::qkv_rotary_split(in[0], cg, sg) : F::qkv_rotary_split(in[0], cos, sin);
-      return stack({q, k, v});
-    }, {qkv});
-  }
+  for (DType dt : {kFloat32, kBFloat16, kFloat64})
+    for (int64_t D : {64, 6}) {
+      auto [cos, sin] = F::rotary_tables(11, D);
+      const Tensor cg = cos.cuda(), sg = sin.cuda();
+      Tensor qkv = randn({2, 11, 3, 4, D}).to(dt).requires_grad_(true);
+      expect_cuda_matches_cpu("qkv_rotary_split", [&](const std::vector<Tensor>& in) {
+        auto [q, k, v] = in[0].is_cuda() ? F::qkv_rotary_split(in[0], cg, sg) : F::qkv_rotary_split(in[0], cos, sin);
+        return stack({q, k, v});
+      }, {qkv});
+    }
 }
 
 TEST(RopeCuda, MatchesCpu) {

@@ -1,11 +1,13 @@
-// Rotary embedding on CUDA: one thread per rotated pair (row, i), i < D/2, over a grid-stride
-// loop, its dims split by IntDivider. Consecutive threads take consecutive i, so both halves of a row are read and written
-// coalesced; cos/sin ([T, D/2], small) stay in L2. s = +1 forward, -1 backward.
+// Rotary embedding on CUDA: one thread per rotated pair (row, i), i < D/2 (the fused qkv split: per
+// vector of pairs), over a grid-stride loop, its dims split by IntDivider. Consecutive threads take
+// consecutive i, so both halves of a row are read and written coalesced; cos/sin ([T, D/2], small)
+// stay in L2. s = +1 forward, -1 backward.
 #include "core/cuda/check.h"
 #include "core/cuda/device_types.cuh"
 #include "core/cuda/int_divider.h"
 #include "core/dispatch.h"
 #include "core/tensor_impl.h"
+#include "ops/cuda/elementwise_launch.cuh"
 #include "ops/cuda/rope.h"
 
 namespace kiln::cuda {
@@ -64,15 +66,18 @@ __global__ void rotary_kernel(const X* __restrict__ x, const A* __restrict__ cos
   }
 }
 
-// qkv_rotary: one thread per pair (packed row, i) of qkv [B, T, 3, H, D]; consecutive threads
-// take consecutive i and h, so the packed side is contiguous and each head row is too.
-template <typename X, typename A>
+// qkv_rotary: one thread per V consecutive pairs (packed row, i..i+V) of qkv [B, T, 3, H, D], read
+// and written as V-element vectors from both halves of the row; consecutive threads take
+// consecutive i and h, so the packed side is contiguous and each head row is too.
+template <typename X, typename A, int V>
 __global__ void qkv_rotary_kernel(X* __restrict__ packed, X* __restrict__ q, X* __restrict__ k, X* __restrict__ v,
                                   const A* __restrict__ cos, const A* __restrict__ sin, int64_t pairs, PairDims dims,
                                   bool split) {
+  using PX = Pack<X, V>;
+  using PA = Pack<A, V>;
   const int64_t half = dims.half, H = dims.H, T = dims.T;
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t p = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * V; p < pairs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x * V) {
     int64_t r, i, r3, h, bt, j, b, t;
     dims.split(p, r, i);  // r = ((b T + t) 3 + j) H + h
     dims.divmod(r, dims.d_H, H, r3, h);
@@ -82,12 +87,22 @@ __global__ void qkv_rotary_kernel(X* __restrict__ packed, X* __restrict__ q, X* 
     X* pr = packed + r * 2 * half;
     const X* src = split ? pr : hr;
     X* dst = split ? hr : pr;
+    const PX x1 = *reinterpret_cast<const PX*>(src + i), x2 = *reinterpret_cast<const PX*>(src + i + half);
     if (j == 2) {
-      dst[i] = src[i];
-      dst[i + half] = src[i + half];
+      *reinterpret_cast<PX*>(dst + i) = x1;
+      *reinterpret_cast<PX*>(dst + i + half) = x2;
       continue;
     }
-    rotate_pair(src, dst, i, half, cos[t * half + i], (split ? A(1) : A(-1)) * sin[t * half + i]);
+    const PA c = *reinterpret_cast<const PA*>(cos + t * half + i), sn = *reinterpret_cast<const PA*>(sin + t * half + i);
+    PX o1, o2;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const A a = convert<A>(x1.v[e]), bb = convert<A>(x2.v[e]), si = split ? sn.v[e] : -sn.v[e];
+      o1.v[e] = convert<X>(a * c.v[e] - bb * si);
+      o2.v[e] = convert<X>(bb * c.v[e] + a * si);
+    }
+    *reinterpret_cast<PX*>(dst + i) = o1;
+    *reinterpret_cast<PX*>(dst + i + half) = o2;
   }
 }
 
@@ -102,10 +117,21 @@ void qkv_rotary(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tenso
   dispatch_floating(qkv.dtype(), "qkv_rotary_split", [&](auto tag) {
     using X = device_t<typename decltype(tag)::type>;
     using A = dacc_t<X>;
-    qkv_rotary_kernel<X, A><<<blocks_for(pairs, kThreads), kThreads, 0, current_raw_stream(qkv.device().index)>>>(
-        static_cast<X*>(qkv.data_ptr()), static_cast<X*>(q.data_ptr()), static_cast<X*>(k.data_ptr()),
-        static_cast<X*>(v.data_ptr()), static_cast<const A*>(cos.data_ptr()), static_cast<const A*>(sin.data_ptr()),
-        pairs, PairDims(pairs, half, H, T), split);
+    const bool aligned = reinterpret_cast<uintptr_t>(qkv.data_ptr()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(cos.data_ptr()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(sin.data_ptr()) % 16 == 0;
+    auto launch = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      qkv_rotary_kernel<X, A, V><<<blocks_for(pairs / V, kThreads), kThreads, 0, current_raw_stream(qkv.device().index)>>>(
+          static_cast<X*>(qkv.data_ptr()), static_cast<X*>(q.data_ptr()), static_cast<X*>(k.data_ptr()),
+          static_cast<X*>(v.data_ptr()), static_cast<const A*>(cos.data_ptr()), static_cast<const A*>(sin.data_ptr()),
+          pairs, PairDims(pairs, half, H, T), split);
+    };
+    // 8-byte vectors of X (4 bf16 or 2 fp32) where every row half splits into them; q, k, v are
+    // fresh allocations (aligned), qkv and the tables may be views.
+    constexpr int kVec = static_cast<int>(8 / sizeof(X)) > 1 ? static_cast<int>(8 / sizeof(X)) : 1;
+    if (aligned && half % kVec == 0) launch(std::integral_constant<int, kVec>{});
+    else launch(std::integral_constant<int, 1>{});
     KILN_CUDA_CHECK_LAUNCH("qkv_rotary_split");
   });
 }
