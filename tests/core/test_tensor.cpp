@@ -258,6 +258,23 @@ TEST(CudaTensor, RandomMatchesCpu) {
   }
 }
 
+// Permuted copies: 16-byte packs where the innermost dim stays contiguous (heads moved next to
+// tokens), the element kernel otherwise (odd inner size, a view at an odd offset, a transposed
+// innermost dim, a dtype change); every result equals the CPU's bit for bit.
+TEST(CudaTensor, PermutedCopiesMatchCpu) {
+  KILN_REQUIRE_CUDA();
+  for (DType dt : {kBFloat16, kFloat32, kFloat64})
+    for (int64_t D : {64, 8, 3}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " D " + std::to_string(D));
+      const Tensor x = randn({2, 5, 3, D}).to(dt);
+      const Tensor g = x.cuda();
+      EXPECT_EQ(g.transpose(1, 2).contiguous().cpu().to_vector(), x.transpose(1, 2).contiguous().to_vector());
+      EXPECT_EQ(g.transpose(2, 3).contiguous().cpu().to_vector(), x.transpose(2, 3).contiguous().to_vector());
+      EXPECT_EQ(g.narrow(3, 1, D - 1).contiguous().cpu().to_vector(), x.narrow(3, 1, D - 1).contiguous().to_vector());
+      EXPECT_EQ(g.transpose(1, 2).to(kFloat32).cpu().to_vector(), x.transpose(1, 2).to(kFloat32).to_vector());
+    }
+}
+
 TEST(CudaMemory, StatsAreExact) {
   KILN_REQUIRE_CUDA();
   const Device dev("cuda");

@@ -1,6 +1,8 @@
 // CUDA copies (strided, with dtype conversion), fills, arange and Philox random fills.
 // Dense same-dtype copies go to cudaMemcpyAsync; the rest is a grid-stride loop over a
-// coalesced geometry. Everything runs on the current stream of the tensor's device.
+// coalesced geometry, in 16-byte packs where the innermost dim is contiguous on both sides. Everything runs on the current stream of the tensor's device.
+#include <optional>
+
 #include "core/cuda/check.h"
 #include "core/cuda/device_types.cuh"
 #include "core/cuda/offset_calc.cuh"
@@ -49,6 +51,24 @@ __global__ void random_kernel(T* dst, int64_t n, philox::Distribution dist, uint
 
 cudaStream_t stream_of(const Tensor& t) { return current_raw_stream(t.device().index); }
 
+// A same-dtype copy whose innermost dim is contiguous on both sides (a permute that keeps the
+// last dim, e.g. attention heads moved next to tokens) as 16-byte packs: the geometry in packs
+// when the innermost run, every other stride and both pointers allow, else empty.
+std::optional<Geometry<2>> in_packs(const Geometry<2>& g, size_t elem, const void* dst, const void* src) {
+  const int64_t per = static_cast<int64_t>(16 / elem);
+  const size_t last = g.shape.size() - 1;
+  if (per <= 1 || g.strides[0][last] != 1 || g.strides[1][last] != 1 || g.shape[last] % per != 0) return std::nullopt;
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) return std::nullopt;
+  Geometry<2> p = g;
+  p.shape[last] /= per;
+  for (int i = 0; i < 2; ++i)
+    for (size_t d = 0; d < last; ++d) {
+      if (g.strides[i][d] % per != 0) return std::nullopt;
+      p.strides[i][d] /= per;
+    }
+  return p;
+}
+
 }  // namespace
 
 void copy(const Tensor& dst, const Tensor& src) {
@@ -60,7 +80,17 @@ void copy(const Tensor& dst, const Tensor& src) {
                                     stream_of(dst)));
     return;
   }
-  const auto calc = make_offset_calc(make_geometry<2>({&dst, &src}), "copy_");
+  const Geometry<2> geometry = make_geometry<2>({&dst, &src});
+  if (dst.dtype() == src.dtype()) {
+    if (auto packs = in_packs(geometry, element_size(dst.dtype()), dst.data_ptr(), src.data_ptr())) {
+      copy_kernel<uint4, uint4><<<blocks_for(packs->numel(), kThreads), kThreads, 0, stream_of(dst)>>>(
+          static_cast<uint4*>(dst.data_ptr()), static_cast<const uint4*>(src.data_ptr()), packs->numel(),
+          make_offset_calc(*packs, "copy_"));
+      KILN_CUDA_CHECK_LAUNCH("copy_");
+      return;
+    }
+  }
+  const auto calc = make_offset_calc(geometry, "copy_");
   dispatch_all(dst.dtype(), "copy_", [&](auto dtag) {
     using D = device_t<typename decltype(dtag)::type>;
     dispatch_all(src.dtype(), "copy_", [&](auto stag) {
