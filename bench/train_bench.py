@@ -20,6 +20,8 @@ what it measured. `scripts/gpu.sh train` runs it on the GPU machine.
 """
 import argparse, json, os, subprocess, sys, tempfile, time
 
+T_PROCESS = time.time()  # a torch worker's start: its startup_s runs from here
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "scripts"))  # torch_gpt.py
 
@@ -42,37 +44,55 @@ def model_config(args):
 
 # ---- kiln ----
 
-def run_kiln(args, m, device):
+def run_kiln(args, m, device, cache_dir=None, env_extra=None, steps=None, warmup=None, label="kiln"):
+    """cache_dir: kiln's cache folder (KILN_CACHE_DIR; a fresh one is a cold start); steps/warmup
+    override the benchmark's (the cold-start runs take one step)."""
     run_dir = tempfile.mkdtemp(prefix="kiln_train_bench_")
+    steps = args.steps if steps is None else steps
+    warmup = args.warmup if warmup is None else warmup
     cmd = [args.kiln, "train", "--preset", "gpt125m", "--synthetic", "--device", device,
            "--vocab-size", str(m["vocab_size"]), "--seq-len", str(m["seq_len"]), "--dim", str(m["dim"]),
            "--layers", str(m["n_layers"]), "--heads", str(m["n_heads"]),
-           "--batch-size", str(args.batch_size), "--bench-steps", str(args.steps), "--bench-warmup", str(args.warmup),
+           "--batch-size", str(args.batch_size), "--bench-steps", str(steps), "--bench-warmup", str(warmup),
            "--autocast", "bf16", "--progress", "plain", "--log-every", "1", "--run-dir", run_dir,
            "--seed", str(args.seed),
            # PyTorch's schedule below (peak 3e-4, floor 3e-5, warm-up min(30, steps)); kiln's
            # default (5e-3, meant for the tiny CPU model) made the 125M losses climb.
-           "--lr", "3e-4", "--min-lr", "3e-5", "--warmup-steps", str(min(30, args.warmup + args.steps))]
+           "--lr", "3e-4", "--min-lr", "3e-5", "--warmup-steps", str(min(30, warmup + steps))]
     cmd += ["--threads", "0"]  # all cores: on CUDA the host builds each step's BlockMask
     cmd += args.kiln_args.split()
-    print("$", " ".join(cmd), flush=True)
+    env = dict(os.environ)
+    if cache_dir:
+        env["KILN_CACHE_DIR"] = cache_dir
+    env.update(env_extra or {})
+    print("$", " ".join(f"{k}={v}" for k, v in (env_extra or {}).items()), " ".join(cmd), flush=True)
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"framework": "kiln", "error": f"timed out after {args.timeout} s"}
+        return {"framework": label, "error": f"timed out after {args.timeout} s"}
     except OSError as e:  # e.g. no kiln binary at --kiln
-        return {"framework": "kiln", "error": str(e)}
+        return {"framework": label, "error": str(e)}
     sys.stdout.write(p.stdout[-4000:])
     if p.returncode != 0:
         sys.stdout.write(p.stderr[-4000:])
-        return {"framework": "kiln", "error": (p.stderr or p.stdout)[-2000:], "returncode": p.returncode}
+        return {"framework": label, "error": (p.stderr or p.stdout)[-2000:], "returncode": p.returncode}
     for line in reversed(p.stdout.splitlines()):
         if line.startswith('{"'):
             r = json.loads(line)
             r["wall_s"] = time.time() - t0
+            r["framework"] = label
             return r
-    return {"framework": "kiln", "error": "no JSON line in kiln's output"}
+    return {"framework": label, "error": "no JSON line in kiln's output"}
+
+
+def cold_start_runs(args, m, device, cache_dir):
+    """kiln's start without a compile cache: the pool's default workers (the benchmark run's own
+    cache_dir, already filled by it, is the warm start) and one worker in a fresh cache (serial)."""
+    serial = run_kiln(args, m, device, tempfile.mkdtemp(prefix="kiln_cache_"), {"KILN_JIT_WORKERS": "1"}, 1, 0,
+                      "kiln-cold-serial")
+    warm = run_kiln(args, m, device, cache_dir, None, 1, 0, "kiln-warm")
+    return [serial, warm]
 
 
 # ---- PyTorch (a worker process per variant) ----
@@ -110,7 +130,7 @@ def torch_worker(args):
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    losses, step_s = [], []
+    losses, step_s, first_step_s, startup_s = [], [], 0.0, 0.0
     total = args.warmup + args.steps
     for step in range(total):
         t0 = time.perf_counter()
@@ -126,13 +146,15 @@ def torch_worker(args):
         losses.append(loss.item())  # syncs, as kiln's loop does
         if cuda:
             torch.cuda.synchronize()
+        if step == 0:  # torch.compile compiles here
+            first_step_s, startup_s = time.perf_counter() - t0, time.time() - T_PROCESS
         if step >= args.warmup:
             step_s.append(time.perf_counter() - t0)
     mean_s = sum(step_s) / max(1, len(step_s))
     r = {"kind": "torch_train_bench", "framework": "torch-" + args.worker, "device": str(device),
          "torch": torch.__version__, "attention": args.torch_attn, "batch_size": B, "seq_len": T,
          "tokens_per_step": B * T, "steps": len(step_s), "step_s": step_s, "step_s_mean": mean_s,
-         "tokens_per_s": B * T / mean_s, "losses": losses,
+         "tokens_per_s": B * T / mean_s, "losses": losses, "first_step_s": first_step_s, "startup_s": startup_s,
          "params": sum(t.numel() for t in params)}
     if cuda:
         r["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
@@ -186,6 +208,13 @@ def report(results):
         print("\nkiln step %.1f ms, per phase (ms/step, %% of step):" % step_ms)
         for k, v in sorted(ph.items(), key=lambda kv: -kv[1]):
             print("  %-12s %9.2f  %5.1f%%" % (k, v, 100 * v / step_ms if step_ms else 0))
+        starts = [r for r in results if "error" not in r and r.get("startup_s")]
+        if starts:
+            print("\nstart to the end of the first step (s; kiln: compile cache empty unless 'warm'):")
+            for r in starts:
+                j = r.get("jit", {})
+                extra = f"  jit compiles {j.get('compiles')}, disk hits {j.get('disk_hits')}, workers {j.get('workers_started')}" if j else ""
+                print("  %-18s %8.2f%s" % (r["framework"], r["startup_s"], extra))
         eager = next((r for r in results if r.get("framework") == "torch-eager" and "error" not in r), None)
         if eager:
             ok_t = kiln["tokens_per_s"] >= eager["tokens_per_s"]
@@ -215,6 +244,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--timeout", type=int, default=200, help="seconds per framework run")
     ap.add_argument("--out", default="", help="JSON path (default: $OUT/train_bench.json when OUT is set)")
+    ap.add_argument("--cold-start", action="store_true",
+                    help="kiln also starts with one compile worker in an empty cache, and with the warm cache")
     # worker mode (internal)
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     ap.add_argument("--worker-device", default="", help=argparse.SUPPRESS)
@@ -239,8 +270,14 @@ def main():
           flush=True)
     out = args.out or (os.path.join(os.environ["OUT"], "train_bench.json") if os.environ.get("OUT") else "")
     results = []
+    cache_dir = tempfile.mkdtemp(prefix="kiln_cache_")  # kiln starts cold, like a fresh torch.compile
     for fw in [f.strip() for f in args.frameworks.split(",") if f.strip()]:
-        results.append(run_kiln(args, m, device) if fw == "kiln" else run_torch(args, m, fw, device))
+        if fw == "kiln":
+            results.append(run_kiln(args, m, device, cache_dir))
+            if args.cold_start:
+                results += cold_start_runs(args, m, device, cache_dir)
+        else:
+            results.append(run_torch(args, m, fw, device))
         if out:  # after each framework: a run stopped by its time limit keeps what it measured
             os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
             with open(out, "w") as f:

@@ -38,7 +38,7 @@
 #
 # Knobs (environment): OUT, BUILD, DEADLINE, JOBS (ninja, default nproc), CTEST_JOBS (12), CTEST_EXCLUDE,
 # CTEST_INCLUDE (CTest regexes), PYTEST_PATHS (default python/tests), TESTS_SERIAL=1 (CTest, then pytest), ITERS / WARMUP (compare_torch.py; default 20 / 5, 10 / 3 under
-# `all`), LCE_ROWS / FLEX_ROWS (row indices, e.g. 0,3), TRAIN_STEPS (6), TRAIN_WARMUP (2), PASSES (ab,
+# `all`), LCE_ROWS / FLEX_ROWS (row indices, e.g. 0,3), TRAIN_STEPS (6), TRAIN_WARMUP (2), TRAIN_COLD=1 (train: kiln's cold starts too), PASSES (ab,
 # 2); KILN_* tuning variables pass through to every part. Exit status 0 when every part ran to its end.
 #
 # The GPU machine has no package registry: Highway, Gloo, fmt and CLI11 come as Debian packages in
@@ -264,7 +264,7 @@ suite_train() {
   [ "$each" -gt 150 ] && each=150
   part train "$limit" "$OUT/bench.log" python3 bench/train_bench.py --kiln "$BUILD/kiln" \
     --frameworks kiln,eager,compile --steps "${TRAIN_STEPS:-6}" --warmup "${TRAIN_WARMUP:-2}" \
-    --timeout "$each" --out "$WORK/train.json"
+    --timeout "$each" --out "$WORK/train.json" ${TRAIN_COLD:+--cold-start}
 }
 
 suite_norm() {

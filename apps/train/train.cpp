@@ -25,6 +25,7 @@
 #include "kiln/autograd.h"
 #include "kiln/cuda.h"
 #include "kiln/io.h"
+#include "kiln/jit.h"
 #include "kiln/memory.h"
 #include "kiln/optim.h"
 #include "kiln/telemetry.h"
@@ -125,9 +126,13 @@ nlohmann::json model_json(const ModelConfig& c) {
 // The benchmark's JSON line: throughput over the timed steps, peak memory, and the mean time per
 // step of each phase (device time on CUDA); "other" is the step time no phase covers (host work,
 // syncs, launch gaps).
+// startup_s: from the command's start (settings checked) to the end of the first step, run-time
+// compiles included; jit: what kiln::jit did in the process (a warm cache compiles nothing).
 std::string bench_report(const TrainConfig& cfg, const ModelConfig& mc, int64_t params, const Placement& pl,
                          const std::vector<double>& step_s, const std::map<std::string, double>& phase_ms,
-                         const std::vector<double>& losses, const MemoryStats& mem, const telemetry::Reading& tel) {
+                         const std::vector<double>& losses, const MemoryStats& mem, const telemetry::Reading& tel,
+                         double startup_s) {
+  const jit::CompileStats js = jit::compile_stats();
   const double n = static_cast<double>(std::max<size_t>(step_s.size(), 1));
   double total = 0;
   for (double s : step_s) total += s;
@@ -159,6 +164,9 @@ std::string bench_report(const TrainConfig& cfg, const ModelConfig& mc, int64_t 
                         {"peak_allocated_bytes", mem.peak_allocated},
                         {"peak_reserved_bytes", mem.peak_reserved},
                         {"phases_ms_per_step", phases},
+                        {"startup_s", startup_s},
+                        {"jit", {{"compiles", js.compiles}, {"disk_hits", js.disk_hits},
+                                 {"workers_started", js.workers_started}, {"failures", js.failures}}},
                         {"losses", losses},
                         {"telemetry", nlohmann::json::parse(telemetry::to_json(tel))}}
       .dump();
@@ -433,6 +441,7 @@ TrainResult train(const TrainConfig& requested, std::ostream& rank0_out) {
   // still runs this step's optimizer (the host work would otherwise leave the GPU idle), and the
   // losses are read after the optimizer is queued: one wait per step.
   std::optional<PreparedBatch> ahead;
+  double startup_s = 0;  // to the end of the first step this process runs
   while (step < end) {
     const bool timed = bench && step >= cfg.bench_warmup;
     if (timed) PhaseTimer::set_active(timer.get());
@@ -482,6 +491,7 @@ TrainResult train(const TrainConfig& requested, std::ostream& rank0_out) {
     for (const Tensor& l : micro_losses) loss_sum += l.item();  // waits for the step on CUDA
     const double grad_norm = grad_norm_t.item();
     ++step;
+    if (startup_s == 0) startup_s = now_s() - t_start;
     if (timed) {
       PhaseTimer::set_active(nullptr);
       timer->collect(phase_ms);
@@ -561,7 +571,7 @@ TrainResult train(const TrainConfig& requested, std::ostream& rank0_out) {
   result.steps = cfg.steps;
   if (bench) {
     result.bench_json = bench_report(cfg, mc, model.num_parameters(), pl, bench_step_s, phase_ms, result.train_losses,
-                                     memory_stats(pl.device), sample_telemetry());
+                                     memory_stats(pl.device), sample_telemetry(), startup_s);
     out << result.bench_json << "\n" << std::flush;
     return result;
   }
