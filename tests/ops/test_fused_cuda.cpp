@@ -36,15 +36,17 @@ double tolerance_of(std::initializer_list<DType> dts) {
 
 TEST(FusedNormCuda, AddRmsNormMatchesFloat64Reference) {
   KILN_REQUIRE_CUDA();
-  // 768 / 4096: the one-pass kernel; 8192 fp32 and 16384 bf16: its wide-row variant; 100 and
-  // 40000: the composition (a row that is no whole number of 16-byte packs, or too long).
+  // 768 / 4096 / 100 fp32: the one-pass kernel; 8192 fp32 and 16384 bf16: its wide-row variant;
+  // 100 bf16 and 40000 fp32: the composition (a row that is no whole number of 16-byte packs, or
+  // one too long).
   const std::vector<NormCase> cases = {
       {kFloat32, kFloat32, kFloat32, 768},   {kFloat32, kBFloat16, kBFloat16, 768},
       {kFloat32, kBFloat16, kFloat32, 4096}, {kFloat32, kFloat16, kFloat16, 768},
       {kFloat32, kFloat32, kBFloat16, 768},  {kBFloat16, kBFloat16, kBFloat16, 4096},
       {kFloat16, kFloat16, kFloat16, 768},   {kFloat64, kFloat64, kFloat64, 768},
       {kFloat32, kBFloat16, kBFloat16, 8192}, {kBFloat16, kBFloat16, kBFloat16, 16384},
-      {kFloat32, kBFloat16, kBFloat16, 100}, {kFloat32, kFloat32, kFloat32, 40000}};
+      {kFloat32, kBFloat16, kBFloat16, 100}, {kBFloat16, kBFloat16, kBFloat16, 100},
+      {kFloat32, kFloat32, kFloat32, 40000}};
   for (const NormCase& c : cases)
     for (bool weighted : {true, false}) {
       SCOPED_TRACE(name_of(c) + (weighted ? " weighted" : ""));
