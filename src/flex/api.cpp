@@ -1,5 +1,6 @@
 // flex_attention: validation, BlockMask resolution (moved to q's device, cached), dispatch to the
 // CPU kernels or the NVRTC-compiled CUDA kernels (src/flex/cuda), autograd node.
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <memory>
@@ -22,6 +23,7 @@ constexpr const char* kOp = "flex_attention";
 struct Prepared {
   cpu::Problem p;
   std::shared_ptr<detail::Program> score, mask;
+  std::shared_ptr<cpu::MaskTiles> tiles;  // CPU: the partial tiles' mask bits (p.tiles), for both passes
   BlockMask block_mask;  // a copy (tensors are shared handles): the backward reads its q_* lists
   std::shared_ptr<cuda::State> cuda;  // CUDA: device buffers and compiled kernels
   BlockMask merged;                   // CUDA (cuda::BlockPlan::merge): block_mask's lists merged
@@ -267,8 +269,13 @@ FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   } else {
     dispatch_floating(q.dtype(), kOp, [&](auto tag) {
       using T = typename decltype(tag)::type;
+      // The mask bits live as long as the node: at most the size of q (1 MB for tiny inputs).
+      const int64_t max_bytes = std::max<int64_t>(int64_t{1} << 20, q.numel() * static_cast<int64_t>(q.element_size()));
+      pr->tiles = cpu::MaskTiles::build<acc_t<T>>(p, max_bytes);
+      pr->p.tiles = pr->tiles.get();
       cpu::flex_forward<T>(p, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
                            lse.data_ptr<acc_t<T>>(), &index_error);
+      if (pr->tiles && pr->tiles->index_error()) index_error = true;
     });
   }
   KILN_CHECK(!index_error, kOp, "a mod reads a captured tensor out of range (index clamped); check its shape");
