@@ -106,6 +106,39 @@ std::shared_ptr<detail::Program> compiled(const Expr& e) {
   return prog;
 }
 
+// The CPU kernels' mask bits (cpu::MaskTiles), shared by the calls with the same BlockMask lists,
+// compiled mask program (its captured values are copies, fixed per Program) and shape: every layer
+// of a model attends with the step's one BlockMask, so its partial tiles are evaluated once a step.
+template <typename F>
+std::shared_ptr<cpu::MaskTiles> mask_tiles(const Prepared& pr, int64_t max_bytes) {
+  const cpu::Problem& p = pr.p;
+  if (!pr.mask) return nullptr;
+  struct Entry {
+    BlockMask bm;  // held, so its tensors' identities stay unique while cached
+    std::shared_ptr<detail::Program> prog;
+    std::vector<int64_t> key;
+    std::shared_ptr<cpu::MaskTiles> tiles;
+  };
+  static std::mutex mutex;
+  static std::deque<Entry> cache;
+  const BlockMask& bm = pr.block_mask;
+  const std::vector<int64_t> key = {p.B, p.Hq, p.L, p.S, p.QB, p.KB, static_cast<int64_t>(sizeof(F)),
+                                    static_cast<int64_t>(bm.kv_num_blocks.version()),
+                                    static_cast<int64_t>(bm.kv_indices.version())};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const Entry& e : cache)
+      if (e.prog == pr.mask && e.key == key && e.bm.kv_num_blocks.impl() == bm.kv_num_blocks.impl() &&
+          e.bm.kv_indices.impl() == bm.kv_indices.impl())
+        return e.tiles;
+  }
+  std::shared_ptr<cpu::MaskTiles> tiles = cpu::MaskTiles::build<F>(p, max_bytes);
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.push_front(Entry{bm, pr.mask, key, tiles});
+  if (cache.size() > 4) cache.pop_back();  // a step's mask and a few more: each at most max_bytes
+  return tiles;
+}
+
 #ifdef KILN_WITH_CUDA
 // The (possibly halved) mask at 64-blocks for the CUDA kernels (cuda::BlockPlan::halve; the halving,
 // detail::halve_blocks, lists a subset of the caller's blocks, so results are the same elements' sums).
@@ -269,9 +302,10 @@ FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   } else {
     dispatch_floating(q.dtype(), kOp, [&](auto tag) {
       using T = typename decltype(tag)::type;
-      // The mask bits live as long as the node: at most the size of q (1 MB for tiny inputs).
+      // The mask bits live as long as the node and the cache entry: at most the size of q (1 MB for
+      // tiny inputs).
       const int64_t max_bytes = std::max<int64_t>(int64_t{1} << 20, q.numel() * static_cast<int64_t>(q.element_size()));
-      pr->tiles = cpu::MaskTiles::build<acc_t<T>>(p, max_bytes);
+      pr->tiles = mask_tiles<acc_t<T>>(*pr, max_bytes);
       pr->p.tiles = pr->tiles.get();
       cpu::flex_forward<T>(p, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
                            lse.data_ptr<acc_t<T>>(), &index_error);
