@@ -23,10 +23,11 @@ namespace {
 constexpr int64_t kTileM = 256;
 constexpr int64_t kTileN = 512;
 // Small products (a [512, 64] x [64, 192] linear) take shorter row tiles of about kTileWork
-// multiply-adds, at least 32 rows (B's repacking stays under 3 % of a tile's work), so they still
-// split over threads.
-constexpr int64_t kTileWork = int64_t{1} << 20;
-constexpr int64_t kMinTileM = 32;
+// multiply-adds, so they still split over threads. At least 64 rows: every tile repacks B, and
+// tiles of 2^20 multiply-adds and 32 rows took 6 % more CPU time in kiln train's tiny-bench step
+// (1 thread) than these, for the same tokens/s on 2 threads.
+constexpr int64_t kTileWork = int64_t{3} << 19;
+constexpr int64_t kMinTileM = 64;
 
 int64_t tile_rows(int64_t n, int64_t k) {
   const int64_t per_row = std::max<int64_t>(1, std::min(n, kTileN) * k);
