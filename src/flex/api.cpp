@@ -1,5 +1,6 @@
 // flex_attention: validation, BlockMask resolution (moved to q's device, cached), dispatch to the
 // CPU kernels or the NVRTC-compiled CUDA kernels (src/flex/cuda), autograd node.
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <memory>
@@ -22,6 +23,7 @@ constexpr const char* kOp = "flex_attention";
 struct Prepared {
   cpu::Problem p;
   std::shared_ptr<detail::Program> score, mask;
+  std::shared_ptr<cpu::MaskTiles> tiles;  // CPU: the partial tiles' mask bits (p.tiles), for both passes
   BlockMask block_mask;  // a copy (tensors are shared handles): the backward reads its q_* lists
   std::shared_ptr<cuda::State> cuda;  // CUDA: device buffers and compiled kernels
   BlockMask merged;                   // CUDA (cuda::BlockPlan::merge): block_mask's lists merged
@@ -102,6 +104,39 @@ std::shared_ptr<detail::Program> compiled(const Expr& e) {
   cache.push_front(Entry{e, versions(*prog), prog});
   if (cache.size() > 8) cache.pop_back();  // entries keep their captured tensors alive: a few suffice
   return prog;
+}
+
+// The CPU kernels' mask bits (cpu::MaskTiles), shared by the calls with the same BlockMask lists,
+// compiled mask program (its captured values are copies, fixed per Program) and shape: every layer
+// of a model attends with the step's one BlockMask, so its partial tiles are evaluated once a step.
+template <typename F>
+std::shared_ptr<cpu::MaskTiles> mask_tiles(const Prepared& pr, int64_t max_bytes) {
+  const cpu::Problem& p = pr.p;
+  if (!pr.mask) return nullptr;
+  struct Entry {
+    BlockMask bm;  // held, so its tensors' identities stay unique while cached
+    std::shared_ptr<detail::Program> prog;
+    std::vector<int64_t> key;
+    std::shared_ptr<cpu::MaskTiles> tiles;
+  };
+  static std::mutex mutex;
+  static std::deque<Entry> cache;
+  const BlockMask& bm = pr.block_mask;
+  const std::vector<int64_t> key = {p.B, p.Hq, p.L, p.S, p.QB, p.KB, static_cast<int64_t>(sizeof(F)),
+                                    static_cast<int64_t>(bm.kv_num_blocks.version()),
+                                    static_cast<int64_t>(bm.kv_indices.version())};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const Entry& e : cache)
+      if (e.prog == pr.mask && e.key == key && e.bm.kv_num_blocks.impl() == bm.kv_num_blocks.impl() &&
+          e.bm.kv_indices.impl() == bm.kv_indices.impl())
+        return e.tiles;
+  }
+  std::shared_ptr<cpu::MaskTiles> tiles = cpu::MaskTiles::build<F>(p, max_bytes);
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.push_front(Entry{bm, pr.mask, key, tiles});
+  if (cache.size() > 4) cache.pop_back();  // a step's mask and a few more: each at most max_bytes
+  return tiles;
 }
 
 #ifdef KILN_WITH_CUDA
@@ -267,8 +302,14 @@ FlexOutput flex_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& 
   } else {
     dispatch_floating(q.dtype(), kOp, [&](auto tag) {
       using T = typename decltype(tag)::type;
+      // The mask bits live as long as the node and the cache entry: at most the size of q (1 MB for
+      // tiny inputs).
+      const int64_t max_bytes = std::max<int64_t>(int64_t{1} << 20, q.numel() * static_cast<int64_t>(q.element_size()));
+      pr->tiles = mask_tiles<acc_t<T>>(*pr, max_bytes);
+      pr->p.tiles = pr->tiles.get();
       cpu::flex_forward<T>(p, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
                            lse.data_ptr<acc_t<T>>(), &index_error);
+      if (pr->tiles && pr->tiles->index_error()) index_error = true;
     });
   }
   KILN_CHECK(!index_error, kOp, "a mod reads a captured tensor out of range (index clamped); check its shape");

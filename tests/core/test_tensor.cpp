@@ -1,5 +1,6 @@
 // Tensor core: geometry, views, copies and conversions, factories, printing, errors.
 #include <cmath>
+#include <cstring>
 
 #include "support/testing.h"
 
@@ -122,6 +123,27 @@ TEST(Tensor, ConversionsRoundTrip) {
   Tensor c = x.clone();
   EXPECT_FALSE(c.storage() == x.storage());
   EXPECT_EQ(c.to_vector(), x.to_vector());
+}
+
+TEST(Tensor, DenseBf16ConversionsMatchTheScalarRounding) {
+  // Dense fp32 <-> bf16 copies take SIMD rows: every length's tail and every special value must give
+  // BFloat16's own bits (ties to even, carries into the exponent, inf, quiet NaN, subnormals).
+  std::vector<uint32_t> bits{0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
+                             0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu, 0x00000001u, 0x80007fffu,
+                             0x00018000u, 0x80000000u, 0x477fe000u, 0xc0490fdbu};
+  for (uint32_t s = 12345; bits.size() < 300;) bits.push_back(s = s * 1664525u + 1013904223u);
+  std::vector<float> f(bits.size());
+  std::memcpy(f.data(), bits.data(), bits.size() * 4);
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{33}, static_cast<int64_t>(f.size())}) {
+    const Tensor src = from_blob(f.data(), {n}, kFloat32);
+    const Tensor b = src.to(kBFloat16), back = b.to(kFloat32);
+    const auto* bp = static_cast<const uint16_t*>(b.data_ptr());
+    const auto* fp = static_cast<const uint32_t*>(back.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bp[i], BFloat16::from_float(f[i])) << "element " << i << " of " << n << ": " << bits[i];
+      ASSERT_EQ(fp[i], static_cast<uint32_t>(bp[i]) << 16) << "element " << i << " of " << n;
+    }
+  }
 }
 
 TEST(Tensor, FromBlobAndItem) {

@@ -2,6 +2,7 @@
 #include "core/cpu/parallel.h"
 #include <cstring>
 
+#include "core/cpu/convert.h"
 #include "core/cpu/loop.h"
 #include "core/dispatch.h"
 #include "core/kernels.h"
@@ -28,6 +29,21 @@ void copy(const Tensor& dst, const Tensor& src) {
       std::memcpy(p[0], p[1], static_cast<size_t>(n * eb));
     });
     return;
+  }
+  // The autocast casts: dense rows through the SIMD conversions (the same bits as the loop below).
+  if (ops.inner_contiguous(0) && ops.inner_contiguous(1)) {
+    if (dst.dtype() == kBFloat16 && src.dtype() == kFloat32) {
+      ops.for_each_row([&](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>&) {
+        convert_f32_to_bf16(reinterpret_cast<const float*>(p[1]), reinterpret_cast<uint16_t*>(p[0]), n);
+      });
+      return;
+    }
+    if (dst.dtype() == kFloat32 && src.dtype() == kBFloat16) {
+      ops.for_each_row([&](const std::array<char*, 2>& p, int64_t n, const std::array<int64_t, 2>&) {
+        convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(p[1]), reinterpret_cast<float*>(p[0]), n);
+      });
+      return;
+    }
   }
   dispatch_all(dst.dtype(), "copy_", [&](auto dst_tag) {
     using D = typename decltype(dst_tag)::type;

@@ -10,8 +10,11 @@
 
 #include "core/dispatch.h"
 #include "flex/ir.h"
+#include "kiln/tensor.h"
 
 namespace kiln::flex::cpu {
+
+class MaskTiles;
 
 struct Problem {
   int64_t B = 0, Hq = 0, Hkv = 0, L = 0, S = 0, E = 0, Ev = 0;
@@ -29,6 +32,7 @@ struct Problem {
   int64_t kv_all_m = 1, q_all_m = 1;
   const detail::Program* score = nullptr;  // null: identity
   const detail::Program* mask = nullptr;   // null: no mask_mod (partial blocks never listed)
+  const MaskTiles* tiles = nullptr;        // the partial tiles' mask bits, when evaluated up front
 
   int64_t group() const { return Hq / Hkv; }
   // Small problems run on one thread: waking a team costs more than it saves (results are the
@@ -76,6 +80,26 @@ class AffineMask {
   std::vector<Step> bools_;
   std::vector<Step> rows_;  // results of rows rq0_.. for (rb_, rh_), from bounds()
   int64_t rb_ = -1, rh_ = -1, rq0_ = 0;
+};
+
+// The mask_mod's results on every partial tile (mask_tiles.cpp), evaluated once per flex_attention
+// call for its forward and backward: one bit per element, a row of a tile in (KB + 63) / 64 words.
+class MaskTiles {
+ public:
+  // Null where the rows are better evaluated in the kernels (no mask_mod, an AffineMask one, a mask
+  // reading b or h that the BlockMask broadcasts) or the bits would pass max_bytes. F: the kernels'
+  // accumulation type (the row evaluator's float type).
+  template <typename F>
+  static std::shared_ptr<MaskTiles> build(const Problem& p, int64_t max_bytes);
+  // Bit c of the result: kv position c0 + c is kept in row q. Null when the tile is not partial.
+  const uint64_t* row(const Problem& p, int64_t b, int64_t h, int64_t q, int64_t c0) const;
+  bool index_error() const { return index_error_; }
+
+ private:
+  std::vector<int64_t> row_slot_;  // per BlockMask row: its first tile's slot
+  int64_t words_ = 0;
+  Tensor bits_;  // int64 words, through kiln's allocator
+  bool index_error_ = false;
 };
 
 // Per-thread evaluators of the score and mask programs.

@@ -310,6 +310,11 @@ void mod_row(Mods<F>& mods, const Problem& p, F* s, int64_t b, int64_t h, int64_
     std::copy_n(mods.score->float_result(), n, s);
   }
   if (partial && mods.mask) {
+    if (const uint64_t* bits = p.tiles ? p.tiles->row(p, b, h, q, c0) : nullptr) {
+      for (int64_t c = 0; c < n; ++c)
+        if (!((bits[c >> 6] >> (c & 63)) & 1)) s[c] = -std::numeric_limits<F>::infinity();
+      return;
+    }
     if (mods.affine && mods.affine->apply(b, h, q, c0, n, s)) return;
     mods.mask->run(b, h, q, c0, n, nullptr);
     const uint8_t* keep = mods.mask->bool_result();

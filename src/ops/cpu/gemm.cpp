@@ -22,6 +22,18 @@ namespace {
 // few percent of the flops and still give 32+ tasks for a 2048^3 product.
 constexpr int64_t kTileM = 256;
 constexpr int64_t kTileN = 512;
+// Small products (a [512, 64] x [64, 192] linear) take shorter row tiles of about kTileWork
+// multiply-adds, so they still split over threads. At least 64 rows: every tile repacks B, and
+// tiles of 2^20 multiply-adds and 32 rows took 6 % more CPU time in kiln train's tiny-bench step
+// (1 thread) than these, for the same tokens/s on 2 threads.
+constexpr int64_t kTileWork = int64_t{3} << 19;
+constexpr int64_t kMinTileM = 64;
+
+int64_t tile_rows(int64_t n, int64_t k) {
+  const int64_t per_row = std::max<int64_t>(1, std::min(n, kTileN) * k);
+  const int64_t rows = (kTileWork / per_row + kMinTileM - 1) / kMinTileM * kMinTileM;
+  return std::clamp(rows, kMinTileM, kTileM);
+}
 
 // Checked on every call (a cheap read) because anything else in the process may raise it again.
 void single_threaded_blas() {
@@ -88,12 +100,13 @@ void gemm_batched_impl(bool trans_a, bool trans_b, int64_t batch, int64_t m, int
     return;
   }
   single_threaded_blas();
-  const int64_t tm = (m + kTileM - 1) / kTileM, tn = (n + kTileN - 1) / kTileN, tasks = batch * tm * tn;
+  const int64_t tile_m = tile_rows(n, k);
+  const int64_t tm = (m + tile_m - 1) / tile_m, tn = (n + kTileN - 1) / kTileN, tasks = batch * tm * tn;
   const int nt = tasks > 1 ? static_cast<int>(std::min<int64_t>(threads_for(batch * m * n * k, grains().gemm_grain), tasks)) : 1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
   for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t p = t / (tm * tn), i0 = (t % (tm * tn)) / tn * kTileM, j0 = t % tn * kTileN;
-    const auto mi = static_cast<blasint>(std::min(kTileM, m - i0)), nj = static_cast<blasint>(std::min(kTileN, n - j0));
+    const int64_t p = t / (tm * tn), i0 = (t % (tm * tn)) / tn * tile_m, j0 = t % tn * kTileN;
+    const auto mi = static_cast<blasint>(std::min(tile_m, m - i0)), nj = static_cast<blasint>(std::min(kTileN, n - j0));
     const T* ap = a + p * sa + (trans_a ? i0 : i0 * prob.lda);  // rows i0.. of op(A)
     const T* bp = b + p * sb + (trans_b ? j0 * prob.ldb : j0);  // columns j0.. of op(B)
     T* cp = c + p * sc + i0 * prob.ldc + j0;

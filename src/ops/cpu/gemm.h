@@ -11,8 +11,9 @@
 //
 // k == 0 gives C = beta * C (beta == 0 writes zeros even over NaN garbage). m == 0 or n == 0 is a
 // no-op. Sizes and leading dims must fit in 32 bits (OpenBLAS's blasint); larger throws.
-// Threads: C is cut into fixed 256x512 tiles (per batch matrix) run over OpenMP, each tile one
-// single-threaded OpenBLAS call, so results are bitwise identical for any thread count. Each call
+// Threads: C is cut into fixed tiles (per batch matrix; 256x512, fewer rows for small products, the
+// sizes a function of the shape alone) run over OpenMP, each tile one single-threaded OpenBLAS call,
+// so results are bitwise identical for any thread count. Each call
 // sets OpenBLAS's own thread count back to 1 if something raised it: kiln owns the CPU threads.
 #include <cstdint>
 

@@ -22,6 +22,15 @@ void run(const Tensor& c, const Tensor& a, const Tensor& b, bool accumulate) {
                accumulate ? T(1) : T(0), c.data_ptr<T>(), n, m * n);
 }
 
+// A 16-bit operand widened to fp32 in its own layout: a transposed matrix (a weight in linear, an
+// operand of a backward product) stays transposed, read by the gemm with a flag, so the conversion
+// runs over dense rows instead of gathering columns.
+Tensor widen(const Tensor& x) {
+  const Tensor xt = x.transpose(-2, -1);
+  if (!x.is_contiguous() && xt.is_contiguous()) return xt.to(kFloat32).transpose(-2, -1);
+  return x.to(kFloat32);
+}
+
 }  // namespace
 
 void matmul_out(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in) {
@@ -38,7 +47,7 @@ void matmul_out(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const
   } else if (out.dtype() == kFloat64) {
     run<double>(c, a, b, has_bias);
   } else {
-    run<float>(c, low ? a.to(kFloat32) : a, low ? b.to(kFloat32) : b, has_bias);
+    run<float>(c, low ? widen(a) : a, low ? widen(b) : b, has_bias);
   }
   if (low) Tensor(out).copy_(c);
 }
