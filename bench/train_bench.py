@@ -229,8 +229,9 @@ def main():
     ap.add_argument("--kiln", default="build/kiln")
     ap.add_argument("--kiln-args", default="", help="extra arguments for kiln train (e.g. '--mask-block 64')")
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=10, help="timed steps")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (torch.compile compiles here)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 10; 2 with --tiny)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="untimed steps first, where torch.compile compiles (default 3; 1 with --tiny)")
     ap.add_argument("--vocab-size", type=int, default=0)
     ap.add_argument("--seq-len", type=int, default=0)
     ap.add_argument("--dim", type=int, default=0)
@@ -263,8 +264,10 @@ def main():
             device = "cpu"
     if args.tiny:
         args.batch_size = min(args.batch_size, 2)
-        args.steps = min(args.steps, 2)
-        args.warmup = min(args.warmup, 1)
+    if args.steps is None:
+        args.steps = 2 if args.tiny else 10
+    if args.warmup is None:
+        args.warmup = 1 if args.tiny else 3
     m = model_config(args)
     print(f"model {json.dumps(m)}; batch {args.batch_size}; {args.warmup} warm-up + {args.steps} timed steps on {device}",
           flush=True)
