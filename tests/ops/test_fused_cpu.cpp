@@ -108,7 +108,9 @@ TEST(AddRmsNorm, MatchesFloat64ReferenceWithBothOutputsUsed) {
       EXPECT_LE(rel_error(y, y64), tol);
       EXPECT_LE(rel_error(x.grad(), x64.grad()), tol);
       EXPECT_LE(rel_error(r.grad(), r64.grad()), tol);
-      if (weighted) EXPECT_LE(rel_error(w.grad(), w64.grad()), tol);
+      if (weighted) {
+        EXPECT_LE(rel_error(w.grad(), w64.grad()), tol);
+      }
     }
 }
 
