@@ -63,8 +63,19 @@ F::LinearCrossEntropyOptions lce_options(std::optional<Tensor> linear_bias, std:
 void bind_nn(nb::module_& m) {
   const auto nogil = nb::call_guard<nb::gil_scoped_release>();
   m.def("embedding", &F::embedding, "input"_a, "weight"_a, "indices [...] int64/int32, weight [num, dim] -> [..., dim]");
-  m.def("rms_norm", [](const Tensor& x, std::optional<Tensor> w, double eps) { return F::rms_norm(x, w ? *w : Tensor(), eps); },
-        "input"_a, "weight"_a = nb::none(), "eps"_a = 1e-6, "x [..., H], weight [H] -> [..., H]");
+  m.def("rms_norm",
+        [](const Tensor& x, std::optional<Tensor> w, double eps, std::optional<DType> dtype) {
+          return F::rms_norm(x, w ? *w : Tensor(), eps, dtype);
+        },
+        "input"_a, "weight"_a = nb::none(), "eps"_a = 1e-6, "dtype"_a = nb::none(),
+        "x [..., H], weight [H] -> [..., H] in dtype (default x's)");
+  m.def("add_rms_norm",
+        [](const Tensor& x, const Tensor& residual, std::optional<Tensor> w, double eps, std::optional<DType> dtype) {
+          return F::add_rms_norm(x, residual, w ? *w : Tensor(), eps, dtype);
+        },
+        "input"_a, "residual"_a, "weight"_a = nb::none(), "eps"_a = 1e-6, "dtype"_a = nb::none(),
+        "x, residual [..., H], weight [H] -> (x + residual, rms_norm of it in dtype), one pass each way");
+  m.def("swiglu", &F::swiglu, "gate"_a, "up"_a, "gate, up [...] -> silu(gate) * up, one pass each way");
   m.def("apply_rotary_emb", &F::apply_rotary_emb, "x"_a, "cos"_a, "sin"_a,
         "x [B, T, H, D], cos/sin [T, D/2] -> [B, T, H, D] (half-split rotation)");
   m.def("rotary_tables", &F::rotary_tables, "T"_a, "D"_a, "theta"_a = 10000.0, "device"_a = kCPU,

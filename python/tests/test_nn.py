@@ -25,6 +25,28 @@ def test_rms_norm(dtype):
         F.rms_norm(x, (3, 16))
 
 
+def test_add_rms_norm_swiglu_and_out_dtype():
+    x = kiln.randn(5, 32, dtype=kiln.float64, requires_grad=True)
+    r = kiln.randn(5, 32, dtype=kiln.float64, requires_grad=True)
+    w = kiln.rand(32, dtype=kiln.float64) + 0.5
+    h, y = F.add_rms_norm(x, r, 32, w, eps=1e-5)
+    hn = x.detach().numpy() + r.detach().numpy()
+    ref = hn / np.sqrt((hn ** 2).mean(-1, keepdims=True) + 1e-5) * w.numpy()
+    assert rel_error(h.detach().numpy(), hn) < 1e-12 and rel_error(y.detach().numpy(), ref) < 1e-12
+    (h.sum() + y.sum()).backward()
+    assert rel_error(x.grad.numpy(), r.grad.numpy()) == 0.0  # both inputs of the sum share a gradient
+    # dtype: the output in bf16 from fp32 statistics, as the next matmul under autocast reads it.
+    x32 = kiln.randn(4, 64)
+    yb = F.rms_norm(x32, 64, dtype=kiln.bfloat16)
+    assert yb.dtype == kiln.bfloat16
+    assert rel_error(yb.double().numpy(), F.rms_norm(x32, 64).double().numpy()) < TOL["bfloat16"]
+    g, u = kiln.randn(3, 8, dtype=kiln.float64), kiln.randn(3, 8, dtype=kiln.float64)
+    gn = g.numpy()
+    assert rel_error(F.swiglu(g, u).numpy(), gn / (1 + np.exp(-gn)) * u.numpy()) < 1e-12
+    with pytest.raises(kiln.KilnError, match="add_rms_norm"):
+        F.add_rms_norm(x, kiln.randn(5, 31, dtype=kiln.float64), 32)
+
+
 def test_embedding_and_grad():
     w = kiln.randn(10, 4, dtype=kiln.float64, requires_grad=True)
     idx = kiln.tensor([[1, 3], [3, 9]])

@@ -6,6 +6,7 @@ from .._C import dropout, embedding, gelu, linear, log_softmax, relu, silu, soft
 from .._C import apply_rotary_emb, rotary_tables  # noqa: F401  (kiln extras)
 
 __all__ = ["linear", "relu", "gelu", "silu", "softmax", "log_softmax", "embedding", "dropout", "rms_norm",
+           "add_rms_norm", "swiglu",
            "cross_entropy", "linear_cross_entropy", "linear_cross_entropy_with_stats", "apply_rotary_emb",
            "rotary_tables"]
 
@@ -23,17 +24,33 @@ _LCE_KILN = dict(z_loss=0.0, logit_softcap=0.0, strategy="auto", chunk_tokens=0,
 _LCE_FLAGS = ("loss_in_input_dtype", "use_token_scaling", "return_token_accuracy", "return_predicted_tokens")
 
 
-def rms_norm(input, normalized_shape, weight=None, eps=None):
-    """y = x / sqrt(mean(x^2, last dim) + eps) * weight; x [..., H], weight [H].
-    normalized_shape must be the last dim (H or (H,)); eps defaults to the dtype's machine epsilon
-    (as in PyTorch)."""
+def _norm_eps(op, input, normalized_shape, eps):
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) != 1 or input.ndim == 0 or shape[0] != input.shape[-1]:
-        raise _C.KilnError(f"[rms_norm] normalized_shape {shape} must be the last dim of input "
+        raise _C.KilnError(f"[{op}] normalized_shape {shape} must be the last dim of input "
                            f"{tuple(input.shape)} (kiln normalises over one trailing dim)")
-    if eps is None:
-        eps = _EPS.get(input.dtype.name, 1e-6)
-    return _C.rms_norm(input, weight, eps)
+    return _EPS.get(input.dtype.name, 1e-6) if eps is None else eps
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None, *, dtype=None):
+    """y = x / sqrt(mean(x^2, last dim) + eps) * weight; x [..., H], weight [H].
+    normalized_shape must be the last dim (H or (H,)); eps defaults to the dtype's machine epsilon
+    (as in PyTorch). dtype: y's dtype (default x's), e.g. kiln.bfloat16 for the matmul that reads
+    it under autocast: the statistics stay in fp32 and the cast costs no pass of its own."""
+    eps = _norm_eps("rms_norm", input, normalized_shape, eps)
+    return _C.rms_norm(input, weight, eps, dtype)
+
+
+def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, dtype=None):
+    """The residual add and the RMSNorm after it, one pass each way: returns
+    (h = input + residual, rms_norm(h, normalized_shape, weight, eps, dtype=dtype))."""
+    eps = _norm_eps("add_rms_norm", input, normalized_shape, eps)
+    return _C.add_rms_norm(input, residual, weight, eps, dtype)
+
+
+def swiglu(gate, up):
+    """silu(gate) * up (SwiGLU's gate), one pass each way; gate and up of one shape and dtype."""
+    return _C.swiglu(gate, up)
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
