@@ -179,7 +179,8 @@ build() {  # build TARGET...: unpack the carried Debian packages, configure once
   else
     log "no .device/debs: relying on the machine's own packages (scripts/gpu.sh prepare fetches them)"
   fi
-  export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # Debian puts libgloo in usr/lib and libnl in lib/x86_64-linux-gnu, beside the multiarch folder.
+  export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu:$DEPS/usr/lib:$DEPS/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   [ -f .device/prebuilt.tar.xz ] && { unpack_prebuilt; return; }
   if [ ! -f "$BUILD/build.ninja" ]; then
     part configure "$(limit build)" "$OUT/build.log" \

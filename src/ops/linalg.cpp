@@ -130,9 +130,19 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
+// Under CUDA autocast an fp32 weight that needs a gradient is cast outside the graph and its
+// gradient is the GEMM's fp32 output: one product written in fp32 instead of a bf16 product and a
+// cast pass (the ToCopy backward) per weight per step.
+static bool fold_weight_cast(const Tensor& x, const Tensor& weight_in) {
+  return weight_in.defined() && weight_in.is_cuda() && weight_in.dtype() == kFloat32 && weight_in.requires_grad() &&
+         is_grad_enabled() && is_autocast_enabled(DeviceType::CUDA) && x.is_cuda() &&
+         x.dtype() == get_autocast_dtype(DeviceType::CUDA) && is_low_precision(x.dtype());
+}
+
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
-  const Tensor x = autocast::cast_lower(x_in), weight = autocast::cast_lower(weight_in),
-               bias = autocast::cast_lower(bias_in);
+  const Tensor x = autocast::cast_lower(x_in), bias = autocast::cast_lower(bias_in);
+  const bool fold = fold_weight_cast(x, weight_in);
+  const Tensor weight = fold ? weight_in.detach().to(x.dtype()) : autocast::cast_lower(weight_in);
   check_pair(x, weight, "linear");
   KILN_CHECK(x.dim() >= 1, "linear", "input must have at least 1 dimension, got ", shape_str(x.sizes()));
   KILN_CHECK(weight.dim() == 2, "linear", "weight must be 2-D [out, in], got ", shape_str(weight.sizes()));
@@ -150,14 +160,21 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   const Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in_f});
   Tensor out = empty({x2.size(0), out_f}, x.options());
   compute(out, x2, weight.detach().t(), bias, "linear");
-  if (autograd::needs_grad({x2, weight, bias})) {
-    const bool rx = x2.requires_grad(), rw = weight.requires_grad(), rb = bias.defined() && bias.requires_grad();
+  const Tensor& w_input = fold ? weight_in : weight;  // the graph's weight: the fp32 one when folded
+  if (autograd::needs_grad({x2, w_input, bias})) {
+    const bool rx = x2.requires_grad(), rw = w_input.requires_grad(), rb = bias.defined() && bias.requires_grad();
     SavedTensor sx = rw ? SavedTensor(x2) : SavedTensor(), sw = rx ? SavedTensor(weight) : SavedTensor();
-    autograd::record("linear", {out}, {x2, weight, bias}, [rx, rw, rb, sx, sw](const std::vector<Tensor>& g) {
+    autograd::record("linear", {out}, {x2, w_input, bias}, [rx, rw, rb, sx, sw, fold](const std::vector<Tensor>& g) {
       const Tensor& go = g[0];  // [N, out]
       Tensor gx, gw, gb;
       if (rx) gx = mm(go, sw.unpack("linear"));
-      if (rw) gw = mm(go.t(), sx.unpack("linear"));
+      if (rw && fold) {
+        const Tensor xs = sx.unpack("linear");
+        gw = empty({go.size(1), xs.size(1)}, go.options().dtype(kFloat32));
+        compute(gw, go.t(), xs, Tensor(), "linear");
+      } else if (rw) {
+        gw = mm(go.t(), sx.unpack("linear"));
+      }
       // Bias grad = column sums of go, as a GEMV against ones: deterministic on both backends,
       // fp32 accumulation, no dedicated reduction kernel.
       if (rb) gb = mm(go.t(), ones({go.size(0), 1}, go.options())).view({go.size(1)});

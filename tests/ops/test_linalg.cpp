@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "kiln/autocast.h"
 #include "ops/cpu/gemm.h"
 #include "support/testing.h"
 #ifdef KILN_WITH_CUDA
@@ -402,6 +403,35 @@ TEST(LinalgCuda, Linear) {
     testing::expect_cuda_matches_cpu(  // odd sizes: unaligned leading dims for 16-bit types
         "linear odd", with_bias,
         {randn({5, 33}, dt).requires_grad_(), randn({7, 33}, dt).requires_grad_(), randn({7}, dt).requires_grad_()});
+  }
+}
+
+// Under CUDA autocast an fp32 weight's gradient comes out of the GEMM in fp32 (no bf16 product and
+// cast): against float64 on the bf16-rounded operands, with and without a bias, fp32 weight grads.
+TEST(LinalgCuda, AutocastWeightGradientInFp32FromTheGemm) {
+  KILN_REQUIRE_CUDA();
+  for (bool with_bias : {false, true}) {
+    SCOPED_TRACE(with_bias ? "bias" : "no bias");
+    manual_seed(41);
+    const Tensor x = randn({3, 50, 96}).cuda().requires_grad_(true), w = randn({40, 96}).cuda().requires_grad_(true);
+    const Tensor b = with_bias ? randn({40}).cuda().requires_grad_(true) : Tensor();
+    const Tensor go = randn({3, 50, 40}).to(kBFloat16);
+    Tensor y;
+    {
+      AutocastGuard ac(DeviceType::CUDA, kBFloat16);
+      y = linear(x, w, b);
+    }
+    EXPECT_EQ(y.dtype(), kBFloat16);
+    y.backward(go.cuda());
+    ASSERT_EQ(w.grad().dtype(), kFloat32);
+    // The reference: the product of the bf16-rounded operands in float64.
+    const Tensor x64 = x.detach().cpu().to(kBFloat16).to(kFloat64), go64 = go.to(kFloat64).reshape({150, 40});
+    const Tensor w64 = w.detach().cpu().to(kBFloat16).to(kFloat64);
+    EXPECT_LE(rel_error(w.grad().cpu(), mm(go64.t(), x64.reshape({150, 96}))), 1e-5);  // fp32 accumulate of exact products
+    EXPECT_LE(rel_error(x.grad().cpu(), mm(go64, w64).reshape({3, 50, 96})), tolerance(kBFloat16));
+    if (with_bias) {
+      EXPECT_LE(rel_error(b.grad().cpu(), sum(go64, {0})), tolerance(kBFloat16));
+    }
   }
 }
 

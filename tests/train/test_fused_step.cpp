@@ -70,7 +70,7 @@ TEST(FusedStepCuda, LossCurveEqualsTheUnfusedStepsUnderAutocast) {
   for (int step = 0; step < 50; ++step) {
     manual_seed(200 + step);
     const Tensor idx = randint(0, c.vocab_size, {B, T}).cuda();
-    const Tensor target = randint(0, c.vocab_size, {B, T}).cuda();
+    const Tensor target = idx;  // a task the model learns within the 50 steps: the loss must fall
     Tensor docs = zeros({B, T}, kInt32);
     docs.narrow(1, T / 2, T / 2).fill_(1.0);
     const flex::BlockMask mask = fused.block_mask(docs);

@@ -35,7 +35,7 @@ void matmul_out(const Tensor& out, const Tensor& a, const Tensor& b, const Tenso
   p.c = out.data_ptr();
   p.ldc = n;
   p.stride_c = m * n;
-  p.ab_type = out.dtype();
+  p.ab_type = a.dtype();  // out may be fp32 for bf16 / fp16 inputs (a weight's gradient under autocast)
   p.c_type = out.dtype();
   p.beta = 0.0;
   if (bias.defined()) {
