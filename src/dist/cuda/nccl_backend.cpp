@@ -259,7 +259,10 @@ class NcclBackend final : public Backend {
       else
         KILN_NCCL_CHECK(comm_, nccl().CommShrink(comm_, excl.data(), static_cast<int>(excl.size()), &child, &config,
                                               NCCL_SHRINK_DEFAULT));
+      // On a non-blocking parent the child handle is set once the parent's call has finished.
+      wait_ready(comm_, Clock::now() + init.timeout, "ncclCommShrink");
     }
+    KILN_CHECK(child != nullptr, "shrink", "NCCL returned no communicator");
     wait_ready(child, Clock::now() + init.timeout, "ncclCommShrink");
     return std::make_unique<NcclBackend>(init, child);
 #else
