@@ -213,7 +213,8 @@ def report(results):
             print("\nstart to the end of the first step (s; kiln: compile cache empty unless 'warm'):")
             for r in starts:
                 j = r.get("jit", {})
-                extra = f"  jit compiles {j.get('compiles')}, disk hits {j.get('disk_hits')}, workers {j.get('workers_started')}" if j else ""
+                extra = (f"  jit compiles {j.get('compiles')} in {j.get('compile_s', 0):.2f} s, disk hits "
+                         f"{j.get('disk_hits')}, workers {j.get('workers_started')}") if j else ""
                 print("  %-18s %8.2f%s" % (r["framework"], r["startup_s"], extra))
         eager = next((r for r in results if r.get("framework") == "torch-eager" and "error" not in r), None)
         if eager:

@@ -166,7 +166,8 @@ std::string bench_report(const TrainConfig& cfg, const ModelConfig& mc, int64_t 
                         {"phases_ms_per_step", phases},
                         {"startup_s", startup_s},
                         {"jit", {{"compiles", js.compiles}, {"disk_hits", js.disk_hits},
-                                 {"workers_started", js.workers_started}, {"failures", js.failures}}},
+                                 {"workers_started", js.workers_started}, {"failures", js.failures},
+                                 {"compile_s", js.compile_seconds}}},
                         {"losses", losses},
                         {"telemetry", nlohmann::json::parse(telemetry::to_json(tel))}}
       .dump();

@@ -72,6 +72,7 @@ struct CompileStats {
   int64_t failures = 0;         // compiles that failed (compiler error, crash, timeout)
   int64_t workers_started = 0;  // worker processes started
   int64_t corrupt_entries = 0;  // cache files that failed their check (then recompiled)
+  double compile_seconds = 0;   // wall time of the calls that compiled (misses), workers in parallel
 };
 CompileStats compile_stats();
 

@@ -147,6 +147,7 @@ TEST_F(JitCompile, SecondCallIsServedFromDiskWithoutAWorker) {
   EXPECT_TRUE(std::filesystem::exists(path));
   const CompileStats s1 = compile_stats();
   EXPECT_EQ(s1.workers_started, s0.workers_started + 1);
+  EXPECT_GT(s1.compile_seconds, s0.compile_seconds);  // the miss's wall time is counted
   const std::vector<CompileResult> second = compile_all({k});
   const CompileStats s2 = compile_stats();
   EXPECT_TRUE(second[0].from_cache);
@@ -154,6 +155,7 @@ TEST_F(JitCompile, SecondCallIsServedFromDiskWithoutAWorker) {
   EXPECT_EQ(s2.workers_started, s1.workers_started) << "a cache hit started a worker";
   EXPECT_EQ(s2.compiles, s1.compiles);
   EXPECT_EQ(s2.disk_hits, s1.disk_hits + 1);
+  EXPECT_EQ(s2.compile_seconds, s1.compile_seconds) << "a cache hit counted compile time";
   // Whatever decides the bytes is in the key.
   Kernel other = k;
   other.arch = "sm_80";
