@@ -148,7 +148,7 @@ static std::pair<Tensor, Tensor> norm_dispatch(const Tensor& x, const Tensor& re
   if (x.is_cuda() && x.numel() > 0) {
     const DType rdt = residual.defined() ? residual.dtype() : x.dtype();
     const Tensor rr = residual.defined() && rdt != x.dtype() && rdt != y_dtype ? residual.to(x.dtype()) : residual;
-    if (cuda::fused_rms_norm_supported(x.dtype(), y_dtype, rr.defined() ? rr.dtype() : x.dtype(), x.size(-1), {}))
+    if (cuda::fused_rms_norm_supported(x.dtype(), y_dtype, rr.defined() ? rr.dtype() : x.dtype(), x.size(-1)))
       return fused_norm_cuda(x, rr, weight, eps, y_dtype);
   }
 #endif

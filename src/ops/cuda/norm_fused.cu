@@ -21,6 +21,7 @@ namespace {
 // Packs per thread: one up to 1024 packs a row (bf16 H <= 8192, fp32 H <= 4096), else kMaxItems
 // with at most 512 threads (twice those sizes); wider rows take the two-kernel path in norm.cu.
 constexpr int kMaxItems = 4;
+constexpr int kPackBytes = 16;  // one vector load of x: 4 fp32, 8 bf16
 
 // Sum over a block of any multiple of 32 threads; every thread gets the result, added in a fixed
 // order (reproducible).
@@ -58,12 +59,13 @@ struct NormGeometry {
 };
 
 // x, residual: [rows, H]; h (written when residual is given), y: [rows, H]; rstd: [rows].
-template <typename X, typename Y, typename R, int N, int kItems>
+template <typename X, typename Y, typename R, int kItems>
 __global__ void __launch_bounds__(kItems == 1 ? 1024 : 512) fused_rms_forward(const X* __restrict__ x, const R* __restrict__ residual,
                                                           const X* __restrict__ w, X* __restrict__ h,
                                                           Y* __restrict__ y, dacc_t<X>* __restrict__ rstd,
                                                           NormGeometry g, dacc_t<X> eps) {
   using A = dacc_t<X>;
+  constexpr int N = kPackBytes / sizeof(X);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * g.chunk, last = min(g.rows, first + g.chunk);
   for (int64_t r = first; r < last; ++r) {
     const X* xr = x + r * g.H;
@@ -103,13 +105,14 @@ __global__ void __launch_bounds__(kItems == 1 ? 1024 : 512) fused_rms_forward(co
 // dy: [rows, H] (y's dtype); h: the normalised input; dres: the gradient h gets from its other
 // uses, added to dx (or null); dx: [rows, H] in X; dr: the same values in R (or null);
 // partial: [gridDim.x, H] per-chunk weight gradients (or null).
-template <typename X, typename Y, typename R, int N, int kItems>
+template <typename X, typename Y, typename R, int kItems>
 __global__ void __launch_bounds__(kItems == 1 ? 1024 : 512) fused_rms_backward(const Y* __restrict__ dy, const X* __restrict__ h,
                                                            const X* __restrict__ w, const dacc_t<X>* __restrict__ rstd,
                                                            const X* __restrict__ dres, X* __restrict__ dx,
                                                            R* __restrict__ dr, dacc_t<X>* __restrict__ partial,
                                                            NormGeometry g) {
   using A = dacc_t<X>;
+  constexpr int N = kPackBytes / sizeof(X);
   A dw[kItems][N] = {};
   const int64_t first = static_cast<int64_t>(blockIdx.x) * g.chunk, last = min(g.rows, first + g.chunk);
   for (int64_t r = first; r < last; ++r) {
@@ -174,9 +177,7 @@ __global__ void __launch_bounds__(1024) sum_weight_partials(const A* __restrict_
 }
 
 // Elements per 16-byte pack of x.
-int pack_elems(DType x) { return static_cast<int>(16 / element_size(x)); }
-
-bool aligned16(const Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+int pack_elems(DType x) { return static_cast<int>(kPackBytes / element_size(x)); }
 
 struct Launch {
   NormGeometry g;
@@ -196,17 +197,23 @@ Launch plan_launch(int64_t rows, int64_t H, int n) {
   return l;
 }
 
+// Calls fn(TypeTag<X>, TypeTag<Y>, TypeTag<R>, integral_constant<int, items>) for the kernels'
+// device types (the pairs fused_rms_norm_supported admits) and packs per thread.
 template <typename Fn>
-void dispatch_norm_dtypes(DType x, DType y, DType r, const char* op, Fn&& fn) {
+void dispatch_norm(DType x, DType y, DType r, int items, const char* op, Fn&& fn) {
+  auto with_items = [&](auto xt, auto yt, auto rt) {
+    if (items <= 1) return fn(xt, yt, rt, std::integral_constant<int, 1>{});
+    return fn(xt, yt, rt, std::integral_constant<int, kMaxItems>{});
+  };
   dispatch_floating(x, op, [&](auto xt) {
     using X = device_t<typename decltype(xt)::type>;
-    if (y == x && r == x) return fn(TypeTag<X>{}, TypeTag<X>{}, TypeTag<X>{});
+    if (y == x && r == x) return with_items(TypeTag<X>{}, TypeTag<X>{}, TypeTag<X>{});
     if constexpr (std::is_same_v<X, float>) {
       dispatch_floating(y, op, [&](auto yt) {
         using Y = device_t<typename decltype(yt)::type>;
         if constexpr (!std::is_same_v<Y, double>) {
-          if (r == x) return fn(TypeTag<X>{}, TypeTag<Y>{}, TypeTag<X>{});
-          if (r == y) return fn(TypeTag<X>{}, TypeTag<Y>{}, TypeTag<Y>{});
+          if (r == x) return with_items(TypeTag<X>{}, TypeTag<Y>{}, TypeTag<X>{});
+          if (r == y) return with_items(TypeTag<X>{}, TypeTag<Y>{}, TypeTag<Y>{});
         }
         KILN_FAIL(op, "no fused kernel for x ", dtype_name(x), ", y ", dtype_name(y), ", residual ", dtype_name(r));
       });
@@ -216,21 +223,13 @@ void dispatch_norm_dtypes(DType x, DType y, DType r, const char* op, Fn&& fn) {
   });
 }
 
-template <typename Fn>
-void with_items(int items, Fn&& fn) {
-  if (items <= 1) return fn(std::integral_constant<int, 1>{});
-  return fn(std::integral_constant<int, kMaxItems>{});
-}
-
 }  // namespace
 
-bool fused_rms_norm_supported(DType x, DType y, DType residual, int64_t H, std::initializer_list<Tensor> tensors) {
+bool fused_rms_norm_supported(DType x, DType y, DType residual, int64_t H) {
   const bool dtypes = (y == x && residual == x) ||
                       (x == kFloat32 && y != kFloat64 && (residual == x || residual == y));
-  if (!dtypes || H <= 0) return false;
   const int n = pack_elems(x);
-  if (H % n != 0 || H / n > 512 * kMaxItems) return false;
-  return std::all_of(tensors.begin(), tensors.end(), aligned16);
+  return dtypes && H > 0 && H % n == 0 && H / n <= 512 * kMaxItems;
 }
 
 void fused_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight, double eps, const Tensor& h,
@@ -241,20 +240,15 @@ void fused_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tenso
   cudaStream_t stream = current_raw_stream(x.device().index);
   const Launch l = plan_launch(rows, H, pack_elems(x.dtype()));
   const DType rdt = residual.defined() ? residual.dtype() : x.dtype();
-  dispatch_norm_dtypes(x.dtype(), y.dtype(), rdt, "rms_norm", [&](auto xt, auto yt, auto rt) {
+  dispatch_norm(x.dtype(), y.dtype(), rdt, l.items, "rms_norm", [&](auto xt, auto yt, auto rt, auto items) {
     using X = typename decltype(xt)::type;
-    using Y = typename decltype(yt)::type;
     using R = typename decltype(rt)::type;
     using A = dacc_t<X>;
-    constexpr int N = static_cast<int>(16 / sizeof(X));
-    with_items(l.items, [&](auto items) {
-      fused_rms_forward<X, Y, R, N, decltype(items)::value><<<l.blocks, l.threads, 0, stream>>>(
-          static_cast<const X*>(x.data_ptr()),
-          residual.defined() ? static_cast<const R*>(residual.data_ptr()) : nullptr,
-          weight.defined() ? static_cast<const X*>(weight.data_ptr()) : nullptr,
-          h.defined() ? static_cast<X*>(h.data_ptr()) : nullptr, static_cast<Y*>(y.data_ptr()),
-          static_cast<A*>(rstd.data_ptr()), l.g, static_cast<A>(eps));
-    });
+    fused_rms_forward<X, typename decltype(yt)::type, R, decltype(items)::value><<<l.blocks, l.threads, 0, stream>>>(
+        static_cast<const X*>(x.data_ptr()), residual.defined() ? static_cast<const R*>(residual.data_ptr()) : nullptr,
+        weight.defined() ? static_cast<const X*>(weight.data_ptr()) : nullptr,
+        h.defined() ? static_cast<X*>(h.data_ptr()) : nullptr, static_cast<typename decltype(yt)::type*>(y.data_ptr()),
+        static_cast<A*>(rstd.data_ptr()), l.g, static_cast<A>(eps));
     KILN_CUDA_CHECK_LAUNCH("rms_norm");
   });
 }
@@ -271,20 +265,16 @@ void fused_rms_norm_backward(const Tensor& dy, const Tensor& h, const Tensor& we
   const Launch l = plan_launch(rows, H, pack_elems(h.dtype()));
   const DType rdt = dr.defined() ? dr.dtype() : h.dtype();
   Tensor partial = dweight.defined() ? empty({static_cast<int64_t>(l.blocks), H}, rstd.options()) : Tensor();
-  dispatch_norm_dtypes(h.dtype(), dy.dtype(), rdt, "rms_norm_backward", [&](auto xt, auto yt, auto rt) {
+  dispatch_norm(h.dtype(), dy.dtype(), rdt, l.items, "rms_norm_backward", [&](auto xt, auto yt, auto rt, auto items) {
     using X = typename decltype(xt)::type;
-    using Y = typename decltype(yt)::type;
     using R = typename decltype(rt)::type;
     using A = dacc_t<X>;
-    constexpr int N = static_cast<int>(16 / sizeof(X));
-    with_items(l.items, [&](auto items) {
-      fused_rms_backward<X, Y, R, N, decltype(items)::value><<<l.blocks, l.threads, 0, stream>>>(
-          static_cast<const Y*>(dy.data_ptr()), static_cast<const X*>(h.data_ptr()),
-          weight.defined() ? static_cast<const X*>(weight.data_ptr()) : nullptr,
-          static_cast<const A*>(rstd.data_ptr()), dres.defined() ? static_cast<const X*>(dres.data_ptr()) : nullptr,
-          static_cast<X*>(dx.data_ptr()), dr.defined() ? static_cast<R*>(dr.data_ptr()) : nullptr,
-          partial.defined() ? static_cast<A*>(partial.data_ptr()) : nullptr, l.g);
-    });
+    fused_rms_backward<X, typename decltype(yt)::type, R, decltype(items)::value><<<l.blocks, l.threads, 0, stream>>>(
+        static_cast<const typename decltype(yt)::type*>(dy.data_ptr()), static_cast<const X*>(h.data_ptr()),
+        weight.defined() ? static_cast<const X*>(weight.data_ptr()) : nullptr,
+        static_cast<const A*>(rstd.data_ptr()), dres.defined() ? static_cast<const X*>(dres.data_ptr()) : nullptr,
+        static_cast<X*>(dx.data_ptr()), dr.defined() ? static_cast<R*>(dr.data_ptr()) : nullptr,
+        partial.defined() ? static_cast<A*>(partial.data_ptr()) : nullptr, l.g);
     KILN_CUDA_CHECK_LAUNCH("rms_norm_backward");
     if (!dweight.defined()) return;
     sum_weight_partials<A, X><<<static_cast<unsigned>((H + 31) / 32), dim3(32, 32), 0, stream>>>(

@@ -6,8 +6,9 @@
 // so the result is bitwise reproducible (no atomics); the clip coefficient is computed and read on
 // the device (no host sync). AdamW keeps fp32 moments for bf16/fp16 parameters.
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <functional>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/device_types.cuh"
@@ -105,34 +106,31 @@ __global__ void __launch_bounds__(kThreads) scale_multi_kernel(TensorList l, con
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) g[i] = convert<T>(convert<A>(g[i]) * f);
 }
 
-// Appends a tensor's pointers and chunk count to l.
-void add_tensor(TensorList& l, int64_t numel, std::initializer_list<void*> ptrs) {
-  const int i = l.count++;
-  if (i == 0) l.block_start[0] = 0;
-  l.numel[i] = numel;
-  int k = 0;
-  for (void* p : ptrs) l.ptr[k++][i] = p;
-  l.block_start[i + 1] = l.block_start[i] + static_cast<int>((numel + kChunk - 1) / kChunk);
-}
-
-// Calls launch(list, first) for consecutive runs of at most kListMax non-empty tensors of one
-// dtype; fill(list, i) adds tensor i.
-template <typename Fill, typename Launch>
-void for_each_list(size_t n, const std::function<DType(size_t)>& dtype_of, const std::function<int64_t(size_t)>& numel_of,
-                   Fill&& fill, Launch&& launch) {
+// Calls launch(list, dtype, members) for consecutive runs of at most kListMax non-empty tensors of
+// one dtype (members: their indices in 0..n). key(i) is the tensor whose dtype and size tensor i
+// has; operands(i) its up to four pointers.
+template <typename Key, typename Operands, typename Launch>
+void for_each_list(size_t n, Key&& key, Operands&& operands, Launch&& launch) {
   TensorList l;
-  size_t first = 0;
-  DType dt = n ? dtype_of(0) : kFloat32;
+  std::vector<size_t> members;
+  DType dt = kFloat32;
   for (size_t i = 0; i < n; ++i) {
-    if (numel_of(i) == 0) continue;
-    if (l.count == kListMax || (l.count > 0 && dtype_of(i) != dt)) {
-      launch(l, dt, first);
-      l = TensorList();
+    const Tensor& t = key(i);
+    if (t.numel() == 0) continue;
+    if (l.count == kListMax || (l.count > 0 && t.dtype() != dt)) {
+      launch(l, dt, members);
+      l = TensorList(), members.clear();
     }
-    if (l.count == 0) first = i, dt = dtype_of(i);
-    fill(l, i);
+    dt = t.dtype();
+    const int k = l.count++;
+    const std::array<void*, 4> ptrs = operands(i);
+    for (int j = 0; j < 4; ++j) l.ptr[j][k] = ptrs[j];
+    l.numel[k] = t.numel();
+    if (k == 0) l.block_start[0] = 0;
+    l.block_start[k + 1] = l.block_start[k] + static_cast<int>((t.numel() + kChunk - 1) / kChunk);
+    members.push_back(i);
   }
-  if (l.count > 0) launch(l, dt, first);
+  if (l.count > 0) launch(l, dt, members);
 }
 
 __global__ void clip_coef_kernel(const double* __restrict__ slots, int64_t k, double max_norm, float* __restrict__ total,
@@ -163,15 +161,13 @@ void adamw_step(const std::vector<cpu::AdamWTensors>& params) {
   if (params.empty()) return;
   DeviceGuard guard(params[0].param.device().index);
   cudaStream_t stream = stream_of(params[0].param);
-  std::vector<size_t> members;  // the list's entries, for their scalars
   for_each_list(
-      params.size(), [&](size_t i) { return params[i].param.dtype(); }, [&](size_t i) { return params[i].param.numel(); },
-      [&](TensorList& l, size_t i) {
+      params.size(), [&](size_t i) -> const Tensor& { return params[i].param; },
+      [&](size_t i) {
         const cpu::AdamWTensors& a = params[i];
-        add_tensor(l, a.param.numel(), {a.param.data_ptr(), a.grad.data_ptr(), a.exp_avg.data_ptr(), a.exp_avg_sq.data_ptr()});
-        members.push_back(i);
+        return std::array<void*, 4>{a.param.data_ptr(), a.grad.data_ptr(), a.exp_avg.data_ptr(), a.exp_avg_sq.data_ptr()};
       },
-      [&](const TensorList& l, DType dt, size_t) {
+      [&](const TensorList& l, DType dt, const std::vector<size_t>& members) {
         dispatch_floating(dt, "adamw", [&](auto tag) {
           using P = device_t<typename decltype(tag)::type>;
           using S = dacc_t<P>;
@@ -186,7 +182,6 @@ void adamw_step(const std::vector<cpu::AdamWTensors>& params) {
           adamw_multi_kernel<P, S><<<l.block_start[l.count], kThreads, 0, stream>>>(l, s);
           KILN_CUDA_CHECK_LAUNCH("adamw");
         });
-        members.clear();
       });
 }
 
@@ -195,14 +190,10 @@ void grad_sumsq(const std::vector<Tensor>& grads, const Tensor& slots) {
   DeviceGuard guard(grads[0].device().index);
   cudaStream_t stream = stream_of(grads[0]);
   Tensor(slots).zero_();  // empty gradients keep 0
-  std::vector<size_t> members;
   for_each_list(
-      grads.size(), [&](size_t i) { return grads[i].dtype(); }, [&](size_t i) { return grads[i].numel(); },
-      [&](TensorList& l, size_t i) {
-        add_tensor(l, grads[i].numel(), {grads[i].data_ptr()});
-        members.push_back(i);
-      },
-      [&](const TensorList& l, DType dt, size_t) {
+      grads.size(), [&](size_t i) -> const Tensor& { return grads[i]; },
+      [&](size_t i) { return std::array<void*, 4>{grads[i].data_ptr()}; },
+      [&](const TensorList& l, DType dt, const std::vector<size_t>& members) {
         const int blocks = l.block_start[l.count];
         Tensor partial = empty({blocks}, grads[0].options().dtype(kFloat64));
         SlotList where;
@@ -215,7 +206,6 @@ void grad_sumsq(const std::vector<Tensor>& grads, const Tensor& slots) {
         sum_partials_per_tensor<<<l.count, kThreads, 0, stream>>>(
             l, where, static_cast<const double*>(partial.data_ptr()), static_cast<double*>(slots.data_ptr()));
         KILN_CUDA_CHECK_LAUNCH("clip_grad_norm_");
-        members.clear();
       });
 }
 
@@ -224,9 +214,9 @@ void scale_by(const std::vector<Tensor>& grads, const Tensor& coef) {
   DeviceGuard guard(grads[0].device().index);
   cudaStream_t stream = stream_of(grads[0]);
   for_each_list(
-      grads.size(), [&](size_t i) { return grads[i].dtype(); }, [&](size_t i) { return grads[i].numel(); },
-      [&](TensorList& l, size_t i) { add_tensor(l, grads[i].numel(), {grads[i].data_ptr()}); },
-      [&](const TensorList& l, DType dt, size_t) {
+      grads.size(), [&](size_t i) -> const Tensor& { return grads[i]; },
+      [&](size_t i) { return std::array<void*, 4>{grads[i].data_ptr()}; },
+      [&](const TensorList& l, DType dt, const std::vector<size_t>&) {
         dispatch_floating(dt, "clip_grad_norm_", [&](auto tag) {
           using T = device_t<typename decltype(tag)::type>;
           scale_multi_kernel<T><<<l.block_start[l.count], kThreads, 0, stream>>>(
