@@ -117,15 +117,16 @@ std::vector<Tensor> run_forward(FsdpUnit& u, const std::function<std::vector<Ten
   prefetch(next_in_forward(*g, u));
   std::vector<Tensor> ys = fn();
   if (!u.is_root() && u.options.reshard_after_forward) bind_sharded(u);
-  std::vector<Tensor> outs, grad_ys;
-  for (const Tensor& y : ys)
-    if (y.defined() && autograd::needs_grad({y})) grad_ys.push_back(y);
-  if (grad_ys.empty()) {
+  std::vector<size_t> with_grad;  // the outputs a backward will reach
+  for (size_t i = 0; i < ys.size(); ++i)
+    if (ys[i].defined() && autograd::needs_grad({ys[i]})) with_grad.push_back(i);
+  if (with_grad.empty()) {
     if (u.is_root())  // no backward follows: every unit goes back to its shards
       for (FsdpUnit* unit : g->units) bind_sharded(*unit);
     return ys;
   }
-  for (const Tensor& y : grad_ys) outs.push_back(y.detach());
+  std::vector<Tensor> grad_ys, outs;
+  for (size_t i : with_grad) grad_ys.push_back(ys[i]), outs.push_back(ys[i].detach());
   FsdpUnit* unit = &u;
   // The unit's outputs: their backward runs before any of the unit's ops, so the parameters are
   // back in the buffer (same address) when they need them.
@@ -134,9 +135,7 @@ std::vector<Tensor> run_forward(FsdpUnit& u, const std::function<std::vector<Ten
     prefetch(next_in_backward(*g, *unit));
     return grads;
   });
-  size_t k = 0;
-  for (Tensor& y : ys)
-    if (y.defined() && autograd::needs_grad({y})) y = outs[k++];
+  for (size_t k = 0; k < with_grad.size(); ++k) ys[with_grad[k]] = outs[k];
   return ys;
 }
 
